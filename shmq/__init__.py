@@ -1,0 +1,57 @@
+"""shmq: a message broker for one host, with its queues in POSIX shared memory.
+
+    >>> import shmq
+    >>> broker = shmq.connect("shm://default")          # co-located: no broker hop
+    >>> q = broker.create_queue("orders")
+    >>> q.put(b"order #42")
+    0
+    >>> msg = q.get(timeout=1.0)
+    >>> msg.ack()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .api import Broker, Message, Origin, Queue, QueueConfig, QueueInfo
+from .errors import (
+    Empty,
+    Full,
+    GroupNotFound,
+    InstanceError,
+    InvalidArgument,
+    InvalidName,
+    LimitExceeded,
+    MessageTooLarge,
+    ProtocolError,
+    QueueExists,
+    QueueNotFound,
+    ShmqError,
+    StaleAck,
+    Status,
+    Timeout,
+)
+from .reclaim import InstanceReport, reclaim, scan
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Broker", "Empty", "Full", "GroupNotFound", "InstanceError", "InstanceReport", "InvalidArgument",
+    "InvalidName", "LimitExceeded", "Message", "MessageTooLarge", "Origin", "ProtocolError", "Queue",
+    "QueueConfig", "QueueExists", "QueueInfo", "QueueNotFound", "ShmqError", "StaleAck", "Status",
+    "Timeout", "connect", "reclaim", "scan",
+]
+
+
+def connect(url: str = "shm://default", **kwargs: Any) -> Broker:
+    """Open a broker handle.
+
+    ``shm://NAME`` attaches the shared memory of instance NAME on this host
+    (creating it when absent).  ``tcp://HOST:PORT`` talks to ``shmq serve``.
+    """
+    if url.startswith("shm://"):
+        from .shm import ShmBroker
+        return ShmBroker(url[len("shm://"):] or "default", **kwargs)
+    if url.startswith("tcp://"):
+        raise InvalidArgument("tcp:// needs the broker server, which this build does not have yet")
+    raise InvalidArgument(f"unsupported url {url!r}: use shm://NAME or tcp://HOST:PORT")

@@ -1,0 +1,141 @@
+"""Typed errors.  Each carries the DMS status code where one applies.
+
+The status codes are DMS's (``docs/protocol.md``); codes from 32 up are
+shmq's own.  ``code`` is stable and machine-readable, the message is for humans.
+"""
+
+from __future__ import annotations
+
+import queue as _stdlib_queue
+from enum import IntEnum
+
+
+class Status(IntEnum):
+    OK = 0
+    QUEUE_FULL = 1
+    QUEUE_NOT_FOUND = 2
+    QUEUE_EXISTS = 3
+    TIMEOUT = 4
+    PROTOCOL_ERROR = 5
+    BAD_MAGIC = 6
+    VERSION_MISMATCH = 7
+    PAYLOAD_TOO_LARGE = 8
+    INVALID_TYPE = 9
+    INTERNAL = 10
+    # shmq's own
+    EMPTY = 32
+    STALE_ACK = 33
+    INVALID_NAME = 34
+    INVALID_ARGUMENT = 35
+    LIMIT_EXCEEDED = 36
+    GROUP_NOT_FOUND = 37
+    INSTANCE_ERROR = 38
+
+
+class ShmqError(Exception):
+    """Base of every shmq error."""
+
+    code: Status = Status.INTERNAL
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or self.__class__.__doc__ or self.__class__.__name__)
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (self.__class__, (str(self),))
+
+
+class Full(ShmqError, _stdlib_queue.Full):
+    """The queue is full (capacity or bytes)."""
+
+    code = Status.QUEUE_FULL
+
+
+class Empty(ShmqError, _stdlib_queue.Empty):
+    """No message is available."""
+
+    code = Status.EMPTY
+
+
+class Timeout(ShmqError, TimeoutError):
+    """The operation did not complete in time."""
+
+    code = Status.TIMEOUT
+
+
+class QueueNotFound(ShmqError, KeyError):
+    """No queue of that name exists."""
+
+    code = Status.QUEUE_NOT_FOUND
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class QueueExists(ShmqError):
+    """A queue of that name already exists."""
+
+    code = Status.QUEUE_EXISTS
+
+
+class MessageTooLarge(ShmqError, ValueError):
+    """The payload is larger than the queue's max_message_size."""
+
+    code = Status.PAYLOAD_TOO_LARGE
+
+
+class StaleAck(ShmqError):
+    """The lease behind this ack/nack/touch is no longer valid."""
+
+    code = Status.STALE_ACK
+
+
+class InvalidName(ShmqError, ValueError):
+    """A queue, group or instance name is not allowed."""
+
+    code = Status.INVALID_NAME
+
+
+class InvalidArgument(ShmqError, ValueError):
+    """An argument is out of range."""
+
+    code = Status.INVALID_ARGUMENT
+
+
+class LimitExceeded(ShmqError):
+    """A documented limit (queues, groups, clients, ...) was reached."""
+
+    code = Status.LIMIT_EXCEEDED
+
+
+class GroupNotFound(ShmqError, KeyError):
+    """No consumer group of that name exists on the queue."""
+
+    code = Status.GROUP_NOT_FOUND
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class InstanceError(ShmqError):
+    """The instance's shared memory is missing, foreign or corrupt."""
+
+    code = Status.INSTANCE_ERROR
+
+
+class ProtocolError(ShmqError):
+    """A malformed frame."""
+
+    code = Status.PROTOCOL_ERROR
+
+
+_BY_CODE: dict[int, type[ShmqError]] = {}
+for _cls in (Full, Empty, Timeout, QueueNotFound, QueueExists, MessageTooLarge, StaleAck,
+             InvalidName, InvalidArgument, LimitExceeded, GroupNotFound, InstanceError,
+             ProtocolError):
+    _BY_CODE.setdefault(int(_cls.code), _cls)
+
+
+def error_for(code: int, message: str) -> ShmqError:
+    """The typed error for a status code (used by the TCP client)."""
+    cls = _BY_CODE.get(code, ShmqError)
+    return cls(message)

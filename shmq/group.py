@@ -1,0 +1,440 @@
+"""The consumer side of a queue: groups, leases, acknowledgements, redelivery.
+
+Every method here is called with the queue's consumer lock held (``Ring.clock``)
+and takes the time as ``now`` (monotonic ms), so tests drive the clock.
+
+Each message has one lease word per group (drawn in ``layout``).  A state
+change of a message is one store of its lease word; the group fields that
+follow from it (cursor, floor, hints, counters) are written after it and are
+re-derived by whoever looks next, so a consumer killed between the two stores
+leaves nothing to repair:
+
+* a LEASED word at or past the cursor (killed before the cursor moved) is
+  stepped over by the next delivery, and its lease comes back as any other;
+* a floor left behind DONE words is advanced by the next settle;
+* the ``G_REDELIVER`` / ``G_NEXT_EXPIRY`` hints are recomputed by every scan;
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from . import layout as L
+from .errors import GroupNotFound, InvalidArgument, LimitExceeded, QueueExists
+from .ring import Ring
+
+OK = 0
+STALE = 1
+TO_DLQ = 2
+FREED = 3
+
+ACK = 0
+NACK = 1
+TOUCH = 2
+DEAD = 3
+
+_LEASED, _READY, _DONE, _DEADING, _NEW = L.LEASED, L.READY, L.DONE, L.DEADING, L.NEW
+
+_SLOT = struct.Struct("4Q")  # S_OFFSET, S_BYTEPOS, S_LENS, S_TIMESTAMP
+
+# dead-letter work item: (group index, offset, deliveries, reason)
+DeadItem = tuple[int, int, int, str]
+
+
+class Groups:
+    def __init__(self, ring: Ring) -> None:
+        self.ring = ring
+        self.w = ring.w
+        self.mm = ring.mm
+        self.cap = ring.capacity
+        self.sw = ring.slot_words
+        self.sl = ring.slots_w
+        self.gw = ring.groups_w
+        self.size = ring.size
+        self.data_off = ring.data_off
+        self._geom = (self.sl, self.cap, self.sw, self.size, self.data_off, self.mm)
+        self.max_groups = ring.max_groups
+        self.max_deliveries = ring.max_deliveries
+        self._gen = -1
+        self._active_bases: list[int] = []
+
+    # ------------------------------------------------------------ group table
+    def _name(self, gi: int) -> str:
+        g = self.gw + gi * L.G_WORDS
+        n = self.w[g + L.G_NAME_LEN]
+        return bytes(self.mm[(g + L.G_NAME) * 8:(g + L.G_NAME) * 8 + n]).decode()
+
+    def active(self) -> list[tuple[int, str]]:
+        w = self.w
+        return [(gi, self._name(gi)) for gi in range(self.max_groups)
+                if w[self.gw + gi * L.G_WORDS + L.G_STATE] == L.GS_ACTIVE]
+
+    def index(self, name: str) -> int:
+        for gi, gname in self.active():
+            if gname == name:
+                return gi
+        return -1
+
+    def create(self, name: str, start: str) -> int:
+        if start not in ("earliest", "latest"):
+            raise InvalidArgument("start must be 'earliest' or 'latest'")
+        if self.index(name) >= 0:
+            raise QueueExists(f"group {name!r} exists on queue {self.ring.name!r}")
+        w = self.w
+        for gi in range(self.max_groups):
+            g = self.gw + gi * L.G_WORDS
+            if w[g + L.G_STATE] != L.GS_FREE:
+                continue
+            mm = self.mm
+            mm[g * 8:(g + L.G_WORDS) * 8] = bytes(L.G_WORDS * 8)
+            tail = w[L.Q_NEXT_OFFSET]
+            first = w[L.Q_FREE_OFFSET] if start == "earliest" else tail
+            lw = L.S_GROUPS + gi
+            for o in range(first, tail):  # a reused index may hold an old group's words
+                w[self.sl + (o % self.cap) * self.sw + lw] = 0
+            w[g + L.G_CURSOR] = first
+            w[g + L.G_FLOOR] = first
+            w[g + L.G_CREATED_NS] = time.time_ns()
+            raw = name.encode()
+            w[g + L.G_NAME_LEN] = len(raw)
+            mm[(g + L.G_NAME) * 8:(g + L.G_NAME) * 8 + len(raw)] = raw
+            w[g + L.G_STATE] = L.GS_ACTIVE
+            w[L.Q_GROUP_GEN] += 1
+            return gi
+        raise LimitExceeded(f"queue {self.ring.name!r} has {self.max_groups} groups already (max_groups)")
+
+    def delete(self, gi: int) -> bool:
+        """Remove a group; True when storage was freed."""
+        self.w[self.gw + gi * L.G_WORDS + L.G_STATE] = L.GS_FREE
+        self.w[L.Q_GROUP_GEN] += 1
+        return self._recompute_free()
+
+    # ------------------------------------------------------------ delivery
+    def deliver(self, gi: int, owner: int, now: int, max_n: int, vis_ms: int,
+                out: list[Any], dead: list[DeadItem], cls: type = tuple,
+                prefix: tuple[Any, ...] = ()) -> None:
+        """Lease up to max_n messages to owner.
+
+        Appends ``cls((*prefix, offset, deliveries, payload, metadata, timestamp_ns))`` to
+        ``out`` (``cls`` a tuple type: the API's Message is built here, once).
+        Expired leases of this group are returned first (into ``dead`` when they
+        have no deliveries left).  Redeliveries come before new messages.
+        """
+        w = self.w
+        g = self.gw + gi * 32
+        ne = w[g + 5]  # G_NEXT_EXPIRY
+        if ne and now >= ne:
+            self.expire(gi, now, owner, dead)
+            ne = w[g + 5]
+        if w[g + 3] and now >= w[g + 4]:  # G_REDELIVER, G_NEXT_READY
+            self._redeliver(gi, owner, now, max_n, vis_ms, out, cls, prefix)
+        cur = w[g + 1]
+        tail = w[24]  # Q_NEXT_OFFSET
+        got = len(out)
+        if cur >= tail or got >= max_n:
+            return
+        sl, cap, sw, size, data, mm = self._geom
+        lw = 4 + gi
+        deadline = now + vis_ms
+        word = 9 | (owner << 11) | (deadline << 24)  # LEASED, 1 delivery
+        unpack = _SLOT.unpack_from
+        new = tuple.__new__
+        append = out.append
+        while cur < tail and got < max_n:
+            base = sl + (cur % cap) * sw
+            if w[base + lw] == 0:  # NEW; anything else was handled before a crash
+                w[base + lw] = word
+                _o, pos, lens, ts = unpack(mm, base * 8)
+                start = data + pos % size
+                mlen = lens >> 32
+                if mlen:
+                    append(new(cls, (*prefix, cur, 1, mm[start + mlen:start + mlen + (lens & 0xFFFFFFFF)],
+                                     mm[start:start + mlen], ts)))
+                else:
+                    append(new(cls, (*prefix, cur, 1, mm[start:start + lens], b"", ts)))
+                got += 1
+            cur += 1
+        w[g + 1] = cur
+        if not ne or deadline < ne:
+            w[g + 5] = deadline
+
+    def _redeliver(self, gi: int, owner: int, now: int, max_n: int, vis_ms: int,
+                   out: list[Any], cls: type, prefix: tuple[Any, ...]) -> None:
+        """Lease READY messages whose time has come, lowest offset first.
+
+        Scans from the G_READY_LO hint and stops once max_n are taken, so a
+        long run of given-back messages costs O(1) per delivery, not O(window).
+        """
+        w = self.w
+        g = self.gw + gi * L.G_WORDS
+        lw = L.S_GROUPS + gi
+        cur = w[g + L.G_CURSOR]
+        o = max(w[g + L.G_FLOOR], w[g + L.G_READY_LO])
+        pending = 0
+        next_ready = 0
+        first_pending = -1
+        deadline = now + vis_ms
+        taken = 0
+        full = len(out) >= max_n
+        while o < cur and not full:
+            base = self.sl + (o % self.cap) * self.sw + lw
+            word = w[base]
+            if word & 7 == _READY:
+                t = word >> 24
+                if t <= now:
+                    dc = min(((word >> 3) & 0xFF) + 1, L.DC_MASK)
+                    w[base] = _LEASED | (dc << 3) | (owner << 11) | (deadline << 24)
+                    payload, meta, ts = self.ring.record(o)
+                    out.append(tuple.__new__(cls, (*prefix, o, dc, payload, meta, ts)))
+                    taken += 1
+                    full = len(out) >= max_n
+                else:
+                    pending += 1
+                    if first_pending < 0:
+                        first_pending = o
+                    if not next_ready or t < next_ready:
+                        next_ready = t
+            o += 1
+        if o >= cur:  # scanned to the end: the hints are exact now
+            w[g + L.G_REDELIVER] = pending
+            w[g + L.G_NEXT_READY] = next_ready
+            w[g + L.G_READY_LO] = first_pending if first_pending >= 0 else cur
+        else:  # stopped early: more may be READY from o on
+            w[g + L.G_REDELIVER] = max(w[g + L.G_REDELIVER] - taken, pending + 1)
+            w[g + L.G_NEXT_READY] = min(now, next_ready) if next_ready else now
+            w[g + L.G_READY_LO] = first_pending if first_pending >= 0 else o
+        if taken:
+            w[g + L.G_REDELIVERED] += taken
+            ne = w[g + L.G_NEXT_EXPIRY]
+            if not ne or deadline < ne:
+                w[g + L.G_NEXT_EXPIRY] = deadline
+
+    # ------------------------------------------------------------ settling
+    def settle(self, gi: int, offset: int, dc: int, action: int, owner: int, now: int,
+               arg_ms: int = 0) -> int:
+        """Ack / nack / touch / dead-letter one delivery.  Returns OK, STALE or TO_DLQ.
+
+        Valid only while the delivery's lease is held: the lease word is LEASED
+        with the same delivery count.  TO_DLQ: the word is now DEADING (owned by
+        ``owner``); the caller copies the record to the dead-letter queue and
+        then calls ``finish_dead``.  After an ACK the caller advances the floor.
+        """
+        w = self.w
+        base = self.sl + (offset % self.cap) * self.sw
+        lw = base + 4 + gi
+        word = w[lw]
+        if word & 0x7FF != 1 | (dc << 3) or w[base] != offset or offset >= w[24]:
+            return STALE  # not LEASED, another delivery, or no longer retained
+        if action == ACK:
+            w[lw] = 3 | (dc << 3)  # DONE
+            w[self.gw + gi * 32 + 7] += 1  # G_ACKED
+            return OK
+        g = self.gw + gi * L.G_WORDS
+        if action == TOUCH:
+            w[lw] = (word & 0xFFFFFF) | ((now + arg_ms) << 24)
+            return OK
+        if action == NACK:
+            w[g + L.G_NACKED] += 1
+            return self._give_back(gi, lw, word, owner, now + arg_ms)
+        w[lw] = _DEADING | (dc << 3) | (owner << 11)  # DEAD
+        return TO_DLQ
+
+    def ack(self, gi: int, offset: int, dc: int) -> int:
+        """settle(ACK) and advance_floor in one step (the hot path): STALE, OK or FREED."""
+        w = self.w
+        sl, cap, sw = self.sl, self.cap, self.sw
+        base = sl + (offset % cap) * sw
+        lw = 4 + gi
+        word = w[base + lw]
+        if word & 0x7FF != 1 | (dc << 3) or w[base] != offset or offset >= w[24]:
+            return STALE
+        w[base + lw] = 3 | (dc << 3)  # DONE
+        g = self.gw + gi * 32
+        w[g + 7] += 1  # G_ACKED
+        f = old = w[g + 2]  # G_FLOOR
+        cur = w[g + 1]
+        while f < cur and w[sl + (f % cap) * sw + lw] & 7 == 3:
+            f += 1
+        if f == old:
+            return OK
+        w[g + 2] = f
+        if old == w[32] and self._recompute_free():  # this group held the free offset back
+            return FREED
+        return OK
+
+    def ack_batch(self, deliveries: Sequence[Sequence[Any]], stale: list[int]) -> bool:
+        """ACK many deliveries, each a sequence whose items 1, 3, 4 are (group index, offset,
+        deliveries) -- the API's Message is one.  Offsets of stale ones go to ``stale``.
+        True when queue storage was freed."""
+        w = self.w
+        sl, cap, sw = self.sl, self.cap, self.sw
+        tail = w[24]
+        acked: dict[int, int] = {}
+        for d in deliveries:
+            gi = d[1]
+            offset = d[3]
+            dc = d[4]
+            base = sl + (offset % cap) * sw
+            lw = base + 4 + gi
+            if gi < 0 or w[lw] & 0x7FF != 1 | (dc << 3) or w[base] != offset or offset >= tail:
+                stale.append(offset)
+                continue
+            w[lw] = 3 | (dc << 3)  # DONE
+            acked[gi] = acked.get(gi, 0) + 1
+        freed = False
+        for gi, n in acked.items():
+            w[self.gw + gi * 32 + 7] += n  # G_ACKED
+            freed = self.advance_floor(gi) or freed
+        return freed
+
+    def _give_back(self, gi: int, lw: int, word: int, owner: int, ready_at: int) -> int:
+        """A LEASED word returns to the group, or heads for the dead-letter queue.
+
+        The hints are raised before the word is stored, so a crash in between
+        leaves them too high (a wasted scan), never too low (a stranded message).
+        """
+        w = self.w
+        dc = (word >> 3) & 0xFF
+        if self.max_deliveries and dc >= self.max_deliveries:
+            w[lw] = _DEADING | (dc << 3) | (owner << 11)
+            return TO_DLQ
+        g = self.gw + gi * L.G_WORDS
+        offset = w[lw - L.S_GROUPS - gi]  # S_OFFSET of the same slot
+        if not w[g + L.G_REDELIVER] or offset < w[g + L.G_READY_LO]:
+            w[g + L.G_READY_LO] = offset
+        nr = w[g + L.G_NEXT_READY]
+        if not w[g + L.G_REDELIVER] or ready_at < nr:
+            w[g + L.G_NEXT_READY] = ready_at
+        w[g + L.G_REDELIVER] += 1
+        w[lw] = _READY | (dc << 3) | (ready_at << 24)
+        return OK
+
+    def finish_dead(self, gi: int, offset: int, dc: int) -> bool:
+        """A DEADING message reached the dead-letter queue: mark it DONE.  True if storage freed."""
+        w = self.w
+        base = self.sl + (offset % self.cap) * self.sw
+        lw = base + L.S_GROUPS + gi
+        if w[base] != offset or w[lw] & 7 != _DEADING or (w[lw] >> 3) & 0xFF != dc:
+            return False
+        w[lw] = _DONE | (dc << 3)
+        g = self.gw + gi * L.G_WORDS
+        w[g + L.G_DEAD_LETTERED] += 1
+        return offset == w[g + L.G_FLOOR] and self.advance_floor(gi)
+
+    def orphan_dead(self, gi: int, offset: int, dc: int) -> None:
+        """Give up a DEADING word we could not copy now: anyone's next reap retries it."""
+        w = self.w
+        base = self.sl + (offset % self.cap) * self.sw
+        lw = base + L.S_GROUPS + gi
+        if w[base] == offset and w[lw] & 7 == _DEADING:
+            w[lw] = _DEADING | (dc << 3) | (L.NO_OWNER << 11)
+
+    # ------------------------------------------------------------ floors
+    def advance_floor(self, gi: int) -> bool:
+        """Move the group's floor past DONE words; True when queue storage was freed."""
+        w = self.w
+        g = self.gw + gi * 32
+        f = old = w[g + 2]
+        cur = w[g + 1]
+        lw = 4 + gi
+        while f < cur and w[self.sl + (f % self.cap) * self.sw + lw] & 7 == _DONE:
+            f += 1
+        if f == old:
+            return False
+        w[g + 2] = f
+        if old == w[32]:  # this group held the free offset back
+            return self._recompute_free()
+        return False
+
+    def _recompute_free(self) -> bool:
+        w = self.w
+        if w[35] != self._gen:  # Q_GROUP_GEN: refresh the list of active group bases
+            self._gen = w[35]
+            self._active_bases = [self.gw + gi * 32 for gi in range(self.max_groups)
+                                  if w[self.gw + gi * 32] == L.GS_ACTIVE]
+        low = w[24]
+        for g in self._active_bases:
+            if w[g] == L.GS_ACTIVE and w[g + 2] < low:
+                low = w[g + 2]
+        if low > w[32]:
+            w[32] = low
+            return True
+        return False
+
+    # ------------------------------------------------------------ reaping
+    def expire(self, gi: int, now: int, owner: int, dead: list[DeadItem]) -> int:
+        """Return this group's expired leases; the number returned."""
+        w = self.w
+        g = self.gw + gi * L.G_WORDS
+        lw = L.S_GROUPS + gi
+        o, end = w[g + L.G_FLOOR], w[g + L.G_CURSOR]
+        next_expiry = 0
+        n = 0
+        while o < end:
+            base = self.sl + (o % self.cap) * self.sw + lw
+            word = w[base]
+            if word & 7 == _LEASED:
+                t = word >> 24
+                if t <= now:
+                    if self._give_back(gi, base, word, owner, now) == TO_DLQ:
+                        dead.append((gi, o, (word >> 3) & 0xFF, "expired"))
+                    n += 1
+                elif not next_expiry or t < next_expiry:
+                    next_expiry = t
+            o += 1
+        w[g + L.G_NEXT_EXPIRY] = next_expiry
+        w[g + L.G_EXPIRED] += n
+        return n
+
+    def reap_owner(self, dead_client: int, owner: int, now: int, dead: list[DeadItem]) -> int:
+        """Return every lease of a dead client (and retry its unfinished dead-letters)."""
+        w = self.w
+        n = 0
+        tail = w[L.Q_NEXT_OFFSET]
+        for gi, _name in self.active():
+            g = self.gw + gi * L.G_WORDS
+            lw = L.S_GROUPS + gi
+            for o in range(w[g + L.G_FLOOR], tail):
+                base = self.sl + (o % self.cap) * self.sw + lw
+                word = w[base]
+                state = word & 7
+                if (word >> 11) & L.OWNER_MASK != dead_client:
+                    continue
+                if state == _LEASED:
+                    if self._give_back(gi, base, word, owner, now) == TO_DLQ:
+                        dead.append((gi, o, (word >> 3) & 0xFF, "owner died"))
+                    n += 1
+                elif state == _DEADING:
+                    w[base] = (word & ~(L.OWNER_MASK << 11)) | (owner << 11)
+                    dead.append((gi, o, (word >> 3) & 0xFF, "owner died while dead-lettering"))
+        return n
+
+    # ------------------------------------------------------------ reading
+    def stats(self, gi: int) -> dict[str, int]:
+        w = self.w
+        g = self.gw + gi * L.G_WORDS
+        lw = L.S_GROUPS + gi
+        in_flight = ready = 0
+        for o in range(w[g + L.G_FLOOR], w[g + L.G_CURSOR]):
+            state = w[self.sl + (o % self.cap) * self.sw + lw] & 7
+            if state == _LEASED:
+                in_flight += 1
+            elif state == _READY:
+                ready += 1
+        backlog = w[L.Q_NEXT_OFFSET] - w[g + L.G_CURSOR]
+        return {
+            "depth": backlog + ready, "backlog": backlog, "ready": ready, "in_flight": in_flight,
+            "cursor": w[g + L.G_CURSOR], "floor": w[g + L.G_FLOOR],
+            "acked": w[g + L.G_ACKED], "nacked": w[g + L.G_NACKED],
+            "redelivered": w[g + L.G_REDELIVERED], "dead_lettered": w[g + L.G_DEAD_LETTERED],
+            "expired": w[g + L.G_EXPIRED],
+        }
+
+    def require(self, name: str) -> int:
+        gi = self.index(name)
+        if gi < 0:
+            raise GroupNotFound(f"no group {name!r} on queue {self.ring.name!r}")
+        return gi

@@ -1,0 +1,240 @@
+"""The shared-memory layout of shmq: every field, offset and size, in one place.
+
+Read this like a C header.  Nothing else in shmq knows a byte offset; the
+other modules use the names below.  All integers are native 64-bit words
+(``Q``, little-endian on x86-64) at 8-byte-aligned offsets, read and written
+through ``memoryview.cast("Q")``: a single aligned 8-byte store is atomic, so
+a reader in another process sees either the old or the new value, never a
+mix.  Every state change that must survive a SIGKILL is made visible by one
+such store (the "commit"); everything a commit publishes is written first.
+
+This module imports nothing of ours.
+
+Registry segment  ``/shmq.<instance>.reg``  (one per broker instance)
+=====================================================================
+
+::
+
+    byte 0            512             576          1024
+    +-----------------+---------------+------------+-----------------------+-----------------------+
+    | registry header | registry lock | (reserved) | client table          | queue table           |
+    | R_* words       | robust mutex  |            | max_clients x 4 words | max_queues x 32 words |
+    +-----------------+---------------+------------+-----------------------+-----------------------+
+
+Queue segment  ``/shmq.<instance>.q<id>``  (one per queue, dead-letter queues included)
+======================================================================================
+
+::
+
+    byte 0          768     832     896   1024
+    +---------------+-------+-------+-----+-------------+------------------+--------------+
+    | queue header  | plock | clock | pad | group table | slot table       | byte ring    |
+    | Q_* words     |       |       |     | G x 32 w    | N x (4 + G) w    | max_bytes B  |
+    +---------------+-------+-------+-----+-------------+------------------+--------------+
+
+    G = max_groups, N = capacity.
+
+``plock`` (producer lock) guards the producer fields (``Q_NEXT_OFFSET`` ..)
+and the slots at or beyond ``Q_NEXT_OFFSET``.  ``clock`` (consumer lock)
+guards the consumer fields, the group table and the lease
+words of published slots.  A producer never writes a consumer field and the
+reverse, so the two sides never contend with each other.
+
+Slot of offset ``o`` is entry ``o % N``::
+
+    word 0  S_OFFSET     the offset stored here (validates a handle)
+    word 1  S_BYTEPOS    virtual byte position of the record (physical = pos % max_bytes)
+    word 2  S_LENS       payload length (low 32 bits) | metadata length (high 32 bits)
+    word 3  S_TIMESTAMP  producer's wall clock, ns since the epoch
+    word 4+g             lease word of group g (below)
+
+Record in the byte ring at the physical position: ``metadata || payload``,
+never split at the end of the ring (the producer pads to the start instead).
+
+Lease word (one per message per group)::
+
+     63                                 24 23            11 10        3 2     0
+    +-------------------------------------+----------------+-----------+-------+
+    |      time, ms (40 bits)             | owner (13 bits)| deliveries| state |
+    +-------------------------------------+----------------+-----------+-------+
+
+    state NEW      never delivered to this group
+          LEASED   delivered; time = lease deadline (monotonic ms), owner = client slot
+          READY    given back (nack, expiry, owner died); time = when it may be delivered again
+          DONE     acknowledged or dead-lettered
+          DEADING  being copied to the dead-letter queue by owner
+"""
+
+from __future__ import annotations
+
+WORD = 8
+
+
+def _magic(tag: bytes) -> int:
+    return int.from_bytes(tag, "little")
+
+
+REGISTRY_MAGIC = _magic(b"SHMQREG1")
+QUEUE_MAGIC = _magic(b"SHMQQUE1")
+LAYOUT_VERSION = 1
+MUTEX_SIZE = 64  # room for a pthread_mutex_t (40 B on x86-64 glibc, 48 B on aarch64)
+
+# ---------------------------------------------------------------- registry
+R_MAGIC = 0
+R_VERSION = 1
+R_INSTANCE_UID = 2  # random; every queue segment of the instance repeats it
+R_OWNER_PID = 3
+R_OWNER_START = 4  # owner's process start time, ms since the epoch
+R_HEARTBEAT = 5  # wall clock ms, refreshed by live clients
+R_CREATED_NS = 6
+R_MAX_QUEUES = 7
+R_MAX_CLIENTS = 8
+R_NEXT_QUEUE_ID = 9  # ids are never reused within an instance
+R_NEXT_REAP_MS = 10  # monotonic ms of the next dead-client scan
+R_CLIENTS_OFF = 11
+R_QUEUES_OFF = 12
+R_TOTAL_SIZE = 13
+R_GENERATION = 14  # bumped on every queue create/delete
+R_LOCK_OFF = 512  # byte offset of the registry lock
+R_HEADER_SIZE = 1024
+
+# client table entry (4 words)
+C_STATE = 0  # C_FREE / C_LIVE
+C_PID = 1
+C_START = 2  # process start time, ms since the epoch
+C_HEARTBEAT = 3
+C_WORDS = 4
+C_FREE = 0
+C_LIVE = 1
+
+# queue table entry (32 words)
+E_STATE = 0  # E_FREE / E_ACTIVE
+E_QUEUE_ID = 1
+E_FLAGS = 2  # F_DLQ
+E_CREATED_NS = 3
+E_NAME_LEN = 4
+E_NAME = 5  # 26 words = 208 bytes of UTF-8 name
+E_WORDS = 32
+E_NAME_BYTES = 208
+E_FREE = 0
+E_ACTIVE = 1
+
+# ---------------------------------------------------------------- queue
+Q_MAGIC = 0
+Q_VERSION = 1
+Q_INSTANCE_UID = 2
+Q_QUEUE_ID = 3
+Q_STATE = 4  # QS_ACTIVE / QS_DELETED
+Q_CAPACITY = 5
+Q_MAX_BYTES = 6
+Q_MAX_MESSAGE_SIZE = 7
+Q_VISIBILITY_MS = 8
+Q_MAX_DELIVERIES = 9
+Q_MAX_GROUPS = 10
+Q_MAX_CLIENTS = 11  # of the instance: owners in lease words are below it
+Q_DURABILITY = 12  # index into options.DURABILITY_MODES
+Q_FLAGS = 13  # F_DLQ
+Q_CREATED_NS = 14
+Q_GROUPS_OFF = 15
+Q_SLOTS_OFF = 17
+Q_DATA_OFF = 18
+Q_TOTAL_SIZE = 19
+Q_SLOT_WORDS = 20
+# producer side (plock)
+Q_NEXT_OFFSET = 24  # the commit word of every put: offsets below it are published (= messages produced)
+Q_TAIL_BYTES = 25  # virtual byte position after the last record
+Q_PRODUCER_WAITERS = 27
+Q_DURABLE_OFFSET = 28  # reserved for the journal writer
+Q_PLOCK_RECOVERIES = 29  # times a producer died holding plock
+# consumer side (clock)
+Q_FREE_OFFSET = 32  # every group has settled all offsets below it; their storage is free
+Q_CONSUMER_WAITERS = 33
+Q_NEXT_MAINT_MS = 34  # monotonic ms when some lease may expire / some message become ready
+Q_GROUP_GEN = 35  # bumped on every group create/delete
+Q_ORPHANS = 36  # a dead-letter copy failed (full DLQ): the next maintenance retries it
+Q_CLOCK_RECOVERIES = 37  # times a consumer died holding clock
+Q_NAME_LEN = 38
+Q_NAME = 40  # 26 words
+Q_LOCK_P = 768  # byte offsets
+Q_LOCK_C = 832
+Q_HEADER_SIZE = 1024
+QS_ACTIVE = 1
+QS_DELETED = 2
+F_DLQ = 1
+
+# group table entry (32 words)
+G_STATE = 0  # GS_FREE / GS_ACTIVE
+G_CURSOR = 1  # next offset never delivered to this group
+G_FLOOR = 2  # every offset below it is DONE for this group
+G_REDELIVER = 3  # hint, never below the truth: number of READY words in [floor, cursor)
+G_NEXT_READY = 4  # hint: earliest time a READY word may be delivered
+G_NEXT_EXPIRY = 5  # lower bound of the LEASED deadlines
+G_READY_LO = 6  # hint, never above the truth: lowest offset that may be READY
+G_ACKED = 7
+G_NACKED = 8
+G_REDELIVERED = 9
+G_DEAD_LETTERED = 10
+G_EXPIRED = 11
+G_CREATED_NS = 12
+G_NAME_LEN = 13
+G_NAME = 14  # 8 words = 64 bytes
+G_WORDS = 32
+GS_FREE = 0
+GS_ACTIVE = 1
+
+# slot entry
+S_OFFSET = 0
+S_BYTEPOS = 1
+S_LENS = 2
+S_TIMESTAMP = 3
+S_GROUPS = 4
+S_FIXED_WORDS = 4
+
+# lease word
+NEW = 0
+LEASED = 1
+READY = 2
+DONE = 3
+DEADING = 4
+STATE_MASK = 0x7
+DC_SHIFT = 3
+DC_MASK = 0xFF
+OWNER_SHIFT = 11
+OWNER_MASK = 0x1FFF
+TIME_SHIFT = 24
+TIME_MASK = (1 << 40) - 1
+MAX_OWNER = OWNER_MASK  # client slots are 0 .. MAX_OWNER - 1; MAX_OWNER means "nobody"
+NO_OWNER = OWNER_MASK
+
+
+def lease_word(state: int, deliveries: int, owner: int, time_ms: int) -> int:
+    return state | (deliveries << DC_SHIFT) | (owner << OWNER_SHIFT) | ((time_ms & TIME_MASK) << TIME_SHIFT)
+
+
+def lease_fields(word: int) -> tuple[int, int, int, int]:
+    """(state, deliveries, owner, time_ms) of a lease word."""
+    return (word & STATE_MASK, (word >> DC_SHIFT) & DC_MASK,
+            (word >> OWNER_SHIFT) & OWNER_MASK, word >> TIME_SHIFT)
+
+
+def _align(n: int, a: int = 64) -> int:
+    return (n + a - 1) // a * a
+
+
+def registry_size(max_queues: int, max_clients: int) -> tuple[int, int, int]:
+    """(clients_off, queues_off, total) of a registry segment."""
+    clients_off = R_HEADER_SIZE
+    queues_off = _align(clients_off + max_clients * C_WORDS * WORD)
+    total = _align(queues_off + max_queues * E_WORDS * WORD, 4096)
+    return clients_off, queues_off, total
+
+
+def queue_size(capacity: int, max_bytes: int, max_groups: int) -> dict[str, int]:
+    """Byte offsets of a queue segment's regions, and its total size."""
+    groups_off = Q_HEADER_SIZE
+    slots_off = _align(groups_off + max_groups * G_WORDS * WORD)
+    slot_words = S_FIXED_WORDS + max_groups
+    data_off = _align(slots_off + capacity * slot_words * WORD, 4096)
+    total = _align(data_off + max_bytes, 4096)
+    return {"groups_off": groups_off, "slots_off": slots_off,
+            "data_off": data_off, "total": total, "slot_words": slot_words}

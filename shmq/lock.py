@@ -1,0 +1,129 @@
+"""A lock in shared memory whose holder's death is detected by the kernel.
+
+It is a process-shared *robust* pthread mutex, reached through ctypes.  When
+a process dies holding it (SIGKILL at any instruction), the kernel marks the
+mutex and hands it to the next waiter with ``EOWNERDEAD``; we then mark it
+consistent and carry on.  Nothing is ever stolen on a timeout: a lock is taken
+over only when the kernel has proven its holder dead.  Uncontended lock and
+unlock stay in user space (a futex), a waiter sleeps in the kernel.
+
+shmq keeps its shared state so that a holder that dies mid-section leaves
+nothing to undo: every change is published by one aligned 8-byte store
+(see ``layout``), and the derived fields are re-derived by the next holder.
+So recovery here is only "make consistent, count it".
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import mmap
+
+from .errors import InstanceError
+from .layout import MUTEX_SIZE
+
+_LIBC_NAME = ctypes.util.find_library("c") or "libc.so.6"
+_libc = ctypes.CDLL(_LIBC_NAME, use_errno=True)  # releases the GIL: for calls that may block
+_libc_gil = ctypes.PyDLL(_LIBC_NAME)  # keeps the GIL: cheaper, for calls that never block
+_lock = _libc.pthread_mutex_lock
+_trylock = _libc_gil.pthread_mutex_trylock
+_unlock = _libc_gil.pthread_mutex_unlock
+_consistent = _libc.pthread_mutex_consistent
+_init = _libc.pthread_mutex_init
+for _f in (_lock, _unlock, _trylock, _consistent):
+    _f.argtypes = [ctypes.c_void_p]
+    _f.restype = ctypes.c_int
+EBUSY = errno.EBUSY
+_PTHREAD_PROCESS_SHARED = 1
+_PTHREAD_MUTEX_ROBUST = 1
+EOWNERDEAD = errno.EOWNERDEAD
+ENOTRECOVERABLE = errno.ENOTRECOVERABLE
+
+
+def init_mutex(address: int) -> None:
+    """Initialise a process-shared robust mutex at ``address`` (fresh memory only)."""
+    attr = ctypes.create_string_buffer(64)
+    rc = _libc.pthread_mutexattr_init(attr)
+    rc = rc or _libc.pthread_mutexattr_setpshared(attr, _PTHREAD_PROCESS_SHARED)
+    rc = rc or _libc.pthread_mutexattr_setrobust(attr, _PTHREAD_MUTEX_ROBUST)
+    rc = rc or _init(ctypes.c_void_p(address), attr)
+    _libc.pthread_mutexattr_destroy(attr)
+    if rc:
+        raise InstanceError(f"pthread_mutex_init failed: {errno.errorcode.get(rc, rc)}")
+
+
+trylock = _trylock  # for hot paths: rc = trylock(lock.address); if rc: lock.acquire_slow(rc)
+unlock = _unlock
+
+
+class RobustLock:
+    """One robust mutex at a byte offset of a mapped segment.
+
+    ``acquire()`` returns True when the previous holder died inside the
+    critical section (the caller may want to count it); the lock is held
+    either way.  Use ``with lock:`` when the flag does not matter.
+    """
+
+    __slots__ = ("_anchor", "address", "recoveries", "_counter")
+
+    def __init__(self, mm: mmap.mmap, offset: int, counter: tuple[memoryview, int] | None = None) -> None:
+        self._anchor = (ctypes.c_char * MUTEX_SIZE).from_buffer(mm, offset)
+        self.address = ctypes.addressof(self._anchor)
+        self.recoveries = 0
+        self._counter = counter  # (words, index): a shared count of recoveries, bumped under the lock
+
+    def initialise(self) -> None:
+        init_mutex(self.address)
+
+    def acquire(self) -> bool:
+        # Try without letting go of the GIL (cheap); sleep in the kernel only when busy.
+        rc = _trylock(self.address)
+        if rc:
+            return self.acquire_slow(rc)
+        return False
+
+    def acquire_slow(self, rc: int) -> bool:
+        """Finish an acquire whose ``trylock`` returned rc != 0 (hot paths inline the try)."""
+        if rc == EBUSY:
+            rc = _lock(self.address)
+            if rc == 0:
+                return False
+        return self._recover(rc)
+
+    def _recover(self, rc: int) -> bool:
+        if rc == EOWNERDEAD:
+            _consistent(self.address)
+            self.recoveries += 1
+            if self._counter is not None:
+                words, index = self._counter
+                words[index] += 1
+            return True
+        if rc == ENOTRECOVERABLE:
+            raise InstanceError("a shared lock is unrecoverable; run `shmq doctor`")
+        raise InstanceError(f"pthread_mutex_lock failed: {errno.errorcode.get(rc, rc)}")
+
+    def try_acquire(self) -> bool | None:
+        """True/False as acquire() when taken, None when busy."""
+        rc = _trylock(self.address)
+        if rc == 0:
+            return False
+        if rc == EBUSY:
+            return None
+        return self._recover(rc)
+
+    def release(self) -> None:
+        _unlock(self.address)
+
+    def __enter__(self) -> RobustLock:
+        self.acquire()
+        return self
+
+
+    def __exit__(self, *exc: object) -> None:
+        _unlock(self.address)
+
+    def detach(self) -> None:
+        """Drop the export of the mapping so that it can be closed."""
+        self._anchor = None  # type: ignore[assignment]
+        self._counter = None

@@ -1,0 +1,43 @@
+"""Every default and every limit of shmq, in one table.
+
+Nothing else in the package hard-codes a number that a user could ask about:
+the other modules import these names.  ``docs/operations.md`` renders this
+table for humans; keep the two in step.
+"""
+
+from __future__ import annotations
+
+# --- instance (one registry segment per broker instance) -------------------
+DEFAULT_INSTANCE = "default"
+INSTANCE_NAME_MAX = 64  # chars of [A-Za-z0-9_-]
+MAX_QUEUES = 1024  # queues (dead-letter queues included) per instance
+MAX_CLIENTS = 1024  # processes attached to one instance at the same time
+SHM_MODE = 0o600  # every shared-memory object and semaphore
+
+# --- queue ------------------------------------------------------------------
+QUEUE_NAME_MAX = 200  # chars of [A-Za-z0-9._-], not "." or ".."
+GROUP_NAME_MAX = 64  # same alphabet as queue names
+DEFAULT_GROUP = "default"
+DLQ_SUFFIX = ".dlq"
+
+DEFAULT_CAPACITY = 16_384  # messages held (unacknowledged by some group)
+MAX_CAPACITY = 16_777_216
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024  # bytes of payload (+ metadata) held; reserved at creation
+MIN_MAX_BYTES = 4096
+MAX_MAX_BYTES = 1 << 40
+DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024
+DEFAULT_VISIBILITY_TIMEOUT = 30.0  # seconds a delivery is leased
+MAX_VISIBILITY_TIMEOUT = 12 * 3600.0
+DEFAULT_MAX_DELIVERIES = 5  # deliveries before dead-lettering
+MAX_DELIVERIES_LIMIT = 255  # the lease word keeps the count in 8 bits
+DEFAULT_MAX_GROUPS = 8  # consumer groups per queue (default group included)
+MAX_GROUPS_LIMIT = 64
+MAX_META_SIZE = 1024  # bytes of per-message metadata (dead-letter origin, keys)
+DURABILITY_MODES = ("memory", "interval", "always")
+DEFAULT_DURABILITY = "memory"
+
+# --- timing -------------------------------------------------------------------
+WAIT_SLICE = 0.05  # longest single sleep of a blocked put/get before it re-checks the header
+REAP_INTERVAL = 0.25  # how often dead processes' leases are looked for (s)
+ATTACH_TIMEOUT = 2.0  # how long to wait for a half-created instance to appear
+STALE_HEARTBEAT = 10.0  # an owner's heartbeat older than this may be declared dead

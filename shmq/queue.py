@@ -1,0 +1,472 @@
+"""A co-located queue handle: the ``api.Queue`` interface straight on shared memory.
+
+Blocking follows ``queue.Queue``: ``block=True, timeout=None`` waits for ever,
+``timeout`` bounds the whole call on the monotonic clock, ``block=False``
+raises at once.  Waiting sleeps on the queue's semaphores, which are only
+wake-up hints: every sleep is at most ``options.WAIT_SLICE`` long and then
+re-reads the header, so a count left wrong by a dead process costs latency,
+never a lost wake-up.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import posix_ipc
+
+from . import layout as L
+from . import options
+from .api import Message, Payload, QueueConfig
+from .api import Queue as QueueABC
+from .errors import (
+    Empty,
+    Full,
+    InvalidArgument,
+    MessageTooLarge,
+    QueueNotFound,
+    StaleAck,
+)
+from .group import ACK, FREED, NACK, OK, STALE, TOUCH, DeadItem, Groups
+from .lock import trylock, unlock
+from .names import check_group_name as _check_group_name
+from .ring import Ring
+
+if TYPE_CHECKING:
+    from .shm import Attachment
+
+_BusyError = posix_ipc.BusyError
+
+
+def _as_bytes(payload: Payload) -> bytes | bytearray | memoryview:
+    if isinstance(payload, str):
+        return payload.encode()
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        return payload
+    raise InvalidArgument(f"payload must be bytes-like or str, not {type(payload).__name__}")
+
+
+class ShmQueue(QueueABC):
+    """One queue of a co-located instance."""
+
+    def __init__(self, att: Attachment, ring: Ring, not_empty: posix_ipc.Semaphore,
+                 not_full: posix_ipc.Semaphore) -> None:
+        self._att = att
+        self._ring = ring
+        self._groups = Groups(ring)
+        self._w = ring.w
+        self._ne = not_empty
+        self._nf = not_full
+        self.name = ring.name
+        self._max = ring.max_message_size
+        self._gcache: dict[str, int] = {}
+        self._ggen = -1
+        self._now = att.now_ms
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        from .shm import _queue_from_url
+        return (_queue_from_url, (self._att.url, self.name))
+
+    def __repr__(self) -> str:
+        return f"ShmQueue({self._att.url!r}, {self.name!r})"
+
+    @property
+    def config(self) -> QueueConfig:
+        r = self._ring
+        return QueueConfig(r.capacity, r.size, r.max_message_size, r.visibility_ms / 1000,
+                           r.max_deliveries, r.max_groups, options.DURABILITY_MODES[r.durability])
+
+    @property
+    def is_dlq(self) -> bool:
+        return bool(self._ring.flags & L.F_DLQ)
+
+    def _alive(self) -> None:
+        if self._w[L.Q_STATE] != L.QS_ACTIVE:
+            self._att.forget(self._ring.queue_id)
+            raise QueueNotFound(f"queue {self.name!r} was deleted")
+
+    # ------------------------------------------------------------ produce
+    def put(self, payload: Payload, block: bool = True, timeout: float | None = None) -> int:
+        if type(payload) is not bytes:
+            payload = _as_bytes(payload)
+        if len(payload) > self._max:
+            raise MessageTooLarge(f"payload of {len(payload)} bytes exceeds max_message_size "
+                                  f"{self._max} of queue {self.name!r}")
+        if self._w[4] != 1:  # Q_STATE
+            self._alive()
+        off = self._ring.try_put(payload, b"", time.time_ns())
+        if off < 0:
+            off = self._put_wait([payload], None, block, timeout)
+        if self._w[33]:  # Q_CONSUMER_WAITERS
+            self._wake(self._ne, self._w[33], 1)
+        return off
+
+    def put_many(self, payloads: Sequence[Payload], block: bool = True,
+                 timeout: float | None = None) -> list[int]:
+        items = [p if type(p) is bytes else _as_bytes(p) for p in payloads]
+        if not items:
+            return []
+        self._alive()
+        big = max(len(p) for p in items)
+        if big > self._max:
+            raise MessageTooLarge(f"a payload of {big} bytes exceeds max_message_size {self._max} "
+                                  f"of queue {self.name!r}")
+        first = self._put_wait(items, None, block, timeout, first_try=True)
+        if self._w[33]:
+            self._wake(self._ne, self._w[33], len(items))
+        return list(range(first, first + len(items)))
+
+    def _put_meta(self, payload: bytes, meta: bytes, timeout: float) -> int:
+        """Internal: append with metadata (dead-letter origin)."""
+        self._alive()
+        off = self._put_wait([payload], [meta], True, timeout, first_try=True)
+        if self._w[33]:
+            self._wake(self._ne, self._w[33], 1)
+        return off
+
+    def _put_wait(self, items: list[Any], metas: list[bytes] | None, block: bool,
+                  timeout: float | None, first_try: bool = False) -> int:
+        ring = self._ring
+        nbytes = sum(len(p) for p in items) + (sum(len(m) for m in metas) if metas else 0)
+        if not ring.fits_empty(nbytes, len(items)):
+            raise Full(f"a batch of {len(items)} messages / {nbytes} bytes can never fit queue "
+                       f"{self.name!r} (capacity {ring.capacity}, max_bytes {ring.size})")
+        if timeout is not None and timeout < 0:
+            raise InvalidArgument("timeout must be >= 0")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        w = self._w
+        registered = False
+        try:
+            while True:
+                if first_try:
+                    off = ring.try_put_many(items, metas, time.time_ns())
+                    if off >= 0:
+                        return off
+                first_try = True
+                self._alive()
+                if not block:
+                    raise Full(f"queue {self.name!r} is full")
+                wait = options.WAIT_SLICE
+                if deadline is not None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise Full(f"queue {self.name!r} is full (timed out after {timeout} s)")
+                    wait = min(wait, remaining)
+                if not registered:
+                    with ring.plock:
+                        w[L.Q_PRODUCER_WAITERS] += 1
+                    registered = True
+                    continue  # re-check after announcing ourselves: no lost wake-up
+                try:
+                    self._nf.acquire(wait)
+                except _BusyError:
+                    pass
+        finally:
+            if registered:
+                with ring.plock:
+                    w[L.Q_PRODUCER_WAITERS] -= 1 if w[L.Q_PRODUCER_WAITERS] else 0
+
+    @staticmethod
+    def _wake(sem: posix_ipc.Semaphore, waiters: int, n: int) -> None:
+        # a hint: never push the count far past the number of sleepers
+        for _ in range(min(n, waiters - sem.value)):
+            sem.release()
+
+    # ------------------------------------------------------------ consume
+    def _group(self, name: str, create: bool = True) -> int:
+        """The index of a group (created, from the earliest retained offset, if new)."""
+        gen = self._w[L.Q_GROUP_GEN]
+        if gen != self._ggen:
+            self._gcache = {}
+            self._ggen = gen
+        gi = self._gcache.get(name)
+        if gi is None:
+            with self._ring.clock:
+                gi = self._groups.index(name)
+                if gi < 0:
+                    if not create:
+                        self._groups.require(name)
+                    _check_group_name(name)
+                    gi = self._groups.create(name, "earliest")
+            self._gcache[name] = gi
+        return gi
+
+    def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
+            visibility_timeout: float | None = None) -> Message:
+        return self._take(group, 1, block, timeout, visibility_timeout)[0]
+
+    def get_many(self, max_messages: int, group: str = options.DEFAULT_GROUP, block: bool = True,
+                 timeout: float | None = None, visibility_timeout: float | None = None) -> list[Message]:
+        if max_messages < 1:
+            raise InvalidArgument("max_messages must be >= 1")
+        return self._take(group, max_messages, block, timeout, visibility_timeout)
+
+    def _take(self, group: str, max_n: int, block: bool, timeout: float | None,
+              visibility_timeout: float | None) -> list[Message]:
+        w = self._w
+        if w[4] != 1:  # Q_STATE
+            self._alive()
+        if w[35] != self._ggen:  # Q_GROUP_GEN: groups changed, drop the name cache
+            self._gcache = {}
+            self._ggen = w[35]
+        gi = self._gcache.get(group)
+        if gi is None:
+            gi = self._group(group)
+        att = self._att
+        owner = att._slot
+        if owner is None:
+            owner = att.client_slot()
+        vis = self._ring.visibility_ms if visibility_timeout is None else _ms(
+            visibility_timeout, "visibility_timeout")
+        if timeout is None:
+            deadline = None
+        elif timeout >= 0:
+            deadline = time.monotonic() + timeout
+        else:
+            raise InvalidArgument("timeout must be >= 0")
+        clock = self._ring.clock
+        addr = clock.address
+        deliver = self._groups.deliver
+        waiting = False
+        got: list[Message] = []
+        dead: list[DeadItem] = []
+        prefix = (self, gi, group)
+        while True:
+            now = self._now()
+            rc = trylock(addr)
+            if rc:
+                clock.acquire_slow(rc)
+            try:
+                if waiting:
+                    w[33] -= 1 if w[33] else 0  # Q_CONSUMER_WAITERS
+                    waiting = False
+                deliver(gi, owner, now, max_n, vis, got, dead, Message, prefix)
+                if not got and block:
+                    w[33] += 1  # announce a sleeper before letting go of the lock
+                    waiting = True
+            finally:
+                unlock(addr)
+            if dead:
+                self._dead_letter(dead)
+                dead = []
+            if got:
+                return got
+            att.reap(now)
+            if not block:
+                raise Empty(f"queue {self.name!r} has no message for group {group!r}")
+            wait = options.WAIT_SLICE
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    with clock:
+                        w[33] -= 1 if w[33] else 0
+                    raise Empty(f"no message for group {group!r} of queue {self.name!r} "
+                                f"within {timeout} s")
+                wait = min(wait, remaining)
+            g = self._ring.groups_w + gi * L.G_WORDS
+            if w[24] > w[g + L.G_CURSOR]:
+                continue  # published while we announced ourselves
+            if w[g + L.G_REDELIVER]:
+                wait = max(0.0, min(wait, (w[g + L.G_NEXT_READY] - now) / 1000))
+            if w[g + L.G_NEXT_EXPIRY]:
+                wait = max(0.0, min(wait, (w[g + L.G_NEXT_EXPIRY] - now) / 1000))
+            if w[L.Q_STATE] != L.QS_ACTIVE:
+                with clock:
+                    w[33] -= 1 if w[33] else 0
+                self._alive()
+            try:
+                self._ne.acquire(wait)
+            except _BusyError:
+                pass
+
+    # ------------------------------------------------------------ settle
+    def _settle(self, msg: Message, action: int, arg: float | None) -> None:
+        gi = msg[1]
+        if gi < 0 or msg[0] is not self:
+            raise StaleAck(f"message {msg[3]} is not a delivery of {self.name!r} (read() results "
+                           "cannot be settled)")
+        if action == ACK:  # the hot path
+            clock = self._ring.clock
+            addr = clock.address
+            rc = trylock(addr)
+            if rc:
+                clock.acquire_slow(rc)
+            try:
+                result = self._groups.ack(gi, msg[3], msg[4])
+            finally:
+                unlock(addr)
+            if result == FREED:
+                if self._w[27]:  # Q_PRODUCER_WAITERS
+                    self._wake(self._nf, self._w[27], 1)
+            elif result == STALE:
+                raise StaleAck(f"the lease of message {msg[3]} (delivery {msg[4]}) on {self.name!r} "
+                               "is no longer held: it was settled already, or it expired and was "
+                               "given back")
+            return
+        if action == ACK:
+            arg_ms = 0
+        elif action == TOUCH:
+            arg_ms = self._ring.visibility_ms if arg is None else _ms(arg, "visibility_timeout")
+        else:
+            if action == 3 and self.is_dlq:
+                raise InvalidArgument("a message of a dead-letter queue cannot be dead-lettered")
+            arg_ms = _ms(arg or 0.0, "delay")
+        owner = self._att._slot
+        if owner is None:
+            owner = self._att.client_slot()
+        groups = self._groups
+        clock = self._ring.clock
+        clock.acquire()
+        try:
+            result = groups.settle(gi, msg[3], msg[4], action, owner, self._now(), arg_ms)
+            freed = result == OK and action == ACK and groups.advance_floor(gi)
+        finally:
+            clock.release()
+        if result:
+            if result == STALE:
+                raise StaleAck(f"the lease of message {msg[3]} (delivery {msg[4]}) on {self.name!r} "
+                               "is no longer held: it was settled already, or it expired and was "
+                               "given back")
+            self._dead_letter([(gi, msg[3], msg[4], "nack" if action == NACK else "dead_letter")])
+        elif freed and self._w[27]:  # Q_PRODUCER_WAITERS
+            self._wake(self._nf, self._w[27], 1)
+
+    def ack_many(self, messages: Iterable[Message]) -> None:
+        msgs = list(messages)
+        if not msgs:
+            return
+        stale: list[int] = []
+        clock = self._ring.clock
+        foreign = [m for m in msgs if m[0] is not self]
+        if foreign:
+            msgs = [m for m in msgs if m[0] is self]
+            stale.extend(m[3] for m in foreign)
+        clock.acquire()
+        try:
+            freed = self._groups.ack_batch(msgs, stale)
+        finally:
+            clock.release()
+        if freed and self._w[27]:
+            self._wake(self._nf, self._w[27], len(msgs))
+        if stale:
+            err = StaleAck(f"{len(stale)} of {len(msgs) + len(foreign)} acks were stale "
+                           f"(offsets {stale[:10]}); the others were applied")
+            err.stale = stale  # type: ignore[attr-defined]
+            raise err
+
+    # ------------------------------------------------------------ dead letters
+    def _dead_letter(self, items: list[DeadItem]) -> None:
+        """Copy DEADING messages (owned by us, pinned) to the dead-letter queue, then mark DONE."""
+        ring = self._ring
+        dlq = self._att.dead_letter_queue(self)
+        names = dict(self._groups.active())
+        for gi, off, dc, reason in items:
+            payload, _meta, ts = ring.record(off)
+            origin = json.dumps({"queue": self.name, "offset": off, "group": names.get(gi, "?"),
+                                 "reason": reason, "deliveries": dc, "timestamp_ns": ts}).encode()
+            try:
+                if dlq is None:
+                    raise Full("no dead-letter queue")
+                dlq._put_meta(payload, origin, options.WAIT_SLICE * 20)
+            except (Full, QueueNotFound):
+                with ring.clock:
+                    self._groups.orphan_dead(gi, off, dc)
+                    self._w[L.Q_ORPHANS] = 1
+                continue
+            with ring.clock:
+                freed = self._groups.finish_dead(gi, off, dc)
+            if freed and self._w[L.Q_PRODUCER_WAITERS]:
+                self._wake(self._nf, self._w[L.Q_PRODUCER_WAITERS], 1)
+
+    # ------------------------------------------------------------ maintenance
+    def maintain(self, now: int | None = None) -> int:
+        """Expire leases of every group and retry orphaned dead-letters; the number returned."""
+        self._alive()
+        now = self._now() if now is None else now
+        owner = self._att.client_slot()
+        dead: list[DeadItem] = []
+        with self._ring.clock:
+            n = sum(self._groups.expire(gi, now, owner, dead) for gi, _ in self._groups.active())
+            if self._w[L.Q_ORPHANS]:
+                self._w[L.Q_ORPHANS] = 0
+                self._groups.reap_owner(L.NO_OWNER, owner, now, dead)
+        if dead:
+            self._dead_letter(dead)
+        return n
+
+    def _reap_client(self, client: int, now: int) -> int:
+        owner = self._att.client_slot()
+        dead: list[DeadItem] = []
+        with self._ring.clock:
+            n = self._groups.reap_owner(client, owner, now, dead)
+        if dead:
+            self._dead_letter(dead)
+        if n and self._w[L.Q_CONSUMER_WAITERS]:
+            self._wake(self._ne, self._w[L.Q_CONSUMER_WAITERS], n)
+        return n
+
+    # ------------------------------------------------------------ groups, replay, stats
+    def create_group(self, name: str, start: str = "earliest") -> None:
+        self._alive()
+        _check_group_name(name)
+        with self._ring.clock:
+            self._groups.create(name, start)
+
+    def delete_group(self, name: str) -> None:
+        self._alive()
+        if name == options.DEFAULT_GROUP:
+            raise InvalidArgument("the default group cannot be deleted")
+        with self._ring.clock:
+            freed = self._groups.delete(self._groups.require(name))
+        if freed and self._w[L.Q_PRODUCER_WAITERS]:
+            self._wake(self._nf, self._w[L.Q_PRODUCER_WAITERS], 1)
+
+    def groups(self) -> list[str]:
+        return [name for _, name in self._groups.active()]
+
+    def read(self, offset: int, max_messages: int = 1) -> list[Message]:
+        """Retained messages from ``offset`` on, without leasing them (replay)."""
+        self._alive()
+        if max_messages < 1 or offset < 0:
+            raise InvalidArgument("offset must be >= 0 and max_messages >= 1")
+        ring = self._ring
+        out = []
+        with ring.clock:
+            start = max(offset, self._w[L.Q_FREE_OFFSET])
+            end = min(self._w[L.Q_NEXT_OFFSET], start + max_messages)
+            for off in range(start, end):
+                payload, meta, ts = ring.record(off)
+                out.append(Message((self, -1, None, off, 0, payload, meta, ts)))
+        return out
+
+    def offsets(self) -> tuple[int, int]:
+        """(first retained offset, next offset to be written)."""
+        return self._w[L.Q_FREE_OFFSET], self._w[L.Q_NEXT_OFFSET]
+
+    def stats(self) -> dict[str, Any]:
+        self.maintain()
+        ring = self._ring
+        w = self._w
+        with ring.clock:
+            free, nxt = w[L.Q_FREE_OFFSET], w[L.Q_NEXT_OFFSET]
+            used = 0
+            if nxt > free:
+                used = w[L.Q_TAIL_BYTES] - w[ring.slot_base(free) + L.S_BYTEPOS]
+            groups = {name: self._groups.stats(gi) for gi, name in self._groups.active()}
+        return {
+            "name": self.name, "is_dlq": self.is_dlq, "retained": nxt - free, "bytes_used": used,
+            "capacity": ring.capacity, "max_bytes": ring.size, "first_offset": free, "next_offset": nxt,
+            "produced": nxt, "fill": max((nxt - free) / ring.capacity, used / ring.size),
+            "groups": groups, "lock_recoveries": w[L.Q_PLOCK_RECOVERIES] + w[L.Q_CLOCK_RECOVERIES],
+            "config": self.config.__dict__,
+        }
+
+
+def _ms(seconds: float, what: str) -> int:
+    if not 0 <= seconds <= options.MAX_VISIBILITY_TIMEOUT:
+        raise InvalidArgument(f"{what} must be between 0 and {options.MAX_VISIBILITY_TIMEOUT} s")
+    return int(seconds * 1000)
+
+

@@ -1,0 +1,261 @@
+"""The ring log of one queue: a slot table and a byte ring in one segment.
+
+Producer side only: appending records and reading them back.  The consumer
+side (groups, leases, acknowledgements) is in ``group``.  The layout is
+drawn in ``layout``.
+
+Invariants (checked by ``check_invariants`` after every step of the model test)::
+
+    free_offset <= floor(g) <= cursor(g) <= next_offset          for every active group g
+    next_offset - free_offset <= capacity
+    tail_bytes - bytepos(free_offset) <= max_bytes                 (when not empty)
+    bytepos(o) < bytepos(o + 1), each record inside one lap of the byte ring
+
+A put writes the record bytes and the slot first, then publishes it with one
+store to ``Q_NEXT_OFFSET``: a producer killed at any instruction leaves either
+no message or a whole one.
+"""
+
+from __future__ import annotations
+
+import time
+
+from . import layout as L
+from .errors import InstanceError
+from .lock import RobustLock, trylock, unlock
+from .segment import Mapping
+
+
+class Ring:
+    """A mapped queue segment: header fields, locks, and the producer's operations."""
+
+    def __init__(self, mapping: Mapping) -> None:
+        w = mapping.words
+        if w[L.Q_MAGIC] != L.QUEUE_MAGIC or w[L.Q_VERSION] != L.LAYOUT_VERSION:
+            raise InstanceError(f"{mapping.name} is not a shmq queue segment of layout {L.LAYOUT_VERSION}")
+        if w[L.Q_TOTAL_SIZE] != mapping.size:
+            raise InstanceError(f"{mapping.name} has the wrong size")
+        self.mapping = mapping
+        self.w = w
+        self.mm = mapping.mm
+        self.queue_id = w[L.Q_QUEUE_ID]
+        self.instance_uid = w[L.Q_INSTANCE_UID]
+        self.capacity = w[L.Q_CAPACITY]
+        self.size = w[L.Q_MAX_BYTES]
+        self.max_message_size = w[L.Q_MAX_MESSAGE_SIZE]
+        self.visibility_ms = w[L.Q_VISIBILITY_MS]
+        self.max_deliveries = w[L.Q_MAX_DELIVERIES]
+        self.max_groups = w[L.Q_MAX_GROUPS]
+        self.max_clients = w[L.Q_MAX_CLIENTS]
+        self.durability = w[L.Q_DURABILITY]
+        self.flags = w[L.Q_FLAGS]
+        self.slot_words = w[L.Q_SLOT_WORDS]
+        self.slots_w = w[L.Q_SLOTS_OFF] // L.WORD
+        self.groups_w = w[L.Q_GROUPS_OFF] // L.WORD
+        self.data_off = w[L.Q_DATA_OFF]
+        self.name = bytes(self.mm[L.Q_NAME * 8: L.Q_NAME * 8 + w[L.Q_NAME_LEN]]).decode()
+        self.plock = RobustLock(self.mm, L.Q_LOCK_P, (w, L.Q_PLOCK_RECOVERIES))
+        self.clock = RobustLock(self.mm, L.Q_LOCK_C, (w, L.Q_CLOCK_RECOVERIES))
+        self._zero_leases = bytes(8 * self.max_groups)
+
+    # ------------------------------------------------------------ creation
+    @classmethod
+    def create(cls, shm_name: str, *, instance_uid: int, queue_id: int, name: str, capacity: int,
+               max_bytes: int, max_message_size: int, visibility_ms: int, max_deliveries: int,
+               max_groups: int, max_clients: int, durability: int, flags: int,
+               default_group: str) -> Ring:
+        sizes = L.queue_size(capacity, max_bytes, max_groups)
+        mapping = Mapping.create(shm_name, sizes["total"])
+        w = mapping.words
+        w[L.Q_VERSION] = L.LAYOUT_VERSION
+        w[L.Q_INSTANCE_UID] = instance_uid
+        w[L.Q_QUEUE_ID] = queue_id
+        w[L.Q_STATE] = L.QS_ACTIVE
+        w[L.Q_CAPACITY] = capacity
+        w[L.Q_MAX_BYTES] = max_bytes
+        w[L.Q_MAX_MESSAGE_SIZE] = max_message_size
+        w[L.Q_VISIBILITY_MS] = visibility_ms
+        w[L.Q_MAX_DELIVERIES] = max_deliveries
+        w[L.Q_MAX_GROUPS] = max_groups
+        w[L.Q_MAX_CLIENTS] = max_clients
+        w[L.Q_DURABILITY] = durability
+        w[L.Q_FLAGS] = flags
+        w[L.Q_CREATED_NS] = time.time_ns()
+        w[L.Q_GROUPS_OFF] = sizes["groups_off"]
+        w[L.Q_SLOTS_OFF] = sizes["slots_off"]
+        w[L.Q_DATA_OFF] = sizes["data_off"]
+        w[L.Q_TOTAL_SIZE] = sizes["total"]
+        w[L.Q_SLOT_WORDS] = sizes["slot_words"]
+        raw = name.encode()
+        w[L.Q_NAME_LEN] = len(raw)
+        mapping.mm[L.Q_NAME * 8: L.Q_NAME * 8 + len(raw)] = raw
+        RobustLock(mapping.mm, L.Q_LOCK_P).initialise()
+        RobustLock(mapping.mm, L.Q_LOCK_C).initialise()
+        g = sizes["groups_off"] // L.WORD
+        w[g + L.G_CREATED_NS] = time.time_ns()
+        graw = default_group.encode()
+        w[g + L.G_NAME_LEN] = len(graw)
+        mapping.mm[(g + L.G_NAME) * 8:(g + L.G_NAME) * 8 + len(graw)] = graw
+        w[g + L.G_STATE] = L.GS_ACTIVE
+        w[L.Q_MAGIC] = L.QUEUE_MAGIC  # last: the segment is whole
+        return cls(mapping)
+
+    def close(self) -> None:
+        self.plock.detach()
+        self.clock.detach()
+        self.mapping.close()
+
+    @property
+    def deleted(self) -> bool:
+        return self.w[L.Q_STATE] != L.QS_ACTIVE
+
+    # ------------------------------------------------------------ records
+    def slot_base(self, offset: int) -> int:
+        return self.slots_w + (offset % self.capacity) * self.slot_words
+
+    def record(self, offset: int) -> tuple[bytes, bytes, int]:
+        """(payload, metadata, timestamp_ns) of a retained offset; call under the consumer lock."""
+        w = self.w
+        base = self.slots_w + (offset % self.capacity) * self.slot_words
+        lens = w[base + 2]
+        plen = lens & 0xFFFFFFFF
+        mlen = lens >> 32
+        start = self.data_off + w[base + 1] % self.size
+        mm = self.mm
+        return mm[start + mlen:start + mlen + plen], (mm[start:start + mlen] if mlen else b""), w[base + 3]
+
+    def fits_empty(self, nbytes: int, count: int) -> bool:
+        """Could this batch ever fit (into an empty ring)?"""
+        return count <= self.capacity and nbytes <= self.size
+
+    # ------------------------------------------------------------ producing
+    def try_put(self, payload: bytes | bytearray | memoryview, meta: bytes, ts: int) -> int:
+        """Append one record; its offset, or -1 when there is no room now."""
+        w = self.w
+        n = len(payload) + len(meta)
+        size = self.size
+        addr = self.plock.address
+        rc = trylock(addr)
+        if rc:
+            self.plock.acquire_slow(rc)
+        try:
+            off = w[24]  # Q_NEXT_OFFSET
+            free = w[32]  # Q_FREE_OFFSET
+            if off - free >= self.capacity:
+                return -1
+            tb = w[25]  # Q_TAIL_BYTES
+            if free == off:  # empty: start the next lap at physical 0
+                p = -(-tb // size) * size
+                floor = p
+            else:
+                floor = w[self.slots_w + (free % self.capacity) * self.slot_words + 1]
+                phys = tb % size
+                p = tb if phys + n <= size else tb + size - phys
+            if p + n - floor > size:
+                return -1
+            start = self.data_off + p % size
+            mm = self.mm
+            if meta:
+                mm[start:start + len(meta)] = meta
+                mm[start + len(meta):start + n] = payload
+            else:
+                mm[start:start + n] = payload
+            base = self.slots_w + (off % self.capacity) * self.slot_words
+            w[base] = off
+            w[base + 1] = p
+            w[base + 2] = len(payload) | (len(meta) << 32)
+            w[base + 3] = ts
+            b = (base + 4) * 8
+            mm[b:b + len(self._zero_leases)] = self._zero_leases
+            w[25] = p + n
+            w[24] = off + 1  # commit
+            return off
+        finally:
+            unlock(addr)
+
+    def try_put_many(self, payloads: list[bytes], metas: list[bytes] | None, ts: int) -> int:
+        """Append a batch atomically (all or none); the first offset, or -1 when it does not fit now."""
+        w = self.w
+        size = self.size
+        cap = self.capacity
+        count = len(payloads)
+        self.plock.acquire()
+        try:
+            off = w[24]
+            free = w[32]
+            if off - free + count > cap:
+                return -1
+            tb = w[25]
+            mm = self.mm
+            zero = self._zero_leases
+            zl = len(zero)
+            sw = self.slot_words
+            sl = self.slots_w
+            data = self.data_off
+            if free == off:
+                p = -(-tb // size) * size
+                floor = p
+            else:
+                floor = w[sl + (free % cap) * sw + 1]
+                p = tb
+            # place every record first: nothing is written unless the whole batch fits
+            positions = []
+            for i in range(count):
+                n = len(payloads[i]) + (len(metas[i]) if metas else 0)
+                phys = p % size
+                if phys + n > size:
+                    p += size - phys
+                if p + n - floor > size:
+                    return -1
+                positions.append(p)
+                p += n
+            for i in range(count):
+                payload = payloads[i]
+                meta = metas[i] if metas else b""
+                q = positions[i]
+                start = data + q % size
+                if meta:
+                    mm[start:start + len(meta)] = meta
+                    mm[start + len(meta):start + len(meta) + len(payload)] = payload
+                else:
+                    mm[start:start + len(payload)] = payload
+                o = off + i
+                base = sl + (o % cap) * sw
+                w[base] = o
+                w[base + 1] = q
+                w[base + 2] = len(payload) | (len(meta) << 32)
+                w[base + 3] = ts
+                b = (base + 4) * 8
+                mm[b:b + zl] = zero
+            w[25] = p
+            w[24] = off + count  # commit
+            return off
+        finally:
+            self.plock.release()
+
+    # ------------------------------------------------------------ checks
+    def check_invariants(self) -> None:
+        """Assert the ring's invariants (tests call this after every step)."""
+        w = self.w
+        off, free = w[L.Q_NEXT_OFFSET], w[L.Q_FREE_OFFSET]
+        assert free <= off, (free, off)
+        assert off - free <= self.capacity, (off, free)
+        prev_end = None
+        for o in range(free, off):
+            base = self.slot_base(o)
+            assert w[base + L.S_OFFSET] == o, (o, w[base])
+            pos = w[base + L.S_BYTEPOS]
+            n = (w[base + L.S_LENS] & 0xFFFFFFFF) + (w[base + L.S_LENS] >> 32)
+            assert pos % self.size + n <= self.size, "record crosses the end of the ring"
+            if prev_end is not None:
+                assert pos >= prev_end, "records overlap"
+            prev_end = pos + n
+        if off > free:
+            first = w[self.slot_base(free) + L.S_BYTEPOS]
+            assert w[L.Q_TAIL_BYTES] - first <= self.size, "more bytes held than max_bytes"
+        for gi in range(self.max_groups):
+            g = self.groups_w + gi * L.G_WORDS
+            if w[g + L.G_STATE] != L.GS_ACTIVE:
+                continue
+            assert free <= w[g + L.G_FLOOR] <= w[g + L.G_CURSOR] <= off, (
+                gi, free, w[g + L.G_FLOOR], w[g + L.G_CURSOR], off)

@@ -1,0 +1,132 @@
+"""Named POSIX shared-memory objects and semaphores: names, create, attach, unlink.
+
+Every object name carries the instance name; on Linux they appear in
+``/dev/shm`` as ``shmq.<instance>.*`` and ``sem.shmq.<instance>.*``.  Python's
+``multiprocessing.resource_tracker`` never sees them: posix-ipc owns the life
+cycle, and so do we (see ``reclaim``).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+
+import posix_ipc
+
+from . import options
+from .errors import InstanceError, InvalidName, LimitExceeded
+
+SHM_DIR = "/dev/shm"
+PREFIX = "shmq."
+_INSTANCE_RE = re.compile(rf"[A-Za-z0-9_-]{{1,{options.INSTANCE_NAME_MAX}}}\Z")
+
+
+def check_instance_name(name: str) -> str:
+    if not isinstance(name, str) or not _INSTANCE_RE.match(name):
+        raise InvalidName(
+            f"invalid instance name {name!r}: 1-{options.INSTANCE_NAME_MAX} chars of [A-Za-z0-9_-]")
+    return name
+
+
+def registry_name(instance: str) -> str:
+    return f"/{PREFIX}{instance}.reg"
+
+
+def queue_segment_name(instance: str, queue_id: int) -> str:
+    return f"/{PREFIX}{instance}.q{queue_id}"
+
+
+def semaphore_names(instance: str, queue_id: int) -> tuple[str, str]:
+    """(not_empty, not_full) semaphore names of a queue."""
+    base = queue_segment_name(instance, queue_id)
+    return base + ".ne", base + ".nf"
+
+
+class Mapping:
+    """One shared-memory object mapped into this process."""
+
+    __slots__ = ("name", "mm", "words", "size")
+
+    def __init__(self, name: str, mm: mmap.mmap) -> None:
+        self.name = name
+        self.mm = mm
+        self.size = len(mm)
+        self.words = memoryview(mm).cast("Q")
+
+    @classmethod
+    def create(cls, name: str, size: int) -> Mapping:
+        """Create a new object (fails if it exists), sized and zero-filled."""
+        shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=options.SHM_MODE, size=size)
+        try:
+            try:  # reserve the pages now: a full /dev/shm is an error here, never a SIGBUS later
+                os.posix_fallocate(shm.fd, 0, size)
+            except OSError as e:
+                raise LimitExceeded(f"cannot reserve {size} bytes of shared memory for {name}: "
+                                    f"{e.strerror}") from None
+            mm = mmap.mmap(shm.fd, size)
+        except BaseException:
+            shm.close_fd()
+            posix_ipc.unlink_shared_memory(name)
+            raise
+        shm.close_fd()
+        return cls(name, mm)
+
+    @classmethod
+    def attach(cls, name: str) -> Mapping:
+        try:
+            shm = posix_ipc.SharedMemory(name)
+        except posix_ipc.ExistentialError:
+            raise FileNotFoundError(name) from None
+        try:
+            if shm.size == 0:
+                raise InstanceError(f"shared memory {name} is empty (creation in progress or crashed)")
+            mm = mmap.mmap(shm.fd, shm.size)
+        finally:
+            shm.close_fd()
+        return cls(name, mm)
+
+    def close(self) -> None:
+        self.words.release()
+        try:
+            self.mm.close()
+        except BufferError:  # a Message still references the mapping; the GC unmaps it later
+            pass
+
+
+def unlink_shm(name: str) -> bool:
+    try:
+        posix_ipc.unlink_shared_memory(name)
+        return True
+    except posix_ipc.ExistentialError:
+        return False
+
+
+def unlink_semaphore(name: str) -> bool:
+    try:
+        posix_ipc.unlink_semaphore(name)
+        return True
+    except posix_ipc.ExistentialError:
+        return False
+
+
+def open_semaphore(name: str, create: bool) -> posix_ipc.Semaphore:
+    if create:
+        return posix_ipc.Semaphore(name, posix_ipc.O_CREAT, mode=options.SHM_MODE, initial_value=0)
+    return posix_ipc.Semaphore(name)
+
+
+def shm_path(name: str) -> str:
+    return os.path.join(SHM_DIR, name.lstrip("/"))
+
+
+def link_into_place(tmp_name: str, final_name: str) -> bool:
+    """Atomically publish a fully initialised object under its final name.
+
+    Returns False when the final name already exists (someone else won).
+    """
+    try:
+        os.link(shm_path(tmp_name), shm_path(final_name))
+        return True
+    except FileExistsError:
+        return False

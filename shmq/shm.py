@@ -1,0 +1,379 @@
+"""``shm://``: the co-located transport.  A process attaches the instance's
+shared memory and gets the whole ``api.Broker`` interface with no broker hop.
+
+One ``Attachment`` per instance per process holds the registry mapping, this
+process's client slot (who holds leases) and the mapped queues.  Handles
+(brokers, queues) pickle as their URL and re-attach by name, so they cross
+into children under fork and spawn alike.  After a fork the child registers
+a client slot of its own on first use.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from . import layout as L
+from . import options
+from .api import Broker, QueueConfig, QueueInfo
+from .errors import InvalidArgument, QueueExists, QueueNotFound
+from .names import check_queue_name, dlq_name, is_dlq_name
+from .queue import ShmQueue
+from .registry import QueueEntry, Registry
+from .ring import Ring
+from .segment import (
+    Mapping,
+    check_instance_name,
+    open_semaphore,
+    queue_segment_name,
+    registry_name,
+    semaphore_names,
+    unlink_semaphore,
+    unlink_shm,
+)
+
+
+def monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class Attachment:
+    """This process's view of one instance."""
+
+    def __init__(self, instance: str, now_ms: Callable[[], int]) -> None:
+        self.instance = instance
+        self.url = f"shm://{instance}"
+        self.registry = Registry.open(instance)
+        self.now_ms = now_ms
+        self._slot: int | None = None
+        self._slot_pid = 0
+        self._queues: dict[int, ShmQueue] = {}
+        self._names: dict[str, ShmQueue] = {}
+        self._gen = -1
+        self._lock = threading.RLock()
+        self.refs = 0
+
+    # ------------------------------------------------------------ client slot
+    def client_slot(self) -> int:
+        slot = self._slot
+        if slot is None:
+            with self._lock:
+                if self._slot is None:
+                    self._slot = self.registry.register_client()
+                    self._slot_pid = os.getpid()
+                slot = self._slot
+        return slot
+
+    def after_fork(self) -> None:
+        self._slot = None
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------ queues
+    def queue(self, name: str) -> ShmQueue:
+        gen = self.registry.generation
+        if gen != self._gen:
+            with self._lock:
+                self._names = {}
+                self._gen = gen
+        q = self._names.get(name)
+        if q is None:
+            entry = self.registry.find(name)
+            if entry is None:
+                raise QueueNotFound(f"no queue named {name!r} in instance {self.instance!r}")
+            q = self._open(entry)
+            self._names[name] = q
+        return q
+
+    def _open(self, entry: QueueEntry) -> ShmQueue:
+        with self._lock:
+            q = self._queues.get(entry.queue_id)
+            if q is None:
+                try:
+                    ring = Ring(Mapping.attach(queue_segment_name(self.instance, entry.queue_id)))
+                except FileNotFoundError:
+                    raise QueueNotFound(f"queue {entry.name!r} was deleted") from None
+                ne, nf = (open_semaphore(n, create=False)
+                          for n in semaphore_names(self.instance, entry.queue_id))
+                q = ShmQueue(self, ring, ne, nf)
+                self._queues[entry.queue_id] = q
+            return q
+
+    def forget(self, queue_id: int) -> None:
+        """Drop a queue from the cache.  Handles still held keep their mapping (it is
+        unmapped when the last one is collected) and see the queue as deleted."""
+        with self._lock:
+            q = self._queues.pop(queue_id, None)
+            self._names = {k: v for k, v in self._names.items() if v is not q}
+
+    def create_queue(self, name: str, config: QueueConfig, is_dlq: bool = False) -> ShmQueue:
+        reg = self.registry
+        cap, mb, mms = config.capacity, config.max_bytes, config.max_message_size
+        vis = int(config.visibility_timeout * 1000)
+        with reg.lock:
+            if reg.find(name) is not None:
+                raise QueueExists(f"queue {name!r} exists in instance {self.instance!r}")
+            qid = reg.allocate_queue_id()
+            seg = queue_segment_name(self.instance, qid)
+            sems = semaphore_names(self.instance, qid)
+            # The id is fresh in this registry, so an object already under its name can
+            # only be a leftover of a dead earlier run of this instance: reclaim it.
+            unlink_shm(seg)
+            for s in sems:
+                unlink_semaphore(s)
+            try:
+                for s in sems:
+                    open_semaphore(s, create=True).close()
+                ring = Ring.create(
+                    seg, instance_uid=reg.uid, queue_id=qid, name=name, capacity=cap, max_bytes=mb,
+                    max_message_size=mms, visibility_ms=vis,
+                    max_deliveries=0 if is_dlq else config.max_deliveries,
+                    max_groups=config.max_groups, max_clients=reg.max_clients,
+                    durability=options.DURABILITY_MODES.index(config.durability),
+                    flags=L.F_DLQ if is_dlq else 0, default_group=options.DEFAULT_GROUP)
+                ring.close()
+                reg.add_queue(name, qid, is_dlq)
+            except BaseException:
+                unlink_shm(seg)
+                for s in sems:
+                    unlink_semaphore(s)
+                raise
+        return self.queue(name)
+
+    def delete_queue(self, name: str) -> None:
+        reg = self.registry
+        with reg.lock:
+            entry = reg.find(name)
+            if entry is None:
+                raise QueueNotFound(f"no queue named {name!r} in instance {self.instance!r}")
+            q = self._open(entry)
+            q._w[L.Q_STATE] = L.QS_DELETED  # other handles see this on their next call
+            for sem in (q._ne, q._nf):  # wake sleepers so they notice at once
+                for _ in range(8):
+                    sem.release()
+            reg.remove_queue(entry.queue_id)
+            unlink_shm(queue_segment_name(self.instance, entry.queue_id))
+            for s in semaphore_names(self.instance, entry.queue_id):
+                unlink_semaphore(s)
+        self.forget(entry.queue_id)
+
+    def dead_letter_queue(self, q: ShmQueue) -> ShmQueue | None:
+        if q.is_dlq:
+            return None
+        name = dlq_name(q.name)
+        try:
+            return self.queue(name)
+        except QueueNotFound:
+            pass
+        try:
+            return self.create_queue(name, q.config, is_dlq=True)
+        except QueueExists:
+            return self.queue(name)
+
+    # ------------------------------------------------------------ reaping
+    def reap(self, now: int, force: bool = False) -> int:
+        """Give back the leases of dead processes (at most once per REAP_INTERVAL, instance-wide)."""
+        reg = self.registry
+        if not reg.reap_due(now, int(options.REAP_INTERVAL * 1000)) and not force:
+            return 0
+        me = self.client_slot()
+        reg.touch_client(me)
+        n = 0
+        for c in reg.clients():
+            if c.slot == me or reg.client_alive(c):
+                continue
+            for entry in reg.queues():
+                try:
+                    n += self._open(entry)._reap_client(c.slot, now)
+                except QueueNotFound:
+                    continue
+            with reg.lock:
+                cw = reg.clients_w + c.slot * L.C_WORDS
+                if reg.w[cw + L.C_PID] == c.pid and reg.w[cw + L.C_START] == c.start_ms:
+                    reg.w[cw + L.C_STATE] = L.C_FREE
+        return n
+
+    def detach(self) -> None:
+        """Give our leases back, free our client slot, unmap."""
+        if self._slot is not None and self._slot_pid == os.getpid():
+            now = self.now_ms()
+            for q in list(self._queues.values()):
+                try:
+                    if not q._ring.deleted:
+                        q._reap_client(self._slot, now)
+                except Exception:  # noqa: BLE001 - best effort on the way out
+                    pass
+            self.registry.unregister_client(self._slot)
+        self._slot = None
+        for qid in list(self._queues):
+            self.forget(qid)
+        self.registry.close()
+
+
+_attachments: dict[str, Attachment] = {}
+_attach_lock = threading.Lock()
+
+
+def _attach(instance: str, now_ms: Callable[[], int] | None) -> Attachment:
+    check_instance_name(instance)
+    with _attach_lock:
+        att = _attachments.get(instance)
+        if att is None or now_ms is not None:
+            att = Attachment(instance, now_ms or monotonic_ms)
+            if now_ms is None:
+                _attachments[instance] = att
+        att.refs += 1
+        return att
+
+
+def _after_fork_in_child() -> None:
+    global _attach_lock
+    _attach_lock = threading.Lock()
+    for att in _attachments.values():
+        att.after_fork()
+
+
+def _at_exit() -> None:
+    for att in list(_attachments.values()):
+        try:
+            att.detach()
+        except Exception:  # noqa: BLE001
+            pass
+    _attachments.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(_at_exit)
+
+
+def _config(limits: dict[str, Any]) -> QueueConfig:
+    unknown = set(limits) - set(QueueConfig.__dataclass_fields__)
+    if unknown:
+        raise InvalidArgument(f"unknown queue options: {', '.join(sorted(unknown))}")
+    if "max_bytes" in limits and "max_message_size" not in limits:
+        limits["max_message_size"] = min(options.DEFAULT_MAX_MESSAGE_SIZE,
+                                         int(limits["max_bytes"]) - options.MAX_META_SIZE)
+    c = QueueConfig(**limits)
+
+    def need(ok: bool, what: str) -> None:
+        if not ok:
+            raise InvalidArgument(what)
+
+    need(isinstance(c.capacity, int) and 1 <= c.capacity <= options.MAX_CAPACITY,
+         f"capacity must be 1..{options.MAX_CAPACITY}")
+    need(isinstance(c.max_bytes, int) and options.MIN_MAX_BYTES <= c.max_bytes <= options.MAX_MAX_BYTES,
+         f"max_bytes must be {options.MIN_MAX_BYTES}..{options.MAX_MAX_BYTES}")
+    need(isinstance(c.max_message_size, int)
+         and 0 < c.max_message_size <= c.max_bytes - options.MAX_META_SIZE,
+         f"max_message_size must be 1..max_bytes - {options.MAX_META_SIZE}")
+    need(0 < c.visibility_timeout <= options.MAX_VISIBILITY_TIMEOUT,
+         f"visibility_timeout must be in (0, {options.MAX_VISIBILITY_TIMEOUT}] seconds")
+    need(isinstance(c.max_deliveries, int) and 1 <= c.max_deliveries <= options.MAX_DELIVERIES_LIMIT,
+         f"max_deliveries must be 1..{options.MAX_DELIVERIES_LIMIT}")
+    need(isinstance(c.max_groups, int) and 1 <= c.max_groups <= options.MAX_GROUPS_LIMIT,
+         f"max_groups must be 1..{options.MAX_GROUPS_LIMIT}")
+    need(c.durability in options.DURABILITY_MODES,
+         f"durability must be one of {', '.join(options.DURABILITY_MODES)}")
+    need(c.durability == "memory",
+         f"durability {c.durability!r} needs the journal, which this build does not have yet; "
+         "only 'memory' is available")
+    return c
+
+
+class ShmBroker(Broker):
+    """A co-located broker handle (``shmq.connect("shm://name")``).
+
+    Attaching creates the instance's registry when none exists.  The instance
+    lives until ``destroy()`` (or ``shmq.reclaim`` once every process that
+    used it is dead).
+    """
+
+    def __init__(self, instance: str = options.DEFAULT_INSTANCE, *,
+                 clock: Callable[[], float] | None = None) -> None:
+        now_ms = None if clock is None else (lambda: int(clock() * 1000))
+        self._att = _attach(instance, now_ms)
+        self.instance = instance
+        self.url = f"shm://{instance}"
+        self._closed = False
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (ShmBroker, (self.instance,))
+
+    def __repr__(self) -> str:
+        return f"ShmBroker({self.url!r})"
+
+    def create_queue(self, name: str, **limits: Any) -> ShmQueue:
+        check_queue_name(name)
+        return self._att.create_queue(name, _config(dict(limits)), is_dlq=is_dlq_name(name))
+
+    def queue(self, name: str) -> ShmQueue:
+        if not isinstance(name, str):
+            check_queue_name(name)
+        return self._att.queue(name)
+
+    def list_queues(self) -> list[QueueInfo]:
+        out = []
+        for entry in self._att.registry.queues():
+            try:
+                q = self._att._open(entry)
+            except QueueNotFound:
+                continue
+            out.append(QueueInfo(entry.name, entry.is_dlq, q.config))
+        return sorted(out, key=lambda i: i.name)
+
+    def delete_queue(self, name: str) -> None:
+        check_queue_name(name) if not is_dlq_name(name) else None
+        self._att.delete_queue(name)
+
+    def reap(self) -> int:
+        """Give back the leases of dead processes now; the number returned."""
+        return self._att.reap(self._att.now_ms(), force=True)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        att = self._att
+        with _attach_lock:
+            att.refs -= 1
+            if att.refs > 0:
+                return
+            if _attachments.get(att.instance) is att:
+                del _attachments[att.instance]
+        att.detach()
+
+    def destroy(self) -> None:
+        """Remove the instance's shared memory (every queue, semaphore and the registry)."""
+        att = self._att
+        reg = att.registry
+        with reg.lock:
+            entries = reg.queues()
+            for entry in entries:
+                try:
+                    q = att._open(entry)
+                    q._w[L.Q_STATE] = L.QS_DELETED
+                except QueueNotFound:
+                    pass
+            reg.w[L.R_MAGIC] = 0  # late attachers see a dead registry
+        next_id = reg.w[L.R_NEXT_QUEUE_ID]
+        for qid in range(1, next_id):
+            unlink_shm(queue_segment_name(self.instance, qid))
+            for s in semaphore_names(self.instance, qid):
+                unlink_semaphore(s)
+        unlink_shm(registry_name(self.instance))
+        self._closed = True
+        with _attach_lock:
+            if _attachments.get(att.instance) is att:
+                del _attachments[att.instance]
+        att._slot = None  # nothing to unregister: the registry is gone
+        for qid in list(att._queues):
+            att.forget(qid)
+        att.registry.close()
+
+
+def _queue_from_url(url: str, name: str) -> ShmQueue:
+    from . import connect
+    return connect(url).queue(name)  # type: ignore[return-value]

@@ -1,0 +1,108 @@
+"""Shared fixtures.
+
+Every test gets its own instance name (``t<pid>x<n>``), so tests run in
+parallel (pytest-xdist) without seeing each other.  At the end of the session
+a check fails the run if any object of this session is left in /dev/shm or
+any process this session started is still alive.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Callable, Iterator
+
+import psutil
+import pytest
+
+import shmq
+from shmq.shm import ShmBroker
+
+_counter = itertools.count()
+SESSION_PREFIX = f"t{os.getpid()}x"
+
+
+def unique_instance() -> str:
+    return f"{SESSION_PREFIX}{next(_counter)}"
+
+
+def leftovers(prefix: str = SESSION_PREFIX) -> list[str]:
+    return sorted(n for n in os.listdir("/dev/shm")
+                  if n.startswith(f"shmq.{prefix}") or n.startswith(f"sem.shmq.{prefix}"))
+
+
+def _mp_helper(p: psutil.Process) -> bool:
+    """multiprocessing's own helpers (forkserver, resource tracker) live as long as we do."""
+    try:
+        cmd = " ".join(p.cmdline())
+    except psutil.Error:
+        return True
+    return "multiprocessing.forkserver" in cmd or "multiprocessing.resource_tracker" in cmd
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaks() -> Iterator[None]:
+    yield
+    children = [p for p in psutil.Process().children(recursive=True) if not _mp_helper(p)]
+    gone, alive = psutil.wait_procs(children, timeout=5)
+    left = leftovers()
+    for p in alive:
+        p.kill()
+    assert not alive, f"processes started by the tests are still running: {alive}"
+    assert not left, f"shared memory left in /dev/shm: {left}"
+
+
+@pytest.fixture
+def instance() -> Iterator[str]:
+    name = unique_instance()
+    yield name
+    if os.path.exists(f"/dev/shm/shmq.{name}.reg"):
+        ShmBroker(name).destroy()
+    mine = [n for n in leftovers(name) if n.split(".")[1 if n.startswith("shmq.") else 2] == name]
+    assert not mine, f"this test left shared memory behind: {mine}"
+
+
+@pytest.fixture
+def broker(instance: str) -> Iterator[ShmBroker]:
+    b = ShmBroker(instance)
+    yield b
+    b.destroy()
+
+
+class FakeClock:
+    """A monotonic clock the test moves by hand (seconds)."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def clocked(instance: str, clock: FakeClock) -> Iterator[ShmBroker]:
+    """A broker whose leases and delays run on the test's FakeClock."""
+    b = ShmBroker(instance, clock=clock)
+    yield b
+    b.destroy()
+
+
+def wait_until(pred: Callable[[], bool], timeout: float = 5.0, interval: float = 0.005) -> None:
+    """Poll a condition (for observing other processes, never as a substitute for a result)."""
+    deadline = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(interval)
+
+
+__all__ = ["FakeClock", "shmq", "unique_instance", "wait_until", "leftovers"]

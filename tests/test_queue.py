@@ -1,0 +1,444 @@
+"""The queue's behaviour through the public API: the seed projects' scenarios and the error paths."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import threading
+import time
+
+import pytest
+
+import shmq
+from shmq.shm import ShmBroker
+
+from .conftest import FakeClock
+
+CTX = mp.get_context("fork")
+
+
+# ---------------------------------------------------------------- helpers run in child processes
+def _produce(url: str, queue: str, tag: int, n: int) -> None:
+    q = shmq.connect(url).queue(queue)
+    for i in range(n):
+        q.put(f"{tag}:{i}".encode())
+
+
+def _consume(url: str, queue: str, group: str, n_total: int, out: mp.Queue) -> None:
+    q = shmq.connect(url).queue(queue)
+    got = []
+    while True:
+        try:
+            m = q.get(group=group, timeout=0.5)
+        except shmq.Empty:
+            break
+        got.append(m.payload)
+        m.ack()
+    out.put((group, got))
+
+
+# ---------------------------------------------------------------- basic order and delivery
+def test_fifo_with_one_consumer(broker: ShmBroker) -> None:
+    q = broker.create_queue("fifo")
+    offsets = [q.put(f"m{i}".encode()) for i in range(500)]
+    assert offsets == list(range(500))
+    for i in range(500):
+        m = q.get(timeout=1)
+        assert (m.offset, m.payload, m.deliveries) == (i, f"m{i}".encode(), 1)
+        m.ack()
+    with pytest.raises(shmq.Empty):
+        q.get(block=False)
+
+
+def test_all_delivered_with_several_producers(broker: ShmBroker) -> None:
+    q = broker.create_queue("many", capacity=256)
+    procs = [CTX.Process(target=_produce, args=(broker.url, "many", t, 400)) for t in range(4)]
+    for p in procs:
+        p.start()
+    got = []
+    while len(got) < 1600:
+        m = q.get(timeout=10)
+        got.append(m.payload)
+        m.ack()
+    for p in procs:
+        p.join()
+    assert sorted(got) == sorted(f"{t}:{i}".encode() for t in range(4) for i in range(400))
+    per_producer = {t: [int(x.split(b":")[1]) for x in got if x.startswith(f"{t}:".encode())]
+                    for t in range(4)}
+    assert all(v == sorted(v) for v in per_producer.values())  # FIFO per producer
+
+
+def test_published_before_any_consumer_is_delivered_later(instance: str) -> None:
+    url = f"shm://{instance}"
+    b = ShmBroker(instance)
+    b.create_queue("early")
+    p = CTX.Process(target=_produce, args=(url, "early", 0, 50))
+    p.start()
+    p.join()
+    assert p.exitcode == 0
+    b.close()  # no handle of ours was open while the messages waited
+    b2 = ShmBroker(instance)
+    q = b2.queue("early")
+    assert [q.get(timeout=1).payload for _ in range(50)] == [f"0:{i}".encode() for i in range(50)]
+    b2.destroy()
+
+
+def test_competing_consumers_get_disjoint_sets_whose_union_is_everything(broker: ShmBroker) -> None:
+    q = broker.create_queue("work")
+    q.put_many([f"{i}".encode() for i in range(2000)])
+    out: mp.Queue = CTX.Queue()
+    procs = [CTX.Process(target=_consume, args=(broker.url, "work", "default", 2000, out))
+             for _ in range(3)]
+    for p in procs:
+        p.start()
+    sets = [out.get(timeout=30)[1] for _ in procs]
+    for p in procs:
+        p.join()
+    flat = [x for s in sets for x in s]
+    assert len(flat) == len(set(flat)) == 2000
+    assert set(flat) == {f"{i}".encode() for i in range(2000)}
+
+
+def test_separate_groups_each_get_everything(broker: ShmBroker) -> None:
+    q = broker.create_queue("fan")
+    q.create_group("audit")
+    q.create_group("billing")
+    q.put_many([f"{i}".encode() for i in range(300)])
+    out: mp.Queue = CTX.Queue()
+    procs = [CTX.Process(target=_consume, args=(broker.url, "fan", g, 300, out))
+             for g in ("audit", "audit", "billing")]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=30) for _ in procs]
+    for p in procs:
+        p.join()
+    everything = {f"{i}".encode() for i in range(300)}
+    audit = [x for g, got in results if g == "audit" for x in got]
+    billing = [x for g, got in results if g == "billing" for x in got]
+    assert sorted(audit) == sorted(everything)  # shared inside the group, once each
+    assert sorted(billing) == sorted(everything)
+    # storage is freed only once every group (default included) has acknowledged
+    assert q.stats()["retained"] == 300
+    q.ack_many(q.get_many(300))
+    assert q.stats()["retained"] == 0
+
+
+def test_group_starting_at_latest_sees_only_new_messages(broker: ShmBroker) -> None:
+    q = broker.create_queue("late")
+    q.put(b"old")
+    q.create_group("tail", start="latest")
+    q.put(b"new")
+    assert q.get(group="tail", timeout=1).payload == b"new"
+    with pytest.raises(shmq.Empty):
+        q.get(group="tail", block=False)
+    q.create_group("head", start="earliest")
+    assert q.get(group="head", timeout=1).payload == b"old"
+    with pytest.raises(shmq.QueueExists):
+        q.create_group("head")
+
+
+def test_groups_bound(broker: ShmBroker) -> None:
+    q = broker.create_queue("g", max_groups=2)
+    q.create_group("one")
+    with pytest.raises(shmq.LimitExceeded):
+        q.create_group("two")
+    q.delete_group("one")
+    q.create_group("two")
+    assert sorted(q.groups()) == ["default", "two"]
+
+
+# ---------------------------------------------------------------- acks, nacks, leases
+def test_acknowledged_message_is_never_redelivered(clocked: ShmBroker, clock: FakeClock) -> None:
+    q = clocked.create_queue("acks", visibility_timeout=5)
+    q.put_many([b"a", b"b", b"c"])
+    a, b, c = q.get_many(3)
+    c.ack()
+    a.ack()  # out of order
+    clock.advance(10)
+    m = q.get(timeout=0)
+    assert (m.payload, m.deliveries) == (b"b", 2)
+    m.ack()
+    clock.advance(10)
+    with pytest.raises(shmq.Empty):
+        q.get(block=False)
+    assert q.stats()["retained"] == 0
+
+
+def test_visibility_timeout_redelivers_and_stale_ack_is_refused(clocked: ShmBroker,
+                                                                 clock: FakeClock) -> None:
+    q = clocked.create_queue("vis", visibility_timeout=2)
+    q.put(b"x")
+    first = q.get(timeout=0)
+    clock.advance(2.5)
+    second = q.get(timeout=0)
+    assert (second.offset, second.deliveries, second.redelivered) == (first.offset, 2, True)
+    with pytest.raises(shmq.StaleAck):
+        first.ack()
+    with pytest.raises(shmq.StaleAck):
+        first.nack()
+    with pytest.raises(shmq.StaleAck):
+        first.touch()
+    second.ack()  # the stale ack did not take the new delivery's place
+    with pytest.raises(shmq.StaleAck):
+        second.ack()
+    assert q.stats()["groups"]["default"]["expired"] == 1
+
+
+def test_touch_extends_the_lease(clocked: ShmBroker, clock: FakeClock) -> None:
+    q = clocked.create_queue("touch", visibility_timeout=2)
+    q.put(b"x")
+    m = q.get(timeout=0)
+    for _ in range(5):
+        clock.advance(1.5)
+        m.touch()
+    with pytest.raises(shmq.Empty):
+        q.get(block=False)
+    m.touch(visibility_timeout=10)
+    clock.advance(9)
+    with pytest.raises(shmq.Empty):
+        q.get(block=False)
+    m.ack()
+
+
+def test_nack_with_delay(clocked: ShmBroker, clock: FakeClock) -> None:
+    q = clocked.create_queue("delay")
+    q.put_many([b"first", b"second"])
+    m = q.get(timeout=0)
+    m.nack(delay=5)
+    assert q.get(timeout=0).payload == b"second"  # the delayed one waits
+    with pytest.raises(shmq.Empty):
+        q.get(block=False)
+    clock.advance(5)
+    again = q.get(timeout=0)
+    assert (again.payload, again.deliveries) == (b"first", 2)
+
+
+def test_nack_goes_back_to_the_front(broker: ShmBroker) -> None:
+    q = broker.create_queue("front")
+    q.put_many([b"1", b"2", b"3"])
+    m1 = q.get()
+    m1.nack()
+    assert [q.get().payload for _ in range(3)] == [b"1", b"2", b"3"]
+
+
+def test_nack_below_limit_redelivers_at_limit_dead_letters(broker: ShmBroker) -> None:
+    q = broker.create_queue("poison", max_deliveries=3)
+    q.put_many([b"poison", b"good1", b"good2"])
+    for attempt in range(1, 4):
+        m = q.get(timeout=1)
+        assert (m.payload, m.deliveries) == (b"poison", attempt)
+        m.nack()
+    # the group moved on, other messages flow
+    assert [q.get(timeout=1).payload for _ in range(2)] == [b"good1", b"good2"]
+    dlq = broker.queue("poison.dlq")
+    d = dlq.get(timeout=1)
+    assert d.payload == b"poison"
+    assert d.origin == shmq.Origin("poison", 0, "default", "nack", 3)
+    assert dlq.stats()["is_dlq"]
+    assert q.stats()["groups"]["default"]["dead_lettered"] == 1
+
+
+def test_nack_and_timeout_count_against_one_limit(clocked: ShmBroker, clock: FakeClock) -> None:
+    q = clocked.create_queue("mixed", max_deliveries=3, visibility_timeout=1)
+    q.put(b"p")
+    q.get(timeout=0).nack()  # delivery 1: nack
+    q.get(timeout=0)  # delivery 2: times out
+    clock.advance(2)
+    m = q.get(timeout=0)  # delivery 3
+    assert m.deliveries == 3
+    clock.advance(2)  # times out with no deliveries left
+    with pytest.raises(shmq.Empty):
+        q.get(block=False)
+    d = clocked.queue("mixed.dlq").get(timeout=0)
+    assert d.payload == b"p" and d.origin is not None and d.origin.reason == "expired"
+
+
+def test_explicit_dead_letter(broker: ShmBroker) -> None:
+    q = broker.create_queue("explicit")
+    q.put(b"bad")
+    q.get().dead_letter()
+    d = broker.queue("explicit.dlq").get(timeout=1)
+    assert d.origin is not None and (d.payload, d.origin.reason) == (b"bad", "dead_letter")
+    with pytest.raises(shmq.InvalidArgument):
+        d.dead_letter()
+
+
+def test_poison_message_does_not_block_other_consumers(broker: ShmBroker) -> None:
+    q = broker.create_queue("busy", max_deliveries=2)
+    q.put_many([b"poison"] + [b"ok"] * 10)
+    poison = q.get()
+    others = q.get_many(10)  # another consumer is served while poison is held
+    assert [m.payload for m in others] == [b"ok"] * 10
+    poison.nack()
+    q.get().nack()
+    q.ack_many(others)
+    assert broker.queue("busy.dlq").get(timeout=1).payload == b"poison"
+    assert q.stats()["retained"] == 0
+
+
+def test_ack_many_reports_stale_and_applies_the_rest(clocked: ShmBroker, clock: FakeClock) -> None:
+    q = clocked.create_queue("batch", visibility_timeout=1)
+    q.put_many([b"a", b"b", b"c"])
+    msgs = q.get_many(3)
+    msgs[1].ack()
+    with pytest.raises(shmq.StaleAck) as info:
+        q.ack_many(msgs)
+    assert info.value.stale == [1]  # type: ignore[attr-defined]
+    assert q.stats()["retained"] == 0
+
+
+def test_read_replays_without_leasing(broker: ShmBroker) -> None:
+    q = broker.create_queue("replay")
+    q.put_many([f"{i}".encode() for i in range(10)])
+    msgs = q.read(3, 4)
+    assert [(m.offset, m.payload) for m in msgs] == [(i, f"{i}".encode()) for i in range(3, 7)]
+    with pytest.raises(shmq.StaleAck):
+        msgs[0].ack()
+    assert q.get().offset == 0  # nothing was leased by read()
+    assert q.read(100) == []
+
+
+# ---------------------------------------------------------------- limits and errors
+def test_full_queue_with_and_without_timeout(broker: ShmBroker) -> None:
+    q = broker.create_queue("small", capacity=4)
+    q.put_many([b"1", b"2", b"3", b"4"])
+    with pytest.raises(shmq.Full):
+        q.put(b"5", block=False)
+    t0 = time.monotonic()
+    with pytest.raises(shmq.Full):
+        q.put(b"5", timeout=0.2)
+    assert 0.2 <= time.monotonic() - t0 < 2.0
+    with pytest.raises(shmq.Full):  # a batch that can never fit fails at once
+        q.put_many([b"x"] * 5, timeout=100)
+    assert isinstance(shmq.Full(), __import__("queue").Full)  # stdlib-compatible
+
+
+def test_blocked_put_wakes_when_space_is_freed(broker: ShmBroker) -> None:
+    q = broker.create_queue("wake", capacity=2)
+    q.put_many([b"1", b"2"])
+    result: list[int] = []
+    t = threading.Thread(target=lambda: result.append(q.put(b"3", timeout=10)))
+    t.start()
+    m = q.get()
+    m.ack()
+    t.join(5)
+    assert result == [2]
+
+
+def test_blocked_get_wakes_when_a_message_arrives(instance: str) -> None:
+    b = ShmBroker(instance)
+    q = b.create_queue("wake")
+    p = CTX.Process(target=_produce, args=(b.url, "wake", 9, 1))
+    t0 = time.monotonic()
+    p.start()
+    m = q.get(timeout=10)
+    p.join()
+    assert m.payload == b"9:0" and time.monotonic() - t0 < 5
+    b.destroy()
+
+
+def test_bytes_limit(broker: ShmBroker) -> None:
+    q = broker.create_queue("bytes", max_bytes=8192, max_message_size=3000)
+    q.put(b"x" * 3000)
+    q.put(b"y" * 3000)
+    with pytest.raises(shmq.Full):
+        q.put(b"z" * 3000, block=False)
+    q.get().ack()
+    q.put(b"z" * 3000, block=False)  # wraps around the byte ring
+    assert [q.get().payload[:1] for _ in range(2)] == [b"y", b"z"]
+
+
+def test_oversized_payload_fails_at_once(broker: ShmBroker) -> None:
+    q = broker.create_queue("big", max_message_size=100)
+    with pytest.raises(shmq.MessageTooLarge) as info:
+        q.put(b"x" * 101, timeout=None)  # would hang in faster-fifo; here it fails at once
+    assert info.value.code == shmq.Status.PAYLOAD_TOO_LARGE
+    with pytest.raises(shmq.MessageTooLarge):
+        q.put_many([b"ok", b"x" * 101])
+    assert q.stats()["retained"] == 0  # nothing of the batch went in
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "a/b", "sp ace", "x" * 201, "ünï", None, 5])
+def test_bad_queue_names(broker: ShmBroker, name: object) -> None:
+    with pytest.raises(shmq.InvalidName) as info:
+        broker.create_queue(name)  # type: ignore[arg-type]
+    assert info.value.code == shmq.Status.INVALID_NAME
+
+
+def test_bad_group_and_instance_names(broker: ShmBroker) -> None:
+    q = broker.create_queue("ok.name-1_2")
+    with pytest.raises(shmq.InvalidName):
+        q.get(group="bad/group", block=False)
+    with pytest.raises(shmq.InvalidName):
+        shmq.connect("shm://bad.instance")
+    with pytest.raises(shmq.InvalidArgument):
+        shmq.connect("http://nope")
+
+
+@pytest.mark.parametrize("limits", [dict(capacity=0), dict(max_bytes=10), dict(max_deliveries=0),
+                                    dict(max_deliveries=256), dict(visibility_timeout=0),
+                                    dict(max_groups=65), dict(durability="sometimes"),
+                                    dict(durability="always"), dict(colour="red")])
+def test_bad_limits(broker: ShmBroker, limits: dict) -> None:
+    with pytest.raises(shmq.InvalidArgument):
+        broker.create_queue("q", **limits)
+    assert broker.list_queues() == []
+
+
+def test_unknown_and_existing_and_deleted_queues(broker: ShmBroker) -> None:
+    with pytest.raises(shmq.QueueNotFound) as info:
+        broker.queue("nope")
+    assert info.value.code == shmq.Status.QUEUE_NOT_FOUND
+    q = broker.create_queue("q")
+    with pytest.raises(shmq.QueueExists):
+        broker.create_queue("q")
+    assert [i.name for i in broker.list_queues()] == ["q"]
+    broker.delete_queue("q")
+    with pytest.raises(shmq.QueueNotFound):
+        q.put(b"x")
+    with pytest.raises(shmq.QueueNotFound):
+        broker.delete_queue("q")
+    broker.create_queue("q").put(b"fresh")  # the name can be used again
+
+
+def test_get_timeout_is_bounded_and_monotonic(broker: ShmBroker) -> None:
+    q = broker.create_queue("t")
+    t0 = time.monotonic()
+    with pytest.raises(shmq.Empty):
+        q.get(timeout=0.3)
+    assert 0.3 <= time.monotonic() - t0 < 2
+    with pytest.raises(shmq.InvalidArgument):
+        q.get(timeout=-1)
+
+
+def test_str_payloads_and_stats(broker: ShmBroker) -> None:
+    q = broker.create_queue("s")
+    q.put("héllo")
+    m = q.get()
+    assert m.text == "héllo" and m.timestamp > 0
+    st = q.stats()
+    assert st["groups"]["default"]["in_flight"] == 1 and st["produced"] == 1
+    assert st["bytes_used"] == len("héllo".encode())
+    with pytest.raises(shmq.InvalidArgument):
+        q.put(12345)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- processes
+def _child_uses_pickled_queue(q: shmq.Queue, out: mp.Queue) -> None:
+    m = q.get(timeout=5)
+    m.ack()
+    out.put((os.getpid(), m.payload))
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_handles_cross_into_children(broker: ShmBroker, method: str) -> None:
+    ctx = mp.get_context(method)
+    q = broker.create_queue("kids")
+    q.put(b"hello child")
+    out = ctx.Queue()
+    p = ctx.Process(target=_child_uses_pickled_queue, args=(q, out))
+    p.start()
+    pid, payload = out.get(timeout=60)
+    p.join(30)
+    assert (pid, payload, p.exitcode) == (p.pid, b"hello child", 0)
+    assert q.stats()["retained"] == 0
