@@ -289,12 +289,12 @@ class Children:
             while pending or (conn is not None and data is None):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise TrialError(f"timed out after {timeout:.0f} s")
+                    raise TrialError(f"timed out after {timeout:g} s")
                 for obj in mpc.wait(waitables, remaining):
                     waitables.remove(obj)
                     if obj is conn:
                         try:
-                            data = conn.recv_bytes()
+                            data = conn.recv_bytes()  # type: ignore[union-attr]
                         except EOFError:
                             raise TrialError("the measuring process sent no result") from None
                         continue
@@ -427,7 +427,9 @@ def ratio(a: float | None, b: float | None) -> float | None:
 # =============================================================== output
 class Out:
     def __init__(self) -> None:
-        self.console = Console(highlight=False) if Console is not None else None
+        # a pipe or a file gets rich's 80 columns by default: too narrow for the tables
+        width = None if sys.stdout.isatty() else 160
+        self.console = Console(highlight=False, width=width) if Console is not None else None
 
     def line(self, text: str = "", style: str | None = None) -> None:
         if self.console is not None:
@@ -448,7 +450,8 @@ class Out:
         widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
 
         def fmt(cells: Sequence[str]) -> str:
-            return "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+            return "  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
 
         print(f"\n{title}")
         print(fmt(headers))
@@ -534,6 +537,8 @@ def run(args: argparse.Namespace, out: Out, bench: Bench, systems: list[str]) ->
     for size in SIZES:
         for rnd in range(1, args.rounds + 1):
             for system in systems:
+                p50: float | None
+                p99: float | None
                 try:
                     lat = bench.latency(system, size, args.pings)
                     p50, p99 = percentile(lat, 0.50), percentile(lat, 0.99)
@@ -566,8 +571,9 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str])
     if MPQ in systems:
         caption += (f"\n\u2020 mp.Queue has no batch API: one list of {BATCH} payloads per put/get, "
                     f"counted as {BATCH} messages")
-    out.table("Throughput (1 producer -> 1 consumer)",
-              ["workload", "size", *(f"{s} msgs/s" for s in systems), *(f"shmq/{s}" for s in peers)],
+    out.line()
+    out.table("Throughput, msgs/s (1 producer -> 1 consumer)",
+              ["workload", "size", *systems, *(f"shmq/{s}" for s in peers)],
               rows, caption)
 
     m50 = {k: median(v) for k, v in res.p50.items()}
@@ -581,6 +587,7 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str])
             row.append(f"{fmt_ratio(ratio(m50.get((size, s)), m50.get((size, SHMQ))))} / "
                        f"{fmt_ratio(ratio(m99.get((size, s)), m99.get((size, SHMQ))))}")
         rows.append(row)
+    out.line()
     out.table(f"Round-trip latency (p50 / p99 in us, {args.pings} round trips per run)",
               ["workload", "size", *systems, *(f"{s}/shmq" for s in peers)], rows,
               f"median of {args.rounds} round(s) of each run's percentile; "
@@ -592,11 +599,13 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str])
         ("single message + ack vs faster-fifo one-at-a-time (100 B)", single, 1.0, 1.75),
         ("batched vs faster-fifo get_many (100 B)", batched, 3.0, 5.0),
     ]
+    out.line()
     out.line("Targets", style="bold")
     target_json = []
     for label, value, must, aim in targets:
         if value is None:
-            verdict, style = "n/a (faster-fifo not measured)" if FF not in systems else "n/a (run failed)", "yellow"
+            why = "faster-fifo not measured" if FF not in systems else "a run failed"
+            verdict, style = f"n/a ({why})", "yellow"
         elif value < must:
             verdict, style = f"FAIL (must >= {must:g}x)", "bold red"
         elif value < aim:
@@ -605,8 +614,8 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str])
             verdict, style = f"pass, aim of {aim:g}x reached", "bold green"
         out.line(f"  {label:<58} {fmt_ratio(value):>7}  {verdict}", style=style)
         target_json.append({"target": label, "ratio": value, "must": must, "aim": aim,
-                            "ok": value is not None and value >= must,
-                            "aim_reached": value is not None and value >= aim})
+                            "ok": None if value is None else value >= must,
+                            "aim_reached": None if value is None else value >= aim})
 
     return {
         "config": {"n": args.n, "rounds": args.rounds, "pings": args.pings, "batch": BATCH,
@@ -664,7 +673,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     previous = signal.signal(signal.SIGTERM, _terminate)
     children = Children(ctx)
-    broker = shmq.connect(f"shm://{instance}")
+    broker: Any = shmq.connect(f"shm://{instance}")  # an ShmBroker: destroy() is not on api.Broker
     code = 0
     try:
         bench = Bench(ctx, children, broker, args.timeout)

@@ -19,6 +19,7 @@ no message or a whole one.
 from __future__ import annotations
 
 import time
+from array import array
 
 from . import layout as L
 from .errors import InstanceError
@@ -187,8 +188,6 @@ class Ring:
                 return -1
             tb = w[25]
             mm = self.mm
-            zero = self._zero_leases
-            zl = len(zero)
             sw = self.slot_words
             sl = self.slots_w
             data = self.data_off
@@ -209,24 +208,34 @@ class Ring:
                     return -1
                 positions.append(p)
                 p += n
-            for i in range(count):
-                payload = payloads[i]
-                meta = metas[i] if metas else b""
-                q = positions[i]
-                start = data + q % size
-                if meta:
-                    mm[start:start + len(meta)] = meta
-                    mm[start + len(meta):start + len(meta) + len(payload)] = payload
+            # slots, one strided block per run that does not wrap the slot table
+            lens = [len(payloads[i]) | ((len(metas[i]) if metas else 0) << 32) for i in range(count)]
+            i = 0
+            while i < count:
+                i0 = (off + i) % cap
+                k = min(count - i, cap - i0)
+                block = array("Q", bytes(8 * k * sw))  # lease words start NEW (0)
+                block[0::sw] = array("Q", range(off + i, off + i + k))
+                block[1::sw] = array("Q", positions[i:i + k])
+                block[2::sw] = array("Q", lens[i:i + k])
+                block[3::sw] = array("Q", [ts]) * k
+                w[sl + i0 * sw:sl + (i0 + k) * sw] = block
+                i += k
+            # records, one copy per physically contiguous run
+            i = 0
+            while i < count:
+                j = i + 1
+                end = positions[i] + (lens[i] & 0xFFFFFFFF) + (lens[i] >> 32)
+                while j < count and positions[j] == end and end % size:
+                    end += (lens[j] & 0xFFFFFFFF) + (lens[j] >> 32)
+                    j += 1
+                start = data + positions[i] % size
+                if metas:
+                    parts = [x for k2 in range(i, j) for x in (metas[k2], payloads[k2])]
                 else:
-                    mm[start:start + len(payload)] = payload
-                o = off + i
-                base = sl + (o % cap) * sw
-                w[base] = o
-                w[base + 1] = q
-                w[base + 2] = len(payload) | (len(meta) << 32)
-                w[base + 3] = ts
-                b = (base + 4) * 8
-                mm[b:b + zl] = zero
+                    parts = payloads[i:j]
+                mm[start:start + end - positions[i]] = b"".join(parts)
+                i = j
             w[25] = p
             w[24] = off + count  # commit
             return off

@@ -11,9 +11,11 @@ a client slot of its own on first use.
 from __future__ import annotations
 
 import atexit
+import multiprocessing.util as mp_util
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -65,11 +67,14 @@ class Attachment:
                 if self._slot is None:
                     self._slot = self.registry.register_client()
                     self._slot_pid = os.getpid()
+                    _exit_hooks()
                 slot = self._slot
         return slot
 
     def after_fork(self) -> None:
+        """In a forked child: the parent's client slot and handle count are not ours."""
         self._slot = None
+        self.refs = 0
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------ queues
@@ -196,8 +201,12 @@ class Attachment:
                     reg.w[cw + L.C_STATE] = L.C_FREE
         return n
 
-    def detach(self) -> None:
-        """Give our leases back, free our client slot, unmap."""
+    def release(self) -> None:
+        """Give this process's leases back and free its client slot.
+
+        The mappings stay (handles still held keep working and register again on
+        their next get); they are unmapped when the last handle is collected.
+        """
         if self._slot is not None and self._slot_pid == os.getpid():
             now = self.now_ms()
             for q in list(self._queues.values()):
@@ -208,12 +217,10 @@ class Attachment:
                     pass
             self.registry.unregister_client(self._slot)
         self._slot = None
-        for qid in list(self._queues):
-            self.forget(qid)
-        self.registry.close()
 
 
-_attachments: dict[str, Attachment] = {}
+_attachments: dict[str, Attachment] = {}  # the shared one per instance (default clock)
+_every_attachment: weakref.WeakSet[Attachment] = weakref.WeakSet()  # released at exit
 _attach_lock = threading.Lock()
 
 
@@ -223,6 +230,7 @@ def _attach(instance: str, now_ms: Callable[[], int] | None) -> Attachment:
         att = _attachments.get(instance)
         if att is None or now_ms is not None:
             att = Attachment(instance, now_ms or monotonic_ms)
+            _every_attachment.add(att)
             if now_ms is None:
                 _attachments[instance] = att
         att.refs += 1
@@ -232,21 +240,32 @@ def _attach(instance: str, now_ms: Callable[[], int] | None) -> Attachment:
 def _after_fork_in_child() -> None:
     global _attach_lock
     _attach_lock = threading.Lock()
-    for att in _attachments.values():
+    for att in _every_attachment:
         att.after_fork()
 
 
 def _at_exit() -> None:
-    for att in list(_attachments.values()):
+    for att in list(_every_attachment):
         try:
-            att.detach()
+            att.release()
         except Exception:  # noqa: BLE001
             pass
-    _attachments.clear()
+
+
+_hooked_pid = 0
+
+
+def _exit_hooks() -> None:
+    """Give leases back when this process ends normally.  multiprocessing's children end
+    with os._exit, which skips atexit, so its own finalizer hook is used as well."""
+    global _hooked_pid
+    if _hooked_pid != os.getpid():
+        _hooked_pid = os.getpid()
+        atexit.register(_at_exit)
+        mp_util.Finalize(None, _at_exit, exitpriority=100)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-atexit.register(_at_exit)
 
 
 def _config(limits: dict[str, Any]) -> QueueConfig:
@@ -343,7 +362,7 @@ class ShmBroker(Broker):
                 return
             if _attachments.get(att.instance) is att:
                 del _attachments[att.instance]
-        att.detach()
+        att.release()
 
     def destroy(self) -> None:
         """Remove the instance's shared memory (every queue, semaphore and the registry)."""
@@ -371,7 +390,6 @@ class ShmBroker(Broker):
         att._slot = None  # nothing to unregister: the registry is gone
         for qid in list(att._queues):
             att.forget(qid)
-        att.registry.close()
 
 
 def _queue_from_url(url: str, name: str) -> ShmQueue:

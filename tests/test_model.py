@@ -1,0 +1,214 @@
+"""A hypothesis state machine: the real queue (shared memory, injected clock) against a
+plain-Python model of what it must do -- puts, batches, gets from two groups, acks, nacks
+with delays, touches, stale settles, lease expiry, dead-lettering and ring wrap-around.
+The ring's invariants are asserted after every step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import hypothesis.strategies as st
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+import shmq
+from shmq.shm import ShmBroker
+
+from .conftest import FakeClock, unique_instance
+
+CAP = 8
+MAX_BYTES = 4096
+MAX_SIZE = 700
+MAX_DELIVERIES = 3
+VIS = 10.0
+GROUPS = ("default", "g2")
+NEW, LEASED, READY, DONE = "new", "leased", "ready", "done"
+
+
+@dataclass
+class Lease:
+    state: str = NEW
+    dc: int = 0
+    t: float = 0.0  # deadline (LEASED) or ready time (READY)
+
+
+@dataclass
+class Model:
+    payloads: dict[int, bytes] = field(default_factory=dict)
+    leases: dict[str, dict[int, Lease]] = field(default_factory=lambda: {g: {} for g in GROUPS})
+    dlq: list[bytes] = field(default_factory=list)
+    next_offset: int = 0
+
+    def floor(self, g: str) -> int:
+        pending = [o for o, lease in self.leases[g].items() if lease.state != DONE]
+        return min(pending) if pending else self.next_offset
+
+    def retained(self) -> list[int]:
+        free = min(self.floor(g) for g in GROUPS)
+        return [o for o in self.payloads if o >= free]
+
+    def give_back(self, g: str, off: int, ready_at: float) -> None:
+        lease = self.leases[g][off]
+        if lease.dc >= MAX_DELIVERIES:
+            lease.state = DONE
+            self.dlq.append(self.payloads[off])
+        else:
+            lease.state, lease.t = READY, ready_at
+
+
+class QueueMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        self.broker = ShmBroker(unique_instance(), clock=self.clock)
+        self.q = self.broker.create_queue("m", capacity=CAP, max_bytes=MAX_BYTES,
+                                          max_message_size=MAX_SIZE, visibility_timeout=VIS,
+                                          max_deliveries=MAX_DELIVERIES)
+        self.q.create_group("g2")
+        self.model = Model()
+        self.held: list[shmq.Message] = []
+        self.counter = 0
+
+    def teardown(self) -> None:
+        self.broker.destroy()
+
+    def _payload(self, size: int) -> bytes:
+        self.counter += 1
+        return (f"{self.counter}:".encode() + b"x" * size)[:max(size, len(str(self.counter)) + 1)]
+
+    def _may_be_full(self, sizes: list[int]) -> bool:
+        kept = self.model.retained()
+        if len(kept) + len(sizes) > CAP:
+            return True
+        used = sum(len(self.model.payloads[o]) for o in kept)
+        # records never straddle the end of the ring: up to one record's worth of padding
+        return used + sum(sizes) + MAX_SIZE > MAX_BYTES
+
+    def _accept(self, offsets: list[int], payloads: list[bytes]) -> None:
+        assert offsets == list(range(self.model.next_offset, self.model.next_offset + len(payloads)))
+        for o, p in zip(offsets, payloads, strict=True):
+            self.model.payloads[o] = p
+            for g in GROUPS:
+                self.model.leases[g][o] = Lease()
+        self.model.next_offset += len(payloads)
+
+    @rule(size=st.integers(0, MAX_SIZE))
+    def put(self, size: int) -> None:
+        p = self._payload(size)
+        try:
+            off = self.q.put(p, block=False)
+        except shmq.Full:
+            assert self._may_be_full([len(p)]), "Full although the model has room"
+            return
+        self._accept([off], [p])
+
+    @rule(sizes=st.lists(st.integers(0, 300), min_size=1, max_size=4))
+    def put_many(self, sizes: list[int]) -> None:
+        ps = [self._payload(s) for s in sizes]
+        try:
+            offs = self.q.put_many(ps, block=False)
+        except shmq.Full:
+            assert self._may_be_full([len(p) for p in ps]), "Full although the model has room"
+            return
+        self._accept(offs, ps)
+
+    @rule(group=st.sampled_from(GROUPS), n=st.integers(1, 3))
+    def get(self, group: str, n: int) -> None:
+        now = self.clock.t
+        leases = self.model.leases[group]
+        for off, lease in sorted(leases.items()):  # expiry first
+            if lease.state == LEASED and lease.t <= now:
+                self.model.give_back(group, off, now)
+        expect = [o for o, lease in sorted(leases.items()) if lease.state == READY and lease.t <= now][:n]
+        expect += [o for o, lease in sorted(leases.items()) if lease.state == NEW][:n - len(expect)]
+        try:
+            got = self.q.get_many(n, group=group, block=False)
+        except shmq.Empty:
+            got = []
+        assert [m.offset for m in got] == expect
+        for m in got:
+            lease = leases[m.offset]
+            lease.state, lease.dc, lease.t = LEASED, lease.dc + 1, now + VIS
+            assert (m.payload, m.deliveries, m.group) == (self.model.payloads[m.offset], lease.dc, group)
+        self.held = (self.held + got)[-12:]
+
+    def _current(self, m: shmq.Message) -> bool:
+        lease = self.model.leases[m.group][m.offset]
+        return lease.state == LEASED and lease.dc == m.deliveries
+
+    @precondition(lambda self: self.held)
+    @rule(i=st.integers(0, 11))
+    def ack(self, i: int) -> None:
+        m = self.held[i % len(self.held)]
+        if self._current(m):
+            m.ack()
+            self.model.leases[m.group][m.offset].state = DONE
+        else:
+            try:
+                m.ack()
+            except shmq.StaleAck:
+                return
+            raise AssertionError("a stale ack was accepted")
+
+    @precondition(lambda self: len(self.held) > 1)
+    @rule()
+    def ack_many(self) -> None:
+        current = [m for m in self.held if self._current(m)]
+        stale = [m for m in self.held if not self._current(m)]
+        try:
+            self.q.ack_many(self.held)
+        except shmq.StaleAck as e:
+            assert sorted(e.stale) == sorted(m.offset for m in stale)  # type: ignore[attr-defined]
+        else:
+            assert not stale
+        for m in current:
+            self.model.leases[m.group][m.offset].state = DONE
+
+    @precondition(lambda self: self.held)
+    @rule(i=st.integers(0, 11), delay=st.sampled_from([0.0, 0.0, 3.0]))
+    def nack(self, i: int, delay: float) -> None:
+        m = self.held[i % len(self.held)]
+        if self._current(m):
+            m.nack(delay)
+            self.model.give_back(m.group, m.offset, self.clock.t + delay)
+        else:
+            try:
+                m.nack(delay)
+            except shmq.StaleAck:
+                return
+            raise AssertionError("a stale nack was accepted")
+
+    @precondition(lambda self: self.held)
+    @rule(i=st.integers(0, 11))
+    def touch(self, i: int) -> None:
+        m = self.held[i % len(self.held)]
+        if self._current(m):
+            m.touch()
+            self.model.leases[m.group][m.offset].t = self.clock.t + VIS
+        else:
+            try:
+                m.touch()
+            except shmq.StaleAck:
+                return
+            raise AssertionError("a stale touch was accepted")
+
+    @rule(seconds=st.sampled_from([0.5, 3.0, 11.0]))
+    def advance(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+    @invariant()
+    def matches_model(self) -> None:
+        self.q._ring.check_invariants()
+        first, nxt = self.q.offsets()
+        assert nxt == self.model.next_offset
+        assert nxt - first == len(self.model.retained())
+        if self.model.dlq:
+            dlq = self.broker.queue("m.dlq")
+            assert dlq.offsets()[1] == len(self.model.dlq)
+            assert [m.payload for m in dlq.read(0, len(self.model.dlq))] == self.model.dlq
+
+
+QueueMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=60, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+TestQueueModel = QueueMachine.TestCase
