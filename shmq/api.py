@@ -99,7 +99,7 @@ class Message(tuple):  # type: ignore[type-arg]
         return Origin(d["queue"], d["offset"], d["group"], d["reason"], d["deliveries"])
 
     def ack(self) -> None:
-        self[0]._settle(self, 0, 0.0)
+        self[0]._ack(self)
 
     def nack(self, delay: float = 0.0) -> None:
         """Give the message back; it is delivered again after ``delay`` seconds."""
@@ -162,6 +162,9 @@ class Queue(ABC):
 
     @abstractmethod
     def _settle(self, msg: Message, action: int, arg: float | None) -> None: ...
+
+    def _ack(self, msg: Message) -> None:
+        self._settle(msg, 0, 0.0)
 
 
 class Broker(ABC):

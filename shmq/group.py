@@ -147,7 +147,11 @@ class Groups:
         while cur < tail and got < max_n:
             # one run of slots that does not wrap: read and lease it with strided slices
             i0 = cur % cap
-            k = min(tail - cur, max_n - got, cap - i0)
+            k = tail - cur
+            if max_n - got < k:
+                k = max_n - got
+            if cap - i0 < k:
+                k = cap - i0
             b0 = sl + i0 * sw
             end = b0 + k * sw
             if k > 1 and not any(w[b0 + lw:end:sw].tolist()):
@@ -174,6 +178,31 @@ class Groups:
         w[g + 1] = cur
         if not ne or deadline < ne:
             w[g + 5] = deadline
+
+    def deliver_one(self, gi: int, word: int, now: int, cls: type, prefix: tuple[Any, ...]) -> Any:
+        """The hot path of ``deliver`` for a single new message; None when the general
+        path is needed (expiry due, redeliveries pending, nothing new, crash leftovers).
+        ``word`` is the LEASED lease word (1 delivery, owner, deadline) to store."""
+        w = self.w
+        g = self.gw + gi * 32
+        ne = w[g + 5]  # G_NEXT_EXPIRY
+        cur = w[g + 1]  # G_CURSOR
+        if (ne and now >= ne) or w[g + 3] or cur >= w[24]:
+            return None
+        base = self.sl + (cur % self.cap) * self.sw
+        if w[base + 4 + gi]:
+            return None
+        w[base + 4 + gi] = word
+        w[g + 1] = cur + 1
+        if not ne:
+            w[g + 5] = word >> 24
+        _o, pos, lens, ts = _SLOT.unpack_from(self.mm, base * 8)
+        start = self.data_off + pos % self.size
+        mlen = lens >> 32
+        if mlen:
+            return tuple.__new__(cls, (*prefix, cur, 1, self.mm[start + mlen:start + mlen + (lens & 0xFFFFFFFF)],
+                                       self.mm[start:start + mlen], ts))
+        return tuple.__new__(cls, (*prefix, cur, 1, self.mm[start:start + lens], b"", ts))
 
     def _redeliver(self, gi: int, owner: int, now: int, max_n: int, vis_ms: int,
                    out: list[Any], cls: type, prefix: tuple[Any, ...]) -> None:

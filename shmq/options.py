@@ -37,6 +37,7 @@ DURABILITY_MODES = ("memory", "interval", "always")
 DEFAULT_DURABILITY = "memory"
 
 # --- timing -------------------------------------------------------------------
+SPIN_CHECKS = 200  # header re-reads (about 20-60 us) before a consumer sleeps
 WAIT_SLICE = 0.05  # longest single sleep of a blocked put/get before it re-checks the header
 REAP_INTERVAL = 0.25  # how often dead processes' leases are looked for (s)
 ATTACH_TIMEOUT = 2.0  # how long to wait for a half-created instance to appear

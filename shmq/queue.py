@@ -64,6 +64,8 @@ class ShmQueue(QueueABC):
         self._gcache: dict[str, int] = {}
         self._ggen = -1
         self._now = att.now_ms
+        self._vis = ring.visibility_ms
+        self._clock_addr = ring.clock.address
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
         from .shm import _queue_from_url
@@ -195,6 +197,23 @@ class ShmQueue(QueueABC):
 
     def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
             visibility_timeout: float | None = None) -> Message:
+        gi = self._gcache.get(group)
+        owner = self._att._slot
+        w = self._w
+        if (gi is not None and owner is not None and visibility_timeout is None and w[35] == self._ggen
+                and w[4] == 1):  # the hot path: a known group, one new message ready now
+            now = self._now()
+            addr = self._clock_addr
+            rc = trylock(addr)
+            if rc:
+                self._ring.clock.acquire_slow(rc)
+            try:
+                m = self._groups.deliver_one(gi, 9 | (owner << 11) | ((now + self._vis) << 24), now,
+                                             Message, (self, gi, group))
+            finally:
+                unlock(addr)
+            if m is not None:
+                return m  # type: ignore[no-any-return]
         return self._take(group, 1, block, timeout, visibility_timeout)[0]
 
     def get_many(self, max_messages: int, group: str = options.DEFAULT_GROUP, block: bool = True,
@@ -233,6 +252,8 @@ class ShmQueue(QueueABC):
         got: list[Message] = []
         dead: list[DeadItem] = []
         prefix = (self, gi, group)
+        g = self._ring.groups_w + gi * L.G_WORDS
+        announce = False
         while True:
             now = self._now()
             rc = trylock(addr)
@@ -243,7 +264,7 @@ class ShmQueue(QueueABC):
                     w[33] -= 1 if w[33] else 0  # Q_CONSUMER_WAITERS
                     waiting = False
                 deliver(gi, owner, now, max_n, vis, got, dead, Message, prefix)
-                if not got and block:
+                if not got and announce:
                     w[33] += 1  # announce a sleeper before letting go of the lock
                     waiting = True
             finally:
@@ -256,6 +277,14 @@ class ShmQueue(QueueABC):
             att.reap(now)
             if not block:
                 raise Empty(f"queue {self.name!r} has no message for group {group!r}")
+            if not announce:
+                # A producer is likely mid-put: look again for a moment before sleeping.
+                for _ in range(options.SPIN_CHECKS):
+                    if w[24] > w[g + 1]:  # Q_NEXT_OFFSET > G_CURSOR
+                        break
+                announce = True
+                continue
+            announce = False  # after the sleep, look again before announcing again
             wait = options.WAIT_SLICE
             if deadline is not None:
                 remaining = deadline - time.monotonic()
@@ -265,7 +294,6 @@ class ShmQueue(QueueABC):
                     raise Empty(f"no message for group {group!r} of queue {self.name!r} "
                                 f"within {timeout} s")
                 wait = min(wait, remaining)
-            g = self._ring.groups_w + gi * L.G_WORDS
             if w[24] > w[g + L.G_CURSOR]:
                 continue  # published while we announced ourselves
             if w[g + L.G_REDELIVER]:
@@ -282,6 +310,24 @@ class ShmQueue(QueueABC):
                 pass
 
     # ------------------------------------------------------------ settle
+    def _ack(self, msg: Message) -> None:
+        gi = msg[1]
+        if gi < 0 or msg[0] is not self:
+            self._settle(msg, ACK, 0.0)  # raises the right error
+        addr = self._clock_addr
+        rc = trylock(addr)
+        if rc:
+            self._ring.clock.acquire_slow(rc)
+        try:
+            result = self._groups.ack(gi, msg[3], msg[4])
+        finally:
+            unlock(addr)
+        if result == FREED:
+            if self._w[27]:  # Q_PRODUCER_WAITERS
+                self._wake(self._nf, self._w[27], 1)
+        elif result == STALE:
+            self._settle(msg, ACK, 0.0)  # raises StaleAck with the full story
+
     def _settle(self, msg: Message, action: int, arg: float | None) -> None:
         gi = msg[1]
         if gi < 0 or msg[0] is not self:

@@ -273,10 +273,16 @@ def test_sigkill_storm_loses_nothing_and_invents_nothing(instance: str, tmp_path
         else:
             proc.join()
         spawners[id(pool)]()
-    for p in producers.values():  # let the last producers finish their runs
-        p.join(60)
-    for p in [*consumers.values(), *hogs.values()]:
+    for p in hogs.values():
         _kill(p)
+    finish = time.monotonic() + 60
+    for p in producers.values():  # let the last producers finish their runs
+        p.join(max(0.1, finish - time.monotonic()))
+    stuck = [p.pid for p in producers.values() if p.is_alive()]
+    for p in [*consumers.values(), *producers.values()]:
+        if p.is_alive():
+            _kill(p)
+    assert not stuck, f"producers {stuck} could not finish: {q.stats()}"
     assert kills >= 100, f"only {kills} kills happened"
 
     # drain: every dead consumer's leases must come back (reaper), nothing may be stuck
