@@ -200,8 +200,8 @@ class Groups:
         start = self.data_off + pos % self.size
         mlen = lens >> 32
         if mlen:
-            return tuple.__new__(cls, (*prefix, cur, 1, self.mm[start + mlen:start + mlen + (lens & 0xFFFFFFFF)],
-                                       self.mm[start:start + mlen], ts))
+            payload = self.mm[start + mlen:start + mlen + (lens & 0xFFFFFFFF)]
+            return tuple.__new__(cls, (*prefix, cur, 1, payload, self.mm[start:start + mlen], ts))
         return tuple.__new__(cls, (*prefix, cur, 1, self.mm[start:start + lens], b"", ts))
 
     def _redeliver(self, gi: int, owner: int, now: int, max_n: int, vis_ms: int,
