@@ -442,3 +442,23 @@ def test_handles_cross_into_children(broker: ShmBroker, method: str) -> None:
     p.join(30)
     assert (pid, payload, p.exitcode) == (p.pid, b"hello child", 0)
     assert q.stats()["retained"] == 0
+
+
+def test_objects_are_private_and_named_for_the_instance(broker: ShmBroker) -> None:
+    broker.create_queue("private")
+    names = [n for n in os.listdir("/dev/shm") if f"shmq.{broker.instance}." in n]
+    assert len(names) == 4  # registry, queue segment, two semaphores
+    for n in names:
+        assert os.stat(f"/dev/shm/{n}").st_mode & 0o777 == 0o600, n
+
+
+def test_stale_counts_after_double_settle(broker: ShmBroker) -> None:
+    q = broker.create_queue("twice")
+    q.put(b"x")
+    m = q.get()
+    m.nack()
+    with pytest.raises(shmq.StaleAck):
+        m.ack()  # the nack gave the lease back: acking it now would be acking nothing we hold
+    again = q.get()
+    again.ack()
+    assert q.stats()["retained"] == 0
