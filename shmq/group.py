@@ -17,7 +17,6 @@ leaves nothing to repair:
 
 from __future__ import annotations
 
-import struct
 import time
 from array import array
 from collections.abc import Sequence
@@ -39,7 +38,7 @@ DEAD = 3
 
 _LEASED, _READY, _DONE, _DEADING, _NEW = L.LEASED, L.READY, L.DONE, L.DEADING, L.NEW
 
-_SLOT = struct.Struct("4Q")  # S_OFFSET, S_BYTEPOS, S_LENS, S_TIMESTAMP
+_unpack_slot = L.SLOT_HEAD.unpack_from
 
 # dead-letter work item: (group index, offset, deliveries, reason)
 DeadItem = tuple[int, int, int, str]
@@ -59,8 +58,9 @@ class Groups:
         self._geom = (self.sl, self.cap, self.sw, self.size, self.data_off, self.mm)
         self.max_groups = ring.max_groups
         self.max_deliveries = ring.max_deliveries
-        self._gen = -1
+        self._gen = -1  # Q_GROUP_GEN that _active_bases was computed for
         self._active_bases: list[int] = []
+        self._lone = False
 
     # ------------------------------------------------------------ group table
     def _name(self, gi: int) -> str:
@@ -143,7 +143,7 @@ class Groups:
         word = 9 | (owner << 11) | (deadline << 24)  # LEASED, 1 delivery
         new = tuple.__new__
         append = out.append
-        unpack = _SLOT.unpack_from
+        unpack = _unpack_slot
         while cur < tail and got < max_n:
             # one run of slots that does not wrap: read and lease it with strided slices
             i0 = cur % cap
@@ -179,7 +179,7 @@ class Groups:
         if not ne or deadline < ne:
             w[g + 5] = deadline
 
-    def deliver_one(self, gi: int, word: int, now: int, cls: type, prefix: tuple[Any, ...]) -> Any:
+    def deliver_one(self, gi: int, word: int, now: int, cls: type, q: Any, group: str) -> Any:
         """The hot path of ``deliver`` for a single new message; None when the general
         path is needed (expiry due, redeliveries pending, nothing new, crash leftovers).
         ``word`` is the LEASED lease word (1 delivery, owner, deadline) to store."""
@@ -196,13 +196,13 @@ class Groups:
         w[g + 1] = cur + 1
         if not ne:
             w[g + 5] = word >> 24
-        _o, pos, lens, ts = _SLOT.unpack_from(self.mm, base * 8)
+        _o, pos, lens, ts = _unpack_slot(self.mm, base * 8)
         start = self.data_off + pos % self.size
         mlen = lens >> 32
         if mlen:
             payload = self.mm[start + mlen:start + mlen + (lens & 0xFFFFFFFF)]
-            return tuple.__new__(cls, (*prefix, cur, 1, payload, self.mm[start:start + mlen], ts))
-        return tuple.__new__(cls, (*prefix, cur, 1, self.mm[start:start + lens], b"", ts))
+            return tuple.__new__(cls, (q, gi, group, cur, 1, payload, self.mm[start:start + mlen], ts))
+        return tuple.__new__(cls, (q, gi, group, cur, 1, self.mm[start:start + lens], b"", ts))
 
     def _redeliver(self, gi: int, owner: int, now: int, max_n: int, vis_ms: int,
                    out: list[Any], cls: type, prefix: tuple[Any, ...]) -> None:
@@ -304,8 +304,12 @@ class Groups:
         if f == old:
             return OK
         w[g + 2] = f
-        if old == w[32] and self._recompute_free():  # this group held the free offset back
-            return FREED
+        if old == w[32]:  # this group held the free offset back
+            if self._lone and w[35] == self._gen:  # and it is the only group: its floor is it
+                w[32] = f
+                return FREED
+            if self._recompute_free():
+                return FREED
         return OK
 
     def ack_batch(self, deliveries: Sequence[Sequence[Any]], stale: list[int]) -> bool:
@@ -414,6 +418,7 @@ class Groups:
             self._gen = w[35]
             self._active_bases = [self.gw + gi * 32 for gi in range(self.max_groups)
                                   if w[self.gw + gi * 32] == L.GS_ACTIVE]
+            self._lone = len(self._active_bases) == 1
         low = w[24]
         for g in self._active_bases:
             if w[g] == L.GS_ACTIVE and w[g + 2] < low:

@@ -67,6 +67,8 @@ Lease word (one per message per group)::
 
 from __future__ import annotations
 
+import struct
+
 WORD = 8
 
 
@@ -189,6 +191,8 @@ S_LENS = 2
 S_TIMESTAMP = 3
 S_GROUPS = 4
 S_FIXED_WORDS = 4
+
+SLOT_HEAD = struct.Struct("4Q")  # S_OFFSET .. S_TIMESTAMP in one pack/unpack
 
 # lease word
 NEW = 0

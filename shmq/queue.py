@@ -38,6 +38,12 @@ if TYPE_CHECKING:
     from .shm import Attachment
 
 _BusyError = posix_ipc.BusyError
+_monotonic_ns = time.monotonic_ns
+
+
+def monotonic_ms() -> int:
+    """The default clock of leases and delays: monotonic, system-wide, in ms."""
+    return _monotonic_ns() // 1_000_000
 
 
 def _as_bytes(payload: Payload) -> bytes | bytearray | memoryview:
@@ -64,6 +70,7 @@ class ShmQueue(QueueABC):
         self._gcache: dict[str, int] = {}
         self._ggen = -1
         self._now = att.now_ms
+        self._real_clock = att.now_ms is monotonic_ms  # the hot path reads it inline
         self._vis = ring.visibility_ms
         self._clock_addr = ring.clock.address
 
@@ -98,7 +105,7 @@ class ShmQueue(QueueABC):
                                   f"{self._max} of queue {self.name!r}")
         if self._w[4] != 1:  # Q_STATE
             self._alive()
-        off = self._ring.try_put(payload, b"", time.time_ns())
+        off = self._ring.try_put(payload, time.time_ns())
         if off < 0:
             off = self._put_wait([payload], None, block, timeout)
         if self._w[33]:  # Q_CONSUMER_WAITERS
@@ -202,14 +209,14 @@ class ShmQueue(QueueABC):
         w = self._w
         if (gi is not None and owner is not None and visibility_timeout is None and w[35] == self._ggen
                 and w[4] == 1):  # the hot path: a known group, one new message ready now
-            now = self._now()
+            now = _monotonic_ns() // 1_000_000 if self._real_clock else self._now()
             addr = self._clock_addr
             rc = trylock(addr)
             if rc:
                 self._ring.clock.acquire_slow(rc)
             try:
                 m = self._groups.deliver_one(gi, 9 | (owner << 11) | ((now + self._vis) << 24), now,
-                                             Message, (self, gi, group))
+                                             Message, self, group)
             finally:
                 unlock(addr)
             if m is not None:

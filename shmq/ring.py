@@ -130,10 +130,10 @@ class Ring:
         return count <= self.capacity and nbytes <= self.size
 
     # ------------------------------------------------------------ producing
-    def try_put(self, payload: bytes | bytearray | memoryview, meta: bytes, ts: int) -> int:
-        """Append one record; its offset, or -1 when there is no room now."""
+    def try_put(self, payload: bytes | bytearray | memoryview, ts: int) -> int:
+        """Append one record (no metadata); its offset, or -1 when there is no room now."""
         w = self.w
-        n = len(payload) + len(meta)
+        n = len(payload)
         size = self.size
         addr = self.plock.address
         rc = trylock(addr)
@@ -156,16 +156,9 @@ class Ring:
                 return -1
             start = self.data_off + p % size
             mm = self.mm
-            if meta:
-                mm[start:start + len(meta)] = meta
-                mm[start + len(meta):start + n] = payload
-            else:
-                mm[start:start + n] = payload
+            mm[start:start + n] = payload
             base = self.slots_w + (off % self.capacity) * self.slot_words
-            w[base] = off
-            w[base + 1] = p
-            w[base + 2] = len(payload) | (len(meta) << 32)
-            w[base + 3] = ts
+            mm[base * 8:(base + 4) * 8] = L.SLOT_HEAD.pack(off, p, n, ts)
             b = (base + 4) * 8
             mm[b:b + len(self._zero_leases)] = self._zero_leases
             w[25] = p + n

@@ -14,7 +14,6 @@ import atexit
 import multiprocessing.util as mp_util
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +23,7 @@ from . import options
 from .api import Broker, QueueConfig, QueueInfo
 from .errors import InvalidArgument, QueueExists, QueueNotFound
 from .names import check_queue_name, dlq_name, is_dlq_name
-from .queue import ShmQueue
+from .queue import ShmQueue, monotonic_ms
 from .registry import QueueEntry, Registry
 from .ring import Ring
 from .segment import (
@@ -37,10 +36,6 @@ from .segment import (
     unlink_semaphore,
     unlink_shm,
 )
-
-
-def monotonic_ms() -> int:
-    return time.monotonic_ns() // 1_000_000
 
 
 class Attachment:
