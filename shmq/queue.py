@@ -29,7 +29,7 @@ from .errors import (
     QueueNotFound,
     StaleAck,
 )
-from .group import ACK, FREED, NACK, OK, STALE, TOUCH, DeadItem, Groups
+from .group import ACK, DEAD, FREED, NACK, STALE, TO_DLQ, TOUCH, DeadItem, Groups
 from .lock import trylock, unlock
 from .names import check_group_name as _check_group_name
 from .ring import Ring
@@ -320,7 +320,7 @@ class ShmQueue(QueueABC):
     def _ack(self, msg: Message) -> None:
         gi = msg[1]
         if gi < 0 or msg[0] is not self:
-            self._settle(msg, ACK, 0.0)  # raises the right error
+            raise self._not_ours(msg)
         addr = self._clock_addr
         rc = trylock(addr)
         if rc:
@@ -333,58 +333,38 @@ class ShmQueue(QueueABC):
             if self._w[27]:  # Q_PRODUCER_WAITERS
                 self._wake(self._nf, self._w[27], 1)
         elif result == STALE:
-            self._settle(msg, ACK, 0.0)  # raises StaleAck with the full story
+            raise self._stale(msg)
+
+    def _not_ours(self, msg: Message) -> StaleAck:
+        return StaleAck(f"message {msg[3]} is not a delivery of {self.name!r} (read() results "
+                        "cannot be settled)")
+
+    def _stale(self, msg: Message) -> StaleAck:
+        return StaleAck(f"the lease of message {msg[3]} (delivery {msg[4]}) on {self.name!r} is no "
+                        "longer held: it was settled already, or it expired and was given back")
 
     def _settle(self, msg: Message, action: int, arg: float | None) -> None:
+        """nack / touch / dead-letter (ack has its own path, ``_ack``)."""
+        if action == ACK:
+            return self._ack(msg)
         gi = msg[1]
         if gi < 0 or msg[0] is not self:
-            raise StaleAck(f"message {msg[3]} is not a delivery of {self.name!r} (read() results "
-                           "cannot be settled)")
-        if action == ACK:  # the hot path
-            clock = self._ring.clock
-            addr = clock.address
-            rc = trylock(addr)
-            if rc:
-                clock.acquire_slow(rc)
-            try:
-                result = self._groups.ack(gi, msg[3], msg[4])
-            finally:
-                unlock(addr)
-            if result == FREED:
-                if self._w[27]:  # Q_PRODUCER_WAITERS
-                    self._wake(self._nf, self._w[27], 1)
-            elif result == STALE:
-                raise StaleAck(f"the lease of message {msg[3]} (delivery {msg[4]}) on {self.name!r} "
-                               "is no longer held: it was settled already, or it expired and was "
-                               "given back")
-            return
-        if action == ACK:
-            arg_ms = 0
-        elif action == TOUCH:
+            raise self._not_ours(msg)
+        if action == TOUCH:
             arg_ms = self._ring.visibility_ms if arg is None else _ms(arg, "visibility_timeout")
         else:
-            if action == 3 and self.is_dlq:
+            if action == DEAD and self.is_dlq:
                 raise InvalidArgument("a message of a dead-letter queue cannot be dead-lettered")
             arg_ms = _ms(arg or 0.0, "delay")
         owner = self._att._slot
         if owner is None:
             owner = self._att.client_slot()
-        groups = self._groups
-        clock = self._ring.clock
-        clock.acquire()
-        try:
-            result = groups.settle(gi, msg[3], msg[4], action, owner, self._now(), arg_ms)
-            freed = result == OK and action == ACK and groups.advance_floor(gi)
-        finally:
-            clock.release()
-        if result:
-            if result == STALE:
-                raise StaleAck(f"the lease of message {msg[3]} (delivery {msg[4]}) on {self.name!r} "
-                               "is no longer held: it was settled already, or it expired and was "
-                               "given back")
+        with self._ring.clock:
+            result = self._groups.settle(gi, msg[3], msg[4], action, owner, self._now(), arg_ms)
+        if result == STALE:
+            raise self._stale(msg)
+        if result == TO_DLQ:
             self._dead_letter([(gi, msg[3], msg[4], "nack" if action == NACK else "dead_letter")])
-        elif freed and self._w[27]:  # Q_PRODUCER_WAITERS
-            self._wake(self._nf, self._w[27], 1)
 
     def ack_many(self, messages: Iterable[Message]) -> None:
         msgs = list(messages)
