@@ -15,6 +15,8 @@ from typing import Any
 
 from .api import Broker, Message, Origin, Queue, QueueConfig, QueueInfo
 from .errors import (
+    AuthError,
+    ConnectionLost,
     Empty,
     Full,
     GroupNotFound,
@@ -36,7 +38,7 @@ from .reclaim import InstanceReport, reclaim, scan
 __version__ = "0.1.0"
 
 __all__ = [
-    "Broker", "Empty", "Full", "GroupNotFound", "InstanceError", "InstanceReport", "InvalidArgument",
+    "AuthError", "ConnectionLost", "Broker", "Empty", "Full", "GroupNotFound", "InstanceError", "InstanceReport", "InvalidArgument",
     "InvalidName", "LimitExceeded", "Message", "MessageTooLarge", "Origin", "ProtocolError", "Queue",
     "QueueConfig", "QueueExists", "QueueInfo", "QueueNotFound", "ShmqError", "StaleAck", "Status",
     "Timeout", "connect", "reclaim", "scan",
@@ -53,5 +55,6 @@ def connect(url: str = "shm://default", **kwargs: Any) -> Broker:
         from .shm import ShmBroker
         return ShmBroker(url[len("shm://"):] or "default", **kwargs)
     if url.startswith("tcp://"):
-        raise InvalidArgument("tcp:// needs the broker server, which this build does not have yet")
+        from .tcp import TcpBroker
+        return TcpBroker(url, **kwargs)
     raise InvalidArgument(f"unsupported url {url!r}: use shm://NAME or tcp://HOST:PORT")

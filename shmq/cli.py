@@ -1,19 +1,75 @@
-"""The ``shmq`` command line (typer).  More commands arrive with the server."""
+"""The ``shmq`` command line (typer; rich for tables and progress).
+
+Every command talks TCP to ``shmq serve`` by default (``--url``, or
+``$SHMQ_URL``); ``--shm`` attaches the shared memory of a local instance
+instead.  Errors are one line on stderr and a non-zero exit code; ``--json``
+gives output a script can parse.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import sys
+import time
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from . import __version__
+from . import __version__, connect, options
+from .api import Broker
+from .errors import Empty, ShmqError
 from .reclaim import reclaim, scan
 
 app = typer.Typer(help="shmq: a message broker for one host.", no_args_is_help=True,
-                  add_completion=False)
+                  add_completion=False, pretty_exceptions_enable=False)
 console = Console()
+err = Console(stderr=True)
+
+DEFAULT_URL = f"tcp://{options.DEFAULT_HOST}:{options.DEFAULT_PORT}"
+UrlOpt = typer.Option(None, "--url", envvar="SHMQ_URL", help=f"broker URL (default {DEFAULT_URL})")
+ShmOpt = typer.Option(None, "--shm", help="attach the shared memory of this local instance instead of TCP")
+TokenOpt = typer.Option(None, "--token", envvar=options.TOKEN_ENV, help="auth token")
+JsonOpt = typer.Option(False, "--json", help="machine-readable output")
+
+
+def _broker(url: str | None, shm: str | None, token: str | None) -> Broker:
+    if shm:
+        return connect(f"shm://{shm}")
+    return connect(url or DEFAULT_URL, token=token) if (url or DEFAULT_URL).startswith("tcp://") \
+        else connect(url or DEFAULT_URL)
+
+
+def _fail(e: Exception) -> None:
+    code = getattr(e, "code", None)
+    err.print(f"[red]error[/red]: {e}" + (f" ({code.name})" if hasattr(code, "name") else ""))
+    raise typer.Exit(1)
+
+
+class _Session:
+    def __init__(self, url: str | None, shm: str | None, token: str | None) -> None:
+        self.args = (url, shm, token)
+        self.b: Broker | None = None
+
+    def __enter__(self) -> Broker:
+        try:
+            self.b = _broker(*self.args)
+        except (ShmqError, OSError) as e:
+            _fail(e)
+        assert self.b is not None
+        return self.b
+
+    def __exit__(self, et: Any, e: Any, tb: Any) -> bool:
+        if self.b is not None:
+            try:
+                self.b.close()
+            except Exception:  # noqa: BLE001
+                pass
+        if isinstance(e, ShmqError):
+            _fail(e)
+        return False
 
 
 @app.command()
@@ -23,10 +79,268 @@ def version() -> None:
 
 
 @app.command()
+def serve(
+    host: str = typer.Option(options.DEFAULT_HOST, help="address to bind (non-loopback needs a token)"),
+    port: int = typer.Option(options.DEFAULT_PORT, help="TCP port (0: any free port)"),
+    workers: int = typer.Option(0, help="worker processes (default: CPU count)"),
+    instance: str = typer.Option(options.DEFAULT_INSTANCE, help="shared-memory instance name"),
+    token: str = typer.Option("", envvar=options.TOKEN_ENV, help="auth token clients must present"),
+    max_connections: int = typer.Option(options.MAX_CONNECTIONS, help="connections per worker"),
+    keep: bool = typer.Option(False, help="keep the shared memory when stopping"),
+) -> None:
+    """Run the broker: a supervisor and N workers on one SO_REUSEPORT port.
+
+    Example: shmq serve --port 7878 --workers 4
+    """
+    from .server.supervisor import Supervisor
+
+    try:
+        sup = Supervisor(instance, host, port, workers, token, max_connections, keep)
+        raise typer.Exit(sup.serve())
+    except ShmqError as e:
+        _fail(e)
+    except OSError as e:
+        _fail(e)
+
+
+@app.command()
+def create(
+    queue: str,
+    capacity: int = typer.Option(options.DEFAULT_CAPACITY, help="messages held"),
+    max_bytes: int = typer.Option(options.DEFAULT_MAX_BYTES, help="bytes held"),
+    max_message_size: int = typer.Option(0, help="largest payload (default: 1 MiB or less)"),
+    visibility_timeout: float = typer.Option(options.DEFAULT_VISIBILITY_TIMEOUT, help="lease seconds"),
+    max_deliveries: int = typer.Option(options.DEFAULT_MAX_DELIVERIES, help="before dead-lettering"),
+    max_groups: int = typer.Option(options.DEFAULT_MAX_GROUPS, help="consumer groups"),
+    durability: str = typer.Option(options.DEFAULT_DURABILITY,
+                                   help="memory: in shared memory only, lost at reboot or broker stop"),
+    url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
+) -> None:
+    """Create a queue.
+
+    Example: shmq create orders --capacity 100000 --max-deliveries 10
+    """
+    limits: dict[str, Any] = dict(capacity=capacity, max_bytes=max_bytes,
+                                  visibility_timeout=visibility_timeout, max_deliveries=max_deliveries,
+                                  max_groups=max_groups, durability=durability)
+    if max_message_size:
+        limits["max_message_size"] = max_message_size
+    with _Session(url, shm, token) as b:
+        b.create_queue(queue, **limits)
+    console.print(f"created {queue}")
+
+
+@app.command()
+def delete(queue: str, url: str | None = UrlOpt, shm: str | None = ShmOpt,
+           token: str | None = TokenOpt) -> None:
+    """Delete a queue (its messages are gone).
+
+    Example: shmq delete orders
+    """
+    with _Session(url, shm, token) as b:
+        b.delete_queue(queue)
+    console.print(f"deleted {queue}")
+
+
+@app.command("list")
+def list_(url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
+          as_json: bool = JsonOpt) -> None:
+    """List queues with their depth.
+
+    Example: shmq list --json
+    """
+    with _Session(url, shm, token) as b:
+        rows = []
+        for info in b.list_queues():
+            st = b.queue(info.name).stats()
+            rows.append({"name": info.name, "dlq": info.is_dlq, "retained": st["retained"],
+                         "capacity": st["capacity"], "bytes_used": st["bytes_used"],
+                         "groups": list(st["groups"])})
+    if as_json:
+        print(json.dumps(rows))
+        return
+    table = Table("queue", "retained", "capacity", "bytes", "groups")
+    for r in rows:
+        table.add_row(r["name"] + (" (dlq)" if r["dlq"] else ""), str(r["retained"]), str(r["capacity"]),
+                      str(r["bytes_used"]), ", ".join(r["groups"]))
+    console.print(table)
+
+
+@app.command()
+def produce(
+    queue: str,
+    message: list[str] = typer.Argument(None, help="messages; none: read lines from --file or stdin"),
+    file: str | None = typer.Option(None, "--file", "-f", help="read one message per line from a file"),
+    batch: int = typer.Option(100, help="messages per request"),
+    url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Produce messages: arguments, or one per line of stdin / a file.
+
+    Example: seq 1000 | shmq produce orders
+    """
+    from rich.progress import Progress
+
+    if message:
+        lines: Any = iter([m.encode() for m in message])
+        total = len(message)
+    else:
+        src = open(file, "rb") if file else sys.stdin.buffer  # noqa: SIM115
+        lines = (line.rstrip(b"\n") for line in src)
+        total = None
+    offsets: list[int] = []
+    with _Session(url, shm, token) as b, Progress(console=err, transient=True,
+                                                    disable=as_json or not err.is_terminal) as prog:
+        q = b.queue(queue)
+        task = prog.add_task("producing", total=total)
+        chunk: list[bytes] = []
+        for line in lines:
+            chunk.append(line)
+            if len(chunk) >= batch:
+                offsets += q.put_many(chunk)
+                prog.advance(task, len(chunk))
+                chunk = []
+        if chunk:
+            offsets += q.put_many(chunk)
+    if as_json:
+        print(json.dumps({"produced": len(offsets), "first": offsets[0] if offsets else None,
+                          "last": offsets[-1] if offsets else None}))
+    else:
+        console.print(f"produced {len(offsets)} message(s)" +
+                      (f", offsets {offsets[0]}..{offsets[-1]}" if offsets else ""))
+
+
+def _show(m: Any, raw: bool, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"offset": m.offset, "deliveries": m.deliveries, "timestamp": m.timestamp,
+                          "payload": bytes(m.payload).decode(errors="replace"),
+                          "origin": m.origin.__dict__ if m.origin else None}))
+    elif raw:
+        sys.stdout.buffer.write(bytes(m.payload) + b"\n")
+        sys.stdout.flush()
+    else:
+        console.print(f"[{m.offset}] {bytes(m.payload).decode(errors='replace')}", markup=False)
+
+
+@app.command()
+def consume(
+    queue: str,
+    n: int = typer.Option(1, "-n", help="messages to take (0 with --follow: no limit)"),
+    group: str = typer.Option(options.DEFAULT_GROUP, "--group", "-g"),
+    follow: bool = typer.Option(False, "--follow", help="keep waiting for new messages"),
+    ack: bool = typer.Option(True, "--ack/--no-ack", help="acknowledge what is printed"),
+    timeout: float = typer.Option(1.0, help="seconds to wait for a message"),
+    raw: bool = typer.Option(False, "--raw", help="payloads only, one per line"),
+    url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Consume messages (and acknowledge them, unless --no-ack).
+
+    Example: shmq consume orders -n 10 --json
+    """
+    got = 0
+    with _Session(url, shm, token) as b:
+        q = b.queue(queue)
+        while follow and n == 0 or got < n:
+            try:
+                m = q.get(group=group, timeout=timeout)
+            except Empty:
+                if follow:
+                    continue
+                break
+            _show(m, raw, as_json)
+            if ack:
+                m.ack()
+            got += 1
+    if got == 0 and not follow:
+        err.print(f"no message on {queue} (group {group}) within {timeout} s")
+        raise typer.Exit(2)
+
+
+@app.command()
+def peek(queue: str, offset: int = typer.Option(-1, help="first offset (default: oldest retained)"),
+         n: int = typer.Option(10, "-n"), url: str | None = UrlOpt, shm: str | None = ShmOpt,
+         token: str | None = TokenOpt, raw: bool = typer.Option(False, "--raw"),
+         as_json: bool = JsonOpt) -> None:
+    """Show retained messages without taking them.
+
+    Example: shmq peek orders -n 5
+    """
+    with _Session(url, shm, token) as b:
+        q = b.queue(queue)
+        start = q.stats()["first_offset"] if offset < 0 else offset
+        for m in q.read(start, n):
+            _show(m, raw, as_json)
+
+
+@app.command()
+def stats(queue: str, url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
+          as_json: bool = JsonOpt) -> None:
+    """Depth, in-flight, bytes and counters of a queue, per group.
+
+    Example: shmq stats orders --json
+    """
+    with _Session(url, shm, token) as b:
+        st = b.queue(queue).stats()
+    if as_json:
+        print(json.dumps(st))
+        return
+    console.print(f"{st['name']}: {st['retained']} retained of {st['capacity']}, "
+                  f"{st['bytes_used']} of {st['max_bytes']} bytes, {st['produced']} produced")
+    table = Table("group", "depth", "in flight", "acked", "nacked", "redelivered", "dead-lettered", "expired")
+    for g, s in st["groups"].items():
+        table.add_row(g, *(str(s[k]) for k in ("depth", "in_flight", "acked", "nacked", "redelivered",
+                                                 "dead_lettered", "expired")))
+    console.print(table)
+
+
+@app.command()
+def purge(queue: str, url: str | None = UrlOpt, shm: str | None = ShmOpt,
+          token: str | None = TokenOpt) -> None:
+    """Drop every message of a queue.
+
+    Example: shmq purge orders
+    """
+    with _Session(url, shm, token) as b:
+        n = b.queue(queue).purge()
+    console.print(f"purged {n} message(s) from {queue}")
+
+
+@app.command()
+def dlq(queue: str, redrive: bool = typer.Option(False, help="move them back to the source queue"),
+        n: int = typer.Option(100, "-n", help="at most this many"), url: str | None = UrlOpt,
+        shm: str | None = ShmOpt, token: str | None = TokenOpt, as_json: bool = JsonOpt) -> None:
+    """List a queue's dead letters, or redrive them back to it.
+
+    Example: shmq dlq orders --redrive
+    """
+    name = queue if queue.endswith(options.DLQ_SUFFIX) else queue + options.DLQ_SUFFIX
+    with _Session(url, shm, token) as b:
+        d = b.queue(name)
+        if not redrive:
+            st = d.stats()
+            for m in d.read(st["first_offset"], n):
+                _show(m, False, as_json)
+            return
+        moved = 0
+        while moved < n:
+            try:
+                m = d.get(timeout=0)
+            except Empty:
+                break
+            origin = m.origin
+            target = b.queue(origin.queue if origin else queue[: -len(options.DLQ_SUFFIX)])
+            target.put(m.payload)
+            m.ack()
+            moved += 1
+    console.print(f"redrove {moved} message(s)")
+
+
+@app.command()
 def doctor(
     clean: bool = typer.Option(False, "--clean", help="remove what belongs to dead instances"),
     instance: str | None = typer.Option(None, "--instance", "-i", help="only this instance"),
-    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+    as_json: bool = JsonOpt,
 ) -> None:
     """List shmq shared memory on this host; with --clean, reclaim dead instances' objects.
 
@@ -43,5 +357,38 @@ def doctor(
     console.print(table if reports else "no shmq shared memory on this host")
 
 
+@app.command()
+def bench(
+    queue: str = typer.Option("bench", help="queue to use (created if missing)"),
+    messages: int = typer.Option(10000, "-n", help="messages per producer"),
+    producers: int = typer.Option(2), consumers: int = typer.Option(2),
+    size: int = typer.Option(100, help="payload bytes"), batch: int = typer.Option(1),
+    url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """A stress test: producers and consumers in processes, a live progress bar, a results table.
+
+    Example: shmq bench -n 50000 --producers 4 --consumers 4 --batch 100
+    """
+    from .stress import run_stress
+
+    target = f"shm://{shm}" if shm else (url or DEFAULT_URL)
+    try:
+        result = run_stress(target, token, queue, messages, producers, consumers, size, batch,
+                            progress=not as_json)
+    except ShmqError as e:
+        _fail(e)
+    if as_json:
+        print(json.dumps(result))
+        return
+    table = Table("metric", "value")
+    for k, v in result.items():
+        table.add_row(k, f"{v:,.1f}" if isinstance(v, float) else str(v))
+    console.print(table)
+
+
 def main() -> None:  # pragma: no cover
     app()
+
+
+_ = (os, time)

@@ -30,6 +30,7 @@ class Status(IntEnum):
     LIMIT_EXCEEDED = 36
     GROUP_NOT_FOUND = 37
     INSTANCE_ERROR = 38
+    AUTH_FAILED = 39
 
 
 class ShmqError(Exception):
@@ -123,19 +124,41 @@ class InstanceError(ShmqError):
 
 
 class ProtocolError(ShmqError):
-    """A malformed frame."""
+    """A malformed frame.  ``code`` says which way: PROTOCOL_ERROR, BAD_MAGIC,
+    PAYLOAD_TOO_LARGE, INVALID_TYPE or VERSION_MISMATCH."""
 
     code = Status.PROTOCOL_ERROR
+
+    def __init__(self, message: str = "", code: Status | int = Status.PROTOCOL_ERROR) -> None:
+        super().__init__(message)
+        self.code = Status(code)
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (self.__class__, (str(self), int(self.code)))
+
+
+class AuthError(ShmqError):
+    """The handshake was refused (missing or wrong token)."""
+
+    code = Status.AUTH_FAILED
+
+
+class ConnectionLost(ShmqError, ConnectionError):
+    """The connection to the broker was lost."""
+
+    code = Status.INTERNAL
 
 
 _BY_CODE: dict[int, type[ShmqError]] = {}
 for _cls in (Full, Empty, Timeout, QueueNotFound, QueueExists, MessageTooLarge, StaleAck,
              InvalidName, InvalidArgument, LimitExceeded, GroupNotFound, InstanceError,
-             ProtocolError):
+             ProtocolError, AuthError):
     _BY_CODE.setdefault(int(_cls.code), _cls)
 
 
 def error_for(code: int, message: str) -> ShmqError:
     """The typed error for a status code (used by the TCP client)."""
+    if code in (Status.BAD_MAGIC, Status.VERSION_MISMATCH, Status.INVALID_TYPE):
+        return ProtocolError(message, code)
     cls = _BY_CODE.get(code, ShmqError)
     return cls(message)

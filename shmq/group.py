@@ -395,6 +395,22 @@ class Groups:
         if w[base] == offset and w[lw] & 7 == _DEADING:
             w[lw] = _DEADING | (dc << 3) | (L.NO_OWNER << 11)
 
+    def commit(self, gi: int, offset: int) -> bool:
+        """Settle everything of this group below ``offset`` (a consumer-managed position, as
+        Kafka's commit): those messages become DONE whatever their state (a lease on one of
+        them turns stale), and the cursor moves past them.  True when storage was freed."""
+        w = self.w
+        g = self.gw + gi * L.G_WORDS
+        end = min(offset, w[L.Q_NEXT_OFFSET])
+        lw = L.S_GROUPS + gi
+        for o in range(w[g + L.G_FLOOR], end):
+            base = self.sl + (o % self.cap) * self.sw + lw
+            if w[base] & 7 != _DEADING:  # a dead-letter copy in flight finishes on its own
+                w[base] = _DONE | (w[base] & (0xFF << 3))
+        if w[g + L.G_CURSOR] < end:
+            w[g + L.G_CURSOR] = end
+        return self.advance_floor(gi)
+
     # ------------------------------------------------------------ floors
     def advance_floor(self, gi: int) -> bool:
         """Move the group's floor past DONE words; True when queue storage was freed."""

@@ -42,3 +42,16 @@ WAIT_SLICE = 0.05  # longest single sleep of a blocked put/get before it re-chec
 REAP_INTERVAL = 0.25  # how often dead processes' leases are looked for (s)
 ATTACH_TIMEOUT = 2.0  # how long to wait for a half-created instance to appear
 STALE_HEARTBEAT = 10.0  # an owner's heartbeat older than this may be declared dead
+
+# --- server and wire protocol -----------------------------------------------------
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 7878
+MAX_FRAME = 16 * 1024 * 1024 + 4096  # bytes of one frame's body; larger is refused before reading it
+MAX_CONNECTIONS = 4096  # per worker
+MAX_INFLIGHT_PER_CONNECTION = 10_000  # leases one connection may hold
+MAX_BATCH = 10_000  # messages in one batch frame
+DEFAULT_CREDIT = 100  # push-subscribe prefetch window
+HANDSHAKE_TIMEOUT = 5.0  # seconds a new connection has to send its handshake
+WORKER_RESTART_DELAY = 0.1
+SHUTDOWN_GRACE = 5.0  # seconds a worker has to finish requests in progress at shutdown
+TOKEN_ENV = "SHMQ_TOKEN"

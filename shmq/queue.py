@@ -177,6 +177,29 @@ class ShmQueue(QueueABC):
                 with ring.plock:
                     w[L.Q_PRODUCER_WAITERS] -= 1 if w[L.Q_PRODUCER_WAITERS] else 0
 
+    def could_fit(self, payloads: Sequence[Payload]) -> bool:
+        """Would this batch fit the queue when empty?"""
+        return self._ring.fits_empty(sum(len(p) for p in payloads), len(payloads))
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep until the queue's tail may have moved (a hint), at most ``timeout`` s.
+        For servers that park waiting requests; True when woken before the timeout."""
+        w = self._w
+        tail = w[L.Q_NEXT_OFFSET]
+        with self._ring.clock:
+            w[L.Q_CONSUMER_WAITERS] += 1
+        try:
+            if w[L.Q_NEXT_OFFSET] != tail:
+                return True
+            try:
+                self._ne.acquire(timeout)
+                return True
+            except _BusyError:
+                return False
+        finally:
+            with self._ring.clock:
+                w[L.Q_CONSUMER_WAITERS] -= 1 if w[L.Q_CONSUMER_WAITERS] else 0
+
     @staticmethod
     def _wake(sem: posix_ipc.Semaphore, waiters: int, n: int) -> None:
         # a hint: never push the count far past the number of sleepers
@@ -458,6 +481,27 @@ class ShmQueue(QueueABC):
 
     def groups(self) -> list[str]:
         return [name for _, name in self._groups.active()]
+
+    def commit(self, group: str, offset: int) -> None:
+        """Settle every message of ``group`` below ``offset`` (leases on them turn stale)."""
+        self._alive()
+        if offset < 0:
+            raise InvalidArgument("offset must be >= 0")
+        with self._ring.clock:
+            freed = self._groups.commit(self._groups.require(group), offset)
+        if freed and self._w[L.Q_PRODUCER_WAITERS]:
+            self._wake(self._nf, self._w[L.Q_PRODUCER_WAITERS], 1)
+
+    def purge(self) -> int:
+        """Drop every retained message for every group; the number dropped."""
+        self._alive()
+        with self._ring.clock:
+            first, nxt = self._w[L.Q_FREE_OFFSET], self._w[L.Q_NEXT_OFFSET]
+            for gi, _ in self._groups.active():
+                self._groups.commit(gi, nxt)
+        if self._w[L.Q_PRODUCER_WAITERS]:
+            self._wake(self._nf, self._w[L.Q_PRODUCER_WAITERS], self._w[L.Q_PRODUCER_WAITERS])
+        return int(nxt - first)
 
     def read(self, offset: int, max_messages: int = 1) -> list[Message]:
         """Retained messages from ``offset`` on, without leasing them (replay)."""

@@ -12,6 +12,7 @@ import itertools
 import os
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import psutil
 import pytest
@@ -63,13 +64,6 @@ def instance() -> Iterator[str]:
     assert not mine, f"this test left shared memory behind: {mine}"
 
 
-@pytest.fixture
-def broker(instance: str) -> Iterator[ShmBroker]:
-    b = ShmBroker(instance)
-    yield b
-    b.destroy()
-
-
 class FakeClock:
     """A monotonic clock the test moves by hand (seconds)."""
 
@@ -106,3 +100,98 @@ def wait_until(pred: Callable[[], bool], timeout: float = 5.0, interval: float =
 
 
 __all__ = ["FakeClock", "shmq", "unique_instance", "wait_until", "leftovers"]
+
+
+# ---------------------------------------------------------------- the broker server
+class Server:
+    """``shmq serve`` as a real subprocess on an ephemeral port."""
+
+    def __init__(self, workers: int = 2, token: str = "", extra: list[str] | None = None) -> None:
+        import re
+        import selectors
+        import subprocess
+        import sys
+
+        self.instance = unique_instance()
+        args = [sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
+                "--workers", str(workers), "--instance", self.instance, *(extra or [])]
+        if token:
+            args += ["--token", token]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)  # type: ignore[arg-type]
+        line = b""
+        deadline = time.monotonic() + 60
+        while b"\n" not in line:
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"shmq serve did not start: {line!r} {self.proc.stderr.read()!r}")  # type: ignore[union-attr]
+            if sel.select(0.5):
+                line += os.read(self.proc.stdout.fileno(), 4096)  # type: ignore[union-attr]
+        sel.close()
+        m = re.search(rb"tcp://[0-9.]+:(\d+)", line)
+        assert m, line
+        self.port = int(m.group(1))
+        self.url = f"tcp://127.0.0.1:{self.port}"
+        self.token = token
+
+    def workers(self) -> list[psutil.Process]:
+        return [p for p in psutil.Process(self.proc.pid).children() if p.is_running()]
+
+    def stop(self, timeout: float = 20) -> int:
+        import signal
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            for p in psutil.Process(self.proc.pid).children(recursive=True):
+                p.kill()
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        finally:
+            for stream in (self.proc.stdout, self.proc.stderr):
+                if stream:
+                    stream.close()
+            if os.path.exists(f"/dev/shm/shmq.{self.instance}.reg"):
+                ShmBroker(self.instance).destroy()
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[Server]:
+    s = Server(workers=2)
+    yield s
+    assert s.stop() == 0
+
+
+def _clean(b: shmq.Broker) -> None:
+    for info in b.list_queues():
+        try:
+            b.delete_queue(info.name)
+        except shmq.QueueNotFound:
+            pass
+
+
+@pytest.fixture
+def shm_broker(instance: str) -> Iterator[ShmBroker]:
+    b = ShmBroker(instance)
+    yield b
+    b.destroy()
+
+
+@pytest.fixture(params=["shm", "tcp"])
+def broker(request: pytest.FixtureRequest, instance: str) -> Iterator[shmq.Broker]:
+    """The same tests against both transports."""
+    if request.param == "shm":
+        b: Any = ShmBroker(instance)
+        yield b
+        b.destroy()
+    else:
+        srv = request.getfixturevalue("server")
+        b = shmq.connect(srv.url)
+        yield b
+        _clean(b)
+        b.close()

@@ -37,10 +37,10 @@ def _hold_locks_then_hang(url: str, ready: mp.Event) -> None:  # type: ignore[ty
     time.sleep(60)
 
 
-def test_lock_holder_killed_inside_the_lock(broker: ShmBroker) -> None:
-    q = broker.create_queue("q")
+def test_lock_holder_killed_inside_the_lock(shm_broker: ShmBroker) -> None:
+    q = shm_broker.create_queue("q")
     ready = CTX.Event()
-    p = CTX.Process(target=_hold_locks_then_hang, args=(broker.url, ready))
+    p = CTX.Process(target=_hold_locks_then_hang, args=(shm_broker.url, ready))
     p.start()
     assert ready.wait(10)
     _kill(p)
@@ -66,11 +66,11 @@ def _half_write_then_hang(url: str, ready: mp.Event) -> None:  # type: ignore[ty
     time.sleep(60)
 
 
-def test_producer_killed_mid_write_publishes_nothing(broker: ShmBroker) -> None:
-    q = broker.create_queue("q")
+def test_producer_killed_mid_write_publishes_nothing(shm_broker: ShmBroker) -> None:
+    q = shm_broker.create_queue("q")
     q.put(b"before")
     ready = CTX.Event()
-    p = CTX.Process(target=_half_write_then_hang, args=(broker.url, ready))
+    p = CTX.Process(target=_half_write_then_hang, args=(shm_broker.url, ready))
     p.start()
     assert ready.wait(10)
     _kill(p)
@@ -93,11 +93,11 @@ def _lease_without_cursor_then_hang(url: str, ready: mp.Event) -> None:  # type:
     time.sleep(60)
 
 
-def test_consumer_killed_between_lease_and_cursor(broker: ShmBroker) -> None:
-    q = broker.create_queue("q", visibility_timeout=600)
+def test_consumer_killed_between_lease_and_cursor(shm_broker: ShmBroker) -> None:
+    q = shm_broker.create_queue("q", visibility_timeout=600)
     q.put_many([b"a", b"b"])
     ready = CTX.Event()
-    p = CTX.Process(target=_lease_without_cursor_then_hang, args=(broker.url, ready))
+    p = CTX.Process(target=_lease_without_cursor_then_hang, args=(shm_broker.url, ready))
     p.start()
     assert ready.wait(10)
     _kill(p)
@@ -116,11 +116,11 @@ def _take_and_hang(url: str, n: int, ready: mp.Event) -> None:  # type: ignore[t
     time.sleep(60)
 
 
-def test_dead_consumers_leases_come_back_within_a_second(broker: ShmBroker) -> None:
-    q = broker.create_queue("q", visibility_timeout=300)
+def test_dead_consumers_leases_come_back_within_a_second(shm_broker: ShmBroker) -> None:
+    q = shm_broker.create_queue("q", visibility_timeout=300)
     q.put_many([f"{i}".encode() for i in range(5)])
     ready = CTX.Event()
-    p = CTX.Process(target=_take_and_hang, args=(broker.url, 5, ready))
+    p = CTX.Process(target=_take_and_hang, args=(shm_broker.url, 5, ready))
     p.start()
     assert ready.wait(10)
     with pytest.raises(shmq.Empty):
@@ -138,10 +138,10 @@ def _take_and_exit(url: str) -> None:
     shmq.connect(url).queue("q").get()
 
 
-def test_exiting_process_gives_its_leases_back_at_once(broker: ShmBroker) -> None:
-    q = broker.create_queue("q", visibility_timeout=300)
+def test_exiting_process_gives_its_leases_back_at_once(shm_broker: ShmBroker) -> None:
+    q = shm_broker.create_queue("q", visibility_timeout=300)
     q.put(b"x")
-    p = CTX.Process(target=_take_and_exit, args=(broker.url,))
+    p = CTX.Process(target=_take_and_exit, args=(shm_broker.url,))
     p.start()
     p.join()
     m = q.get(block=False)  # no reaper needed: the clean exit returned it
@@ -156,11 +156,11 @@ def _take_close_and_hang(url: str, ready: mp.Event) -> None:  # type: ignore[typ
     time.sleep(60)
 
 
-def test_close_in_a_forked_child_gives_its_leases_back(broker: ShmBroker) -> None:
-    q = broker.create_queue("q", visibility_timeout=300)
+def test_close_in_a_forked_child_gives_its_leases_back(shm_broker: ShmBroker) -> None:
+    q = shm_broker.create_queue("q", visibility_timeout=300)
     q.put(b"x")
     ready = CTX.Event()
-    p = CTX.Process(target=_take_close_and_hang, args=(broker.url, ready))
+    p = CTX.Process(target=_take_close_and_hang, args=(shm_broker.url, ready))
     p.start()
     assert ready.wait(10)
     m = q.get(block=False)  # the child is alive: only its close() can have returned this
@@ -327,13 +327,13 @@ def _create_instance_and_hang(name: str, ready: mp.Event) -> None:  # type: igno
     time.sleep(60)
 
 
-def test_reclaim_takes_dead_instances_and_never_live_ones(broker: ShmBroker) -> None:
+def test_reclaim_takes_dead_instances_and_never_live_ones(shm_broker: ShmBroker) -> None:
     dead_name = unique_instance()
     ready = CTX.Event()
     p = CTX.Process(target=_create_instance_and_hang, args=(dead_name, ready))
     p.start()
     assert ready.wait(10)
-    live = broker.create_queue("keep")
+    live = shm_broker.create_queue("keep")
     live.put(b"mine")
     # while its creator lives, the other instance is live too
     assert {r.instance: r.alive for r in shmq.scan()}[dead_name] is True
@@ -349,7 +349,7 @@ def test_reclaim_takes_dead_instances_and_never_live_ones(broker: ShmBroker) -> 
         assert not [n for n in os.listdir("/dev/shm") if f"shmq.{dead_name}." in n
                     and not n.endswith(".notes")]
         assert foreign.exists()
-        assert shmq.reclaim(broker.instance) == []  # the live one is left alone
+        assert shmq.reclaim(shm_broker.instance) == []  # the live one is left alone
         assert live.get(timeout=1).payload == b"mine"
     finally:
         foreign.unlink()

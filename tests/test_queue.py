@@ -38,7 +38,7 @@ def _consume(url: str, queue: str, group: str, n_total: int, out: mp.Queue) -> N
 
 
 # ---------------------------------------------------------------- basic order and delivery
-def test_fifo_with_one_consumer(broker: ShmBroker) -> None:
+def test_fifo_with_one_consumer(broker: shmq.Broker) -> None:
     q = broker.create_queue("fifo")
     offsets = [q.put(f"m{i}".encode()) for i in range(500)]
     assert offsets == list(range(500))
@@ -50,7 +50,7 @@ def test_fifo_with_one_consumer(broker: ShmBroker) -> None:
         q.get(block=False)
 
 
-def test_all_delivered_with_several_producers(broker: ShmBroker) -> None:
+def test_all_delivered_with_several_producers(broker: shmq.Broker) -> None:
     q = broker.create_queue("many", capacity=256)
     procs = [CTX.Process(target=_produce, args=(broker.url, "many", t, 400)) for t in range(4)]
     for p in procs:
@@ -83,7 +83,7 @@ def test_published_before_any_consumer_is_delivered_later(instance: str) -> None
     b2.destroy()
 
 
-def test_competing_consumers_get_disjoint_sets_whose_union_is_everything(broker: ShmBroker) -> None:
+def test_competing_consumers_get_disjoint_sets_whose_union_is_everything(broker: shmq.Broker) -> None:
     q = broker.create_queue("work")
     q.put_many([f"{i}".encode() for i in range(2000)])
     out: mp.Queue = CTX.Queue()
@@ -99,7 +99,7 @@ def test_competing_consumers_get_disjoint_sets_whose_union_is_everything(broker:
     assert set(flat) == {f"{i}".encode() for i in range(2000)}
 
 
-def test_separate_groups_each_get_everything(broker: ShmBroker) -> None:
+def test_separate_groups_each_get_everything(broker: shmq.Broker) -> None:
     q = broker.create_queue("fan")
     q.create_group("audit")
     q.create_group("billing")
@@ -123,7 +123,7 @@ def test_separate_groups_each_get_everything(broker: ShmBroker) -> None:
     assert q.stats()["retained"] == 0
 
 
-def test_group_starting_at_latest_sees_only_new_messages(broker: ShmBroker) -> None:
+def test_group_starting_at_latest_sees_only_new_messages(broker: shmq.Broker) -> None:
     q = broker.create_queue("late")
     q.put(b"old")
     q.create_group("tail", start="latest")
@@ -137,7 +137,7 @@ def test_group_starting_at_latest_sees_only_new_messages(broker: ShmBroker) -> N
         q.create_group("head")
 
 
-def test_groups_bound(broker: ShmBroker) -> None:
+def test_groups_bound(broker: shmq.Broker) -> None:
     q = broker.create_queue("g", max_groups=2)
     q.create_group("one")
     with pytest.raises(shmq.LimitExceeded):
@@ -213,7 +213,7 @@ def test_nack_with_delay(clocked: ShmBroker, clock: FakeClock) -> None:
     assert (again.payload, again.deliveries) == (b"first", 2)
 
 
-def test_nack_goes_back_to_the_front(broker: ShmBroker) -> None:
+def test_nack_goes_back_to_the_front(broker: shmq.Broker) -> None:
     q = broker.create_queue("front")
     q.put_many([b"1", b"2", b"3"])
     m1 = q.get()
@@ -221,7 +221,7 @@ def test_nack_goes_back_to_the_front(broker: ShmBroker) -> None:
     assert [q.get().payload for _ in range(3)] == [b"1", b"2", b"3"]
 
 
-def test_nack_below_limit_redelivers_at_limit_dead_letters(broker: ShmBroker) -> None:
+def test_nack_below_limit_redelivers_at_limit_dead_letters(broker: shmq.Broker) -> None:
     q = broker.create_queue("poison", max_deliveries=3)
     q.put_many([b"poison", b"good1", b"good2"])
     for attempt in range(1, 4):
@@ -253,7 +253,7 @@ def test_nack_and_timeout_count_against_one_limit(clocked: ShmBroker, clock: Fak
     assert d.payload == b"p" and d.origin is not None and d.origin.reason == "expired"
 
 
-def test_explicit_dead_letter(broker: ShmBroker) -> None:
+def test_explicit_dead_letter(broker: shmq.Broker) -> None:
     q = broker.create_queue("explicit")
     q.put(b"bad")
     q.get().dead_letter()
@@ -263,7 +263,7 @@ def test_explicit_dead_letter(broker: ShmBroker) -> None:
         d.dead_letter()
 
 
-def test_poison_message_does_not_block_other_consumers(broker: ShmBroker) -> None:
+def test_poison_message_does_not_block_other_consumers(broker: shmq.Broker) -> None:
     q = broker.create_queue("busy", max_deliveries=2)
     q.put_many([b"poison"] + [b"ok"] * 10)
     poison = q.get()
@@ -287,7 +287,7 @@ def test_ack_many_reports_stale_and_applies_the_rest(clocked: ShmBroker, clock: 
     assert q.stats()["retained"] == 0
 
 
-def test_read_replays_without_leasing(broker: ShmBroker) -> None:
+def test_read_replays_without_leasing(broker: shmq.Broker) -> None:
     q = broker.create_queue("replay")
     q.put_many([f"{i}".encode() for i in range(10)])
     msgs = q.read(3, 4)
@@ -299,7 +299,7 @@ def test_read_replays_without_leasing(broker: ShmBroker) -> None:
 
 
 # ---------------------------------------------------------------- limits and errors
-def test_full_queue_with_and_without_timeout(broker: ShmBroker) -> None:
+def test_full_queue_with_and_without_timeout(broker: shmq.Broker) -> None:
     q = broker.create_queue("small", capacity=4)
     q.put_many([b"1", b"2", b"3", b"4"])
     with pytest.raises(shmq.Full):
@@ -313,7 +313,7 @@ def test_full_queue_with_and_without_timeout(broker: ShmBroker) -> None:
     assert isinstance(shmq.Full(), __import__("queue").Full)  # stdlib-compatible
 
 
-def test_blocked_put_wakes_when_space_is_freed(broker: ShmBroker) -> None:
+def test_blocked_put_wakes_when_space_is_freed(broker: shmq.Broker) -> None:
     q = broker.create_queue("wake", capacity=2)
     q.put_many([b"1", b"2"])
     result: list[int] = []
@@ -337,7 +337,7 @@ def test_blocked_get_wakes_when_a_message_arrives(instance: str) -> None:
     b.destroy()
 
 
-def test_bytes_limit(broker: ShmBroker) -> None:
+def test_bytes_limit(broker: shmq.Broker) -> None:
     q = broker.create_queue("bytes", max_bytes=8192, max_message_size=3000)
     q.put(b"x" * 3000)
     q.put(b"y" * 3000)
@@ -348,7 +348,7 @@ def test_bytes_limit(broker: ShmBroker) -> None:
     assert [q.get().payload[:1] for _ in range(2)] == [b"y", b"z"]
 
 
-def test_oversized_payload_fails_at_once(broker: ShmBroker) -> None:
+def test_oversized_payload_fails_at_once(broker: shmq.Broker) -> None:
     q = broker.create_queue("big", max_message_size=100)
     with pytest.raises(shmq.MessageTooLarge) as info:
         q.put(b"x" * 101, timeout=None)  # would hang in faster-fifo; here it fails at once
@@ -359,13 +359,13 @@ def test_oversized_payload_fails_at_once(broker: ShmBroker) -> None:
 
 
 @pytest.mark.parametrize("name", ["", ".", "..", "a/b", "sp ace", "x" * 201, "ünï", None, 5])
-def test_bad_queue_names(broker: ShmBroker, name: object) -> None:
+def test_bad_queue_names(broker: shmq.Broker, name: object) -> None:
     with pytest.raises(shmq.InvalidName) as info:
         broker.create_queue(name)  # type: ignore[arg-type]
     assert info.value.code == shmq.Status.INVALID_NAME
 
 
-def test_bad_group_and_instance_names(broker: ShmBroker) -> None:
+def test_bad_group_and_instance_names(broker: shmq.Broker) -> None:
     q = broker.create_queue("ok.name-1_2")
     with pytest.raises(shmq.InvalidName):
         q.get(group="bad/group", block=False)
@@ -379,13 +379,13 @@ def test_bad_group_and_instance_names(broker: ShmBroker) -> None:
                                     dict(max_deliveries=256), dict(visibility_timeout=0),
                                     dict(max_groups=65), dict(durability="sometimes"),
                                     dict(durability="always"), dict(colour="red")])
-def test_bad_limits(broker: ShmBroker, limits: dict) -> None:
+def test_bad_limits(broker: shmq.Broker, limits: dict) -> None:
     with pytest.raises(shmq.InvalidArgument):
         broker.create_queue("q", **limits)
     assert broker.list_queues() == []
 
 
-def test_unknown_and_existing_and_deleted_queues(broker: ShmBroker) -> None:
+def test_unknown_and_existing_and_deleted_queues(broker: shmq.Broker) -> None:
     with pytest.raises(shmq.QueueNotFound) as info:
         broker.queue("nope")
     assert info.value.code == shmq.Status.QUEUE_NOT_FOUND
@@ -401,7 +401,7 @@ def test_unknown_and_existing_and_deleted_queues(broker: ShmBroker) -> None:
     broker.create_queue("q").put(b"fresh")  # the name can be used again
 
 
-def test_get_timeout_is_bounded_and_monotonic(broker: ShmBroker) -> None:
+def test_get_timeout_is_bounded_and_monotonic(broker: shmq.Broker) -> None:
     q = broker.create_queue("t")
     t0 = time.monotonic()
     with pytest.raises(shmq.Empty):
@@ -411,7 +411,7 @@ def test_get_timeout_is_bounded_and_monotonic(broker: ShmBroker) -> None:
         q.get(timeout=-1)
 
 
-def test_str_payloads_and_stats(broker: ShmBroker) -> None:
+def test_str_payloads_and_stats(broker: shmq.Broker) -> None:
     q = broker.create_queue("s")
     q.put("héllo")
     m = q.get()
@@ -431,7 +431,7 @@ def _child_uses_pickled_queue(q: shmq.Queue, out: mp.Queue) -> None:
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
-def test_handles_cross_into_children(broker: ShmBroker, method: str) -> None:
+def test_handles_cross_into_children(broker: shmq.Broker, method: str) -> None:
     ctx = mp.get_context(method)
     q = broker.create_queue("kids")
     q.put(b"hello child")
@@ -444,15 +444,15 @@ def test_handles_cross_into_children(broker: ShmBroker, method: str) -> None:
     assert q.stats()["retained"] == 0
 
 
-def test_objects_are_private_and_named_for_the_instance(broker: ShmBroker) -> None:
-    broker.create_queue("private")
-    names = [n for n in os.listdir("/dev/shm") if f"shmq.{broker.instance}." in n]
+def test_objects_are_private_and_named_for_the_instance(shm_broker: shmq.Broker) -> None:
+    shm_broker.create_queue("private")
+    names = [n for n in os.listdir("/dev/shm") if f"shmq.{shm_broker.instance}." in n]
     assert len(names) == 4  # registry, queue segment, two semaphores
     for n in names:
         assert os.stat(f"/dev/shm/{n}").st_mode & 0o777 == 0o600, n
 
 
-def test_stale_counts_after_double_settle(broker: ShmBroker) -> None:
+def test_stale_counts_after_double_settle(broker: shmq.Broker) -> None:
     q = broker.create_queue("twice")
     q.put(b"x")
     m = q.get()
@@ -462,3 +462,21 @@ def test_stale_counts_after_double_settle(broker: ShmBroker) -> None:
     again = q.get()
     again.ack()
     assert q.stats()["retained"] == 0
+
+
+def test_commit_settles_below_an_offset_and_purge_empties(broker: shmq.Broker) -> None:
+    q = broker.create_queue("commit")
+    q.create_group("spark")
+    q.put_many([f"{i}".encode() for i in range(10)])
+    held = q.get(group="spark")
+    q.commit("spark", 6)
+    with pytest.raises(shmq.StaleAck):
+        held.ack()  # committed past it
+    assert q.get(group="spark").offset == 6
+    assert q.stats()["groups"]["spark"]["floor"] == 6
+    with pytest.raises(shmq.GroupNotFound):
+        q.commit("nope", 1)
+    assert q.purge() == 10
+    assert q.stats()["retained"] == 0
+    with pytest.raises(shmq.Empty):
+        q.get(block=False)

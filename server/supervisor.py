@@ -1,0 +1,126 @@
+"""The supervisor: owns the instance, starts and watches the workers, reaps leases.
+
+It creates (or safely re-attaches) the instance's shared memory, starts N
+worker processes before it starts anything else (no threads here, so forking
+is safe), restarts a worker that dies, and runs the lease reaper: expired
+visibility timeouts, and leases of dead processes (workers and co-located
+clients alike) come back within ``REAP_INTERVAL``.
+
+SIGTERM / SIGINT: the workers stop accepting, finish the requests in progress,
+give their leases back and exit; then the supervisor removes the instance's
+shared memory (memory-only queues end with the broker) and exits 0.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import signal
+import sys
+import time
+from multiprocessing.connection import wait
+from typing import Any
+
+from shmq import options
+from shmq.errors import InvalidArgument, ShmqError
+from shmq.shm import ShmBroker
+
+from .worker import reuseport_socket, worker_main
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+class Supervisor:
+    def __init__(self, instance: str = options.DEFAULT_INSTANCE, host: str = options.DEFAULT_HOST,
+                 port: int = options.DEFAULT_PORT, workers: int = 0, token: str = "",
+                 max_connections: int = options.MAX_CONNECTIONS, keep: bool = False) -> None:
+        if host not in LOOPBACK and not token:
+            raise InvalidArgument(f"binding {host} (not loopback) needs an auth token: "
+                                  f"--token or ${options.TOKEN_ENV}")
+        self.instance = instance
+        self.host = host
+        self.port = port
+        self.n = workers or mp.cpu_count()
+        self.token = token
+        self.max_connections = max_connections
+        self.keep = keep
+        self.ctx = mp.get_context("fork")
+        self.procs: dict[int, Any] = {}
+        self.restarts = 0
+        self._stop = False
+
+    def _start(self, i: int) -> None:
+        ready = self.ctx.Event()
+        p = self.ctx.Process(target=worker_main, name=f"shmq-worker-{i}", daemon=False,
+                             args=(self.instance, self.host, self.port, i, self.token, ready,
+                                   self.max_connections))
+        p.start()
+        self.procs[i] = (p, ready)
+
+    def serve(self, announce: Any = print) -> int:
+        # Reserve the port (and learn it, for port 0) before any worker binds it.
+        probe = reuseport_socket(self.host, self.port)
+        self.port = probe.getsockname()[1]
+        broker = ShmBroker(self.instance)
+        broker._att.registry.take_ownership()
+        for i in range(self.n):
+            self._start(i)
+        for p, ready in self.procs.values():
+            if not ready.wait(30):
+                raise ShmqError(f"worker {p.name} did not start")
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        announce(f"shmq: instance {self.instance!r} listening on tcp://{self.host}:{self.port} "
+                 f"with {self.n} workers")
+        sys.stdout.flush()
+        try:
+            self._watch(broker)
+        finally:
+            self._shutdown()
+            probe.close()
+            if self.keep:
+                broker.close()
+            else:
+                broker.destroy()
+        return 0
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        self._stop = True
+
+    def _watch(self, broker: ShmBroker) -> None:
+        att = broker._att
+        next_maint = 0.0
+        while not self._stop:
+            sentinels = {p.sentinel: i for i, (p, _) in self.procs.items()}
+            for s in wait(list(sentinels), timeout=0.05):
+                i = sentinels[s]  # type: ignore[index]
+                p, _ = self.procs.pop(i)
+                p.join()
+                if self._stop:
+                    continue
+                print(f"shmq: worker {i} (pid {p.pid}) exited with {p.exitcode}; restarting",
+                      file=sys.stderr)
+                att.reap(att.now_ms(), force=True)  # its connections' leases come back now
+                self.restarts += 1
+                self._start(i)
+            now = time.monotonic()
+            if now >= next_maint:
+                next_maint = now + options.REAP_INTERVAL
+                att.registry.beat()
+                att.reap(att.now_ms(), force=True)
+                for info in broker.list_queues():
+                    try:
+                        broker.queue(info.name).maintain()
+                    except ShmqError:
+                        pass
+
+    def _shutdown(self) -> None:
+        for p, _ in self.procs.values():
+            if p.is_alive():
+                p.terminate()  # SIGTERM: graceful in the worker
+        deadline = time.monotonic() + options.SHUTDOWN_GRACE + 1
+        for p, _ in self.procs.values():
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join()
+        self.procs.clear()

@@ -1,0 +1,598 @@
+"""One broker worker: an asyncio event loop serving clients on a SO_REUSEPORT socket.
+
+Every worker opens its own listening socket on the same address, so the kernel
+spreads connections between them; all of them operate on the same queues in
+shared memory, so no state depends on which worker accepted a client.
+
+Nothing here blocks the loop: a CONSUME or PRODUCE that has to wait is parked
+and retried when the queue may have changed.  "May have changed" comes from
+three places: a request handled by this worker (at once), a watcher thread per
+queue sleeping on the queue's not-empty semaphore (co-located producers and
+other workers), and a 50 ms tick (lease expiry, nack delays).
+
+Leases are per connection: a connection that closes, or dies, gives its
+unacknowledged messages back at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import itertools
+import os
+import signal
+import socket
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+from shmq import options
+from shmq.api import Message
+from shmq.codec import Frame, FrameDecoder, T, decode_body, encode_body, encode_frame
+from shmq.errors import (
+    Empty,
+    Full,
+    InvalidArgument,
+    LimitExceeded,
+    ProtocolError,
+    ShmqError,
+    Status,
+    StaleAck,
+)
+from shmq.queue import ShmQueue
+from shmq.shm import ShmBroker
+
+FOREVER = 0xFFFFFFFF
+TICK = 0.05
+SERVER_NAME = "shmq/0.1"
+
+
+def reuseport_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    return sock
+
+
+class Waiter:
+    """A parked request: a CONSUME / CONSUME_BATCH / PRODUCE that waits for its queue."""
+
+    __slots__ = ("conn", "frame", "fields", "deadline")
+
+    def __init__(self, conn: Connection, frame: Frame, fields: dict[str, Any], deadline: float | None):
+        self.conn = conn
+        self.frame = frame
+        self.fields = fields
+        self.deadline = deadline
+
+
+class Subscription:
+    __slots__ = ("conn", "sub_id", "queue", "group", "credit", "vis")
+
+    def __init__(self, conn: Connection, sub_id: int, queue: str, group: str, credit: int, vis: int):
+        self.conn = conn
+        self.sub_id = sub_id
+        self.queue = queue
+        self.group = group
+        self.credit = credit
+        self.vis = vis
+
+
+class Worker:
+    def __init__(self, instance: str, host: str, port: int, worker_id: int, token: str,
+                 max_connections: int = options.MAX_CONNECTIONS) -> None:
+        self.instance = instance
+        self.host = host
+        self.port = port
+        self.worker_id = worker_id
+        self.token = token
+        self.max_connections = max_connections
+        self.connections: set[Connection] = set()
+        self.waiters: dict[str, list[Waiter]] = {}
+        self.subs: dict[str, list[Subscription]] = {}
+        self.watchers: dict[str, threading.Thread] = {}
+        self.stopping = False
+        self.loop: asyncio.AbstractEventLoop
+        self.broker: ShmBroker
+
+    # ------------------------------------------------------------ life cycle
+    def run(self, ready: Any = None) -> None:
+        self.broker = ShmBroker(self.instance)
+        asyncio.run(self._main(ready))
+
+    async def _main(self, ready: Any) -> None:
+        self.loop = asyncio.get_running_loop()
+        sock = reuseport_socket(self.host, self.port)
+        server = await self.loop.create_server(lambda: Connection(self), sock=sock, backlog=4096)
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.loop.add_signal_handler(sig, stop.set)
+        if ready is not None:
+            ready.set()
+        tick = self.loop.create_task(self._tick())
+        await stop.wait()
+        # graceful: stop accepting, let requests in progress finish, give leases back
+        self.stopping = True
+        server.close()
+        deadline = time.monotonic() + options.SHUTDOWN_GRACE
+        while any(c.busy for c in self.connections) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        for c in list(self.connections):
+            c.close()
+        tick.cancel()
+        self.broker.close()
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(TICK)
+            for name in list(self.waiters) + list(self.subs):
+                self.poke(name)
+
+    # ------------------------------------------------------------ waking
+    def queue(self, name: str) -> ShmQueue:
+        return self.broker.queue(name)
+
+    def park(self, name: str, waiter: Waiter) -> None:
+        self.waiters.setdefault(name, []).append(waiter)
+        self._watch(name)
+
+    def _watch(self, name: str) -> None:
+        if name in self.watchers:
+            return
+        t = threading.Thread(target=self._watcher, args=(name,), daemon=True, name=f"watch-{name}")
+        self.watchers[name] = t
+        t.start()
+
+    def _watcher(self, name: str) -> None:
+        """Sleeps on the queue's not-empty semaphore while anyone here waits on it."""
+        try:
+            q = self.queue(name)
+        except ShmqError:
+            self.loop.call_soon_threadsafe(self.watchers.pop, name, None)
+            return
+        while not self.stopping:
+            if not self.waiters.get(name) and not self.subs.get(name):
+                break
+            try:
+                if q.wait(TICK):
+                    self.loop.call_soon_threadsafe(self.poke, name)
+            except ShmqError:
+                break
+        self.loop.call_soon_threadsafe(self.watchers.pop, name, None)
+
+    def poke(self, name: str) -> None:
+        """The queue may have changed: retry what waits on it."""
+        waiters = self.waiters.get(name)
+        if waiters:
+            now = time.monotonic()
+            keep = []
+            for w in waiters:
+                if w.conn.closed:
+                    continue
+                if not w.conn.retry(w, now):
+                    keep.append(w)
+            if keep:
+                self.waiters[name] = keep
+            else:
+                del self.waiters[name]
+        subs = self.subs.get(name)
+        if subs:
+            for s in list(subs):
+                if s.credit > 0 and not s.conn.closed:
+                    s.conn.push(s)
+
+    # ------------------------------------------------------------ auth
+    def check_token(self, token: str) -> bool:
+        if not self.token:
+            return True
+        return hmac.compare_digest(token.encode(), self.token.encode())
+
+
+class Connection(asyncio.Protocol):
+    def __init__(self, worker: Worker) -> None:
+        self.w = worker
+        self.decoder = FrameDecoder()
+        self.transport: asyncio.Transport | None = None
+        self.ready = False
+        self.closed = False
+        self.busy = False
+        self.leases: OrderedDict[tuple[str, str, int], Message] = OrderedDict()
+        self.subs: dict[int, Subscription] = {}
+        self._handshake_timer: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------ asyncio
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        if len(self.w.connections) >= self.w.max_connections or self.w.stopping:
+            self.send_error(0, Status.LIMIT_EXCEEDED,
+                            f"worker {self.w.worker_id} holds {self.w.max_connections} connections already")
+            self.close()
+            return
+        self.w.connections.add(self)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._handshake_timer = self.w.loop.call_later(options.HANDSHAKE_TIMEOUT, self._no_handshake)
+
+    def _no_handshake(self) -> None:
+        if not self.ready:
+            self.send_error(0, Status.PROTOCOL_ERROR, "no handshake")
+            self.close()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self.decoder.feed(data)
+        except ProtocolError as e:
+            self.send_error(0, e.code, str(e))
+            self.close()
+            return
+        for f in frames:
+            if self.closed:
+                return
+            self.busy = True
+            try:
+                self.handle(f)
+            finally:
+                self.busy = False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+        self.w.connections.discard(self)
+        for s in self.subs.values():
+            lst = self.w.subs.get(s.queue)
+            if lst and s in lst:
+                lst.remove(s)
+        self.give_back()
+        if self.transport is not None:
+            self.transport.close()
+
+    def give_back(self) -> None:
+        """Return every lease this connection holds to its queue, at once."""
+        leases, self.leases = self.leases, OrderedDict()
+        touched = set()
+        for (qname, _group, _off), m in leases.items():
+            try:
+                m.nack()
+                touched.add(qname)
+            except ShmqError:
+                pass  # expired and taken back already, or the queue is gone
+        for qname in touched:
+            self.w.poke(qname)
+
+    # ------------------------------------------------------------ output
+    def send(self, data: bytes) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.write(data)
+
+    def send_error(self, msg_id: int, status: int, message: str) -> None:
+        self.send(encode_frame(T.ERROR, msg_id, encode_body(T.ERROR, message=message[:1000]), int(status)))
+
+    def reply(self, f: Frame, type_: int, **fields: Any) -> None:
+        self.send(encode_frame(type_, f.msg_id, encode_body(type_, **fields)))
+
+    # ------------------------------------------------------------ dispatch
+    def handle(self, f: Frame) -> None:
+        if not self.ready:
+            if f.type != T.HANDSHAKE:
+                self.send_error(f.msg_id, Status.PROTOCOL_ERROR, "the first frame must be HANDSHAKE")
+                self.close()
+                return
+            return self.handshake(f)
+        handler = HANDLERS.get(f.type)
+        if handler is None:
+            self.send_error(f.msg_id, Status.INVALID_TYPE, f"type 0x{f.type:02x} is not a request")
+            return
+        try:
+            fields = decode_body(f.type, f.body)
+            handler(self, f, fields)
+        except ProtocolError as e:
+            self.send_error(f.msg_id, e.code, str(e))
+        except ShmqError as e:
+            self.send_error(f.msg_id, e.code, str(e))
+        except (ValueError, TypeError, KeyError) as e:
+            self.send_error(f.msg_id, Status.INVALID_ARGUMENT, f"{type(e).__name__}: {e}")
+        except Exception as e:  # noqa: BLE001 - one bad request must not take the worker down
+            self.send_error(f.msg_id, Status.INTERNAL, f"{type(e).__name__}: {e}")
+
+    def handshake(self, f: Frame) -> None:
+        try:
+            fields = decode_body(T.HANDSHAKE, f.body)
+        except ProtocolError as e:
+            self.send_error(f.msg_id, e.code, str(e))
+            self.close()
+            return
+        if not self.w.check_token(fields["token"]):
+            self.reply(f, T.HANDSHAKE_NACK, reason="bad or missing token")
+            self.close()
+            return
+        self.ready = True
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+        self.reply(f, T.HANDSHAKE_ACK, worker=self.w.worker_id, max_frame=self.decoder.max_frame,
+                   server=SERVER_NAME)
+
+    # ------------------------------------------------------------ leases
+    def _lease(self, qname: str, group: str, msgs: list[Message]) -> None:
+        for m in msgs:
+            self.leases[(qname, group, m.offset)] = m
+
+    def _check_inflight(self, n: int) -> None:
+        if len(self.leases) + n > options.MAX_INFLIGHT_PER_CONNECTION:
+            raise LimitExceeded(f"this connection holds {len(self.leases)} unacknowledged messages; "
+                                f"the limit is {options.MAX_INFLIGHT_PER_CONNECTION}")
+
+    def _held(self, fields: dict[str, Any]) -> Message:
+        m = self.leases.get((fields["queue"], fields["group"], fields["offset"]))
+        if m is None or m.deliveries != fields["deliveries"]:
+            raise StaleAck(f"message {fields['offset']} (delivery {fields['deliveries']}) of "
+                           f"{fields['queue']!r} is not leased to this connection")
+        return m
+
+    # ------------------------------------------------------------ requests
+    def produce(self, f: Frame, d: dict[str, Any]) -> None:
+        q = self.w.queue(d["queue"])
+        try:
+            off = q.put(d["payload"], block=False)
+        except Full:
+            return self._wait_or_fail(f, d, Full(f"queue {d['queue']!r} is full"))
+        self.reply(f, T.PRODUCE_OK, offset=off)
+        self.w.poke(d["queue"])
+
+    def produce_batch(self, f: Frame, d: dict[str, Any]) -> None:
+        q = self.w.queue(d["queue"])
+        try:
+            offs = q.put_many(d["payloads"], block=False)
+        except Full:
+            if not q.could_fit(d["payloads"]):
+                raise  # waiting would never help
+            return self._wait_or_fail(f, d, Full(f"queue {d['queue']!r} is full"))
+        self.reply(f, T.PRODUCE_BATCH_OK, first=offs[0] if offs else 0, count=len(offs))
+        self.w.poke(d["queue"])
+
+    def consume(self, f: Frame, d: dict[str, Any]) -> None:
+        if not self._try_consume(f, d):
+            self._wait_or_fail(f, d, Empty(f"no message for group {d['group']!r} of {d['queue']!r}"))
+
+    def _try_consume(self, f: Frame, d: dict[str, Any]) -> bool:
+        q = self.w.queue(d["queue"])
+        vis = d["visibility_ms"] / 1000 if d["visibility_ms"] else None
+        n = d.get("max", 1)
+        self._check_inflight(n)
+        try:
+            msgs = q.get_many(n, group=d["group"], block=False, visibility_timeout=vis)
+        except Empty:
+            return False
+        self._lease(d["queue"], d["group"], msgs)
+        if f.type == T.CONSUME:
+            m = msgs[0]
+            self.reply(f, T.DELIVER, offset=m.offset, deliveries=m.deliveries, timestamp_ns=m.timestamp_ns,
+                       meta=bytes(m.meta), payload=m.payload)
+        else:
+            self.reply(f, T.DELIVER_BATCH, records=[(m.offset, m.deliveries, m.timestamp_ns, bytes(m.meta),
+                                                     m.payload) for m in msgs])
+        return True
+
+    def _wait_or_fail(self, f: Frame, d: dict[str, Any], err: ShmqError) -> None:
+        t = d["timeout_ms"]
+        if t == 0 or self.w.stopping:
+            raise err
+        deadline = None if t == FOREVER else time.monotonic() + t / 1000
+        self.w.park(d["queue"], Waiter(self, f, d, deadline))
+
+    def retry(self, w: Waiter, now: float) -> bool:
+        """A parked request: True when it is answered (done or failed)."""
+        f, d = w.frame, w.fields
+        try:
+            if f.type in (T.CONSUME, T.CONSUME_BATCH):
+                if self._try_consume(f, d):
+                    return True
+            elif f.type == T.PRODUCE:
+                try:
+                    off = self.w.queue(d["queue"]).put(d["payload"], block=False)
+                    self.reply(f, T.PRODUCE_OK, offset=off)
+                    return True
+                except Full:
+                    pass
+            else:
+                try:
+                    offs = self.w.queue(d["queue"]).put_many(d["payloads"], block=False)
+                    self.reply(f, T.PRODUCE_BATCH_OK, first=offs[0], count=len(offs))
+                    return True
+                except Full:
+                    pass
+        except ShmqError as e:
+            self.send_error(f.msg_id, e.code, str(e))
+            return True
+        if w.deadline is not None and now >= w.deadline:
+            if f.type in (T.CONSUME, T.CONSUME_BATCH):
+                self.send_error(f.msg_id, Status.EMPTY, f"no message for group {d['group']!r} of "
+                                f"{d['queue']!r} within {d['timeout_ms']} ms")
+            else:
+                self.send_error(f.msg_id, Status.QUEUE_FULL, f"queue {d['queue']!r} is full "
+                                f"(timed out after {d['timeout_ms']} ms)")
+            return True
+        return False
+
+    def _settled(self, d: dict[str, Any]) -> None:
+        self.leases.pop((d["queue"], d["group"], d["offset"]), None)
+
+    def ack(self, f: Frame, d: dict[str, Any]) -> None:
+        m = self._held(d)
+        try:
+            m.ack()
+        finally:
+            self._settled(d)  # settled, or stale: either way no longer ours
+        self.reply(f, T.ACK_OK)
+
+    def ack_batch(self, f: Frame, d: dict[str, Any]) -> None:
+        q = self.w.queue(d["queue"])
+        mine = []
+        stale = []
+        for off, dc in d["settles"]:
+            m = self.leases.get((d["queue"], d["group"], off))
+            if m is None or m.deliveries != dc:
+                stale.append(off)
+            else:
+                mine.append(m)
+                del self.leases[(d["queue"], d["group"], off)]
+        try:
+            q.ack_many(mine)
+        except StaleAck as e:
+            stale += e.stale  # type: ignore[attr-defined]
+        self.reply(f, T.ACK_BATCH_OK, stale=stale)
+
+    def nack(self, f: Frame, d: dict[str, Any]) -> None:
+        m = self._held(d)
+        try:
+            m.nack(d["delay_ms"] / 1000)
+        except StaleAck:
+            self._settled(d)
+            raise
+        self._settled(d)
+        self.reply(f, T.NACK_OK)
+        self.w.poke(d["queue"])
+
+    def touch(self, f: Frame, d: dict[str, Any]) -> None:
+        self._held(d).touch(d["visibility_ms"] / 1000 if d["visibility_ms"] else None)
+        self.reply(f, T.TOUCH_OK)
+
+    def dead_letter(self, f: Frame, d: dict[str, Any]) -> None:
+        m = self._held(d)
+        try:
+            m.dead_letter()
+        except StaleAck:
+            self._settled(d)
+            raise
+        self._settled(d)
+        self.reply(f, T.DEAD_LETTER_OK)
+
+    def create_queue(self, f: Frame, d: dict[str, Any]) -> None:
+        if not isinstance(d["config"], dict):
+            raise InvalidArgument("config must be a JSON object")
+        self.w.broker.create_queue(d["queue"], **d["config"])
+        self.reply(f, T.CREATE_QUEUE_OK)
+
+    def delete_queue(self, f: Frame, d: dict[str, Any]) -> None:
+        self.w.broker.delete_queue(d["queue"])
+        self.reply(f, T.DELETE_QUEUE_OK)
+
+    def list_queues(self, f: Frame, d: dict[str, Any]) -> None:
+        self.reply(f, T.LIST_QUEUES_OK, queues=[
+            {"name": i.name, "is_dlq": i.is_dlq, "config": i.config.__dict__} for i in self.w.broker.list_queues()])
+
+    def group_join(self, f: Frame, d: dict[str, Any]) -> None:
+        self.w.queue(d["queue"]).create_group(d["group"], "latest" if d["start"] else "earliest")
+        self.reply(f, T.GROUP_JOIN_OK)
+
+    def group_commit(self, f: Frame, d: dict[str, Any]) -> None:
+        self.w.queue(d["queue"]).commit(d["group"], d["offset"])
+        self.reply(f, T.GROUP_COMMIT_OK)
+
+    def group_delete(self, f: Frame, d: dict[str, Any]) -> None:
+        self.w.queue(d["queue"]).delete_group(d["group"])
+        self.reply(f, T.GROUP_DELETE_OK)
+
+    def group_list(self, f: Frame, d: dict[str, Any]) -> None:
+        self.reply(f, T.GROUP_LIST_OK, groups=self.w.queue(d["queue"]).groups())
+
+    def read(self, f: Frame, d: dict[str, Any]) -> None:
+        n = min(d["max"], options.MAX_BATCH)
+        msgs = self.w.queue(d["queue"]).read(d["offset"], max(1, n))
+        self.reply(f, T.READ_OK, records=[(m.offset, m.deliveries, m.timestamp_ns, bytes(m.meta), m.payload)
+                                          for m in msgs])
+
+    def stats(self, f: Frame, d: dict[str, Any]) -> None:
+        self.reply(f, T.STATS_OK, stats=self.w.queue(d["queue"]).stats())
+
+    def purge(self, f: Frame, d: dict[str, Any]) -> None:
+        self.reply(f, T.PURGE_OK, purged=self.w.queue(d["queue"]).purge())
+
+    def disconnect(self, f: Frame, d: dict[str, Any]) -> None:
+        self.give_back()
+        self.reply(f, T.DISCONNECT_OK)
+        self.close()
+
+    # ------------------------------------------------------------ push mode
+    def subscribe(self, f: Frame, d: dict[str, Any]) -> None:
+        q = self.w.queue(d["queue"])
+        q._group(d["group"])  # creates the group if new, validates the name
+        s = Subscription(self, f.msg_id, d["queue"], d["group"], d["credit"], d["visibility_ms"])
+        self.subs[f.msg_id] = s
+        self.w.subs.setdefault(d["queue"], []).append(s)
+        self.w._watch(d["queue"])
+        self.reply(f, T.SUBSCRIBE_OK)
+        self.push(s)
+
+    def push(self, s: Subscription) -> None:
+        """Send up to the subscription's credit; the broker's round robin between a
+        group's subscribers comes from each taking at most its credit."""
+        if s.credit <= 0:
+            return
+        q = self.w.queue(s.queue)
+        vis = s.vis / 1000 if s.vis else None
+        n = min(s.credit, options.MAX_INFLIGHT_PER_CONNECTION - len(self.leases))
+        if n <= 0:
+            return
+        try:
+            msgs = q.get_many(n, group=s.group, block=False, visibility_timeout=vis)
+        except Empty:
+            return
+        self._lease(s.queue, s.group, msgs)
+        s.credit -= len(msgs)
+        for m in msgs:
+            self.send(encode_frame(T.DELIVER, s.sub_id, encode_body(
+                T.DELIVER, offset=m.offset, deliveries=m.deliveries, timestamp_ns=m.timestamp_ns,
+                meta=bytes(m.meta), payload=m.payload)))
+        # rotate so that the next subscriber of this worker goes first next time
+        lst = self.w.subs.get(s.queue)
+        if lst and s in lst:
+            lst.remove(s)
+            lst.append(s)
+
+    def credit(self, f: Frame, d: dict[str, Any]) -> None:
+        s = self.subs.get(d["subscription"])
+        if s is not None:
+            s.credit += d["credit"]
+            self.push(s)
+
+    def unsubscribe(self, f: Frame, d: dict[str, Any]) -> None:
+        s = self.subs.pop(d["subscription"], None)
+        if s is not None:
+            lst = self.w.subs.get(s.queue)
+            if lst and s in lst:
+                lst.remove(s)
+        self.reply(f, T.UNSUBSCRIBE_OK)
+
+
+HANDLERS = {
+    T.PRODUCE: Connection.produce, T.PRODUCE_BATCH: Connection.produce_batch,
+    T.CONSUME: Connection.consume, T.CONSUME_BATCH: Connection.consume,
+    T.ACK: Connection.ack, T.ACK_BATCH: Connection.ack_batch, T.NACK: Connection.nack,
+    T.TOUCH: Connection.touch, T.DEAD_LETTER: Connection.dead_letter,
+    T.CREATE_QUEUE: Connection.create_queue, T.DELETE_QUEUE: Connection.delete_queue,
+    T.LIST_QUEUES: Connection.list_queues, T.GROUP_JOIN: Connection.group_join,
+    T.GROUP_COMMIT: Connection.group_commit, T.GROUP_DELETE: Connection.group_delete,
+    T.GROUP_LIST: Connection.group_list, T.READ: Connection.read, T.STATS: Connection.stats,
+    T.PURGE: Connection.purge, T.DISCONNECT: Connection.disconnect, T.SUBSCRIBE: Connection.subscribe,
+    T.CREDIT: Connection.credit, T.UNSUBSCRIBE: Connection.unsubscribe,
+}
+
+_ids = itertools.count()
+
+
+def worker_main(instance: str, host: str, port: int, worker_id: int, token: str, ready: Any,
+                max_connections: int) -> None:
+    """Entry point of a worker process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides; SIGTERM stops us
+    os.environ.pop(options.TOKEN_ENV, None)
+    Worker(instance, host, port, worker_id, token, max_connections).run(ready)

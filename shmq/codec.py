@@ -1,0 +1,542 @@
+"""The wire codec: frames to bytes and bytes to frames, without any I/O.
+
+Sans-IO in the style of h11: the caller reads bytes from wherever it likes and
+feeds them to a :class:`FrameDecoder`, which hands back every complete
+:class:`Frame`; the caller writes the bytes that :func:`encode_frame` /
+:func:`frame` return.  Nothing here touches a socket, a clock or a thread, so the
+asyncio server, the blocking client and the tests share one implementation.
+
+The format is drawn byte by byte, with test vectors, in ``docs/protocol.md``.
+In short, a frame is a 16-byte header, all integers big-endian::
+
+    0          4                 8        9           10         12           16
+    | magic u32 | body length u32 | type u8 | version u8 | status u16 | msg id u32 | body
+
+and a body is the fields of its type (:data:`SCHEMAS`) one after the other.
+
+Every malformed input raises :class:`shmq.errors.ProtocolError`, whose ``code``
+says which way it is malformed (BAD_MAGIC, VERSION_MISMATCH, INVALID_TYPE,
+PAYLOAD_TOO_LARGE, else PROTOCOL_ERROR).  Bad *arguments* to the encoders (a
+missing field, an int out of range, a batch over ``options.MAX_BATCH``) raise
+``ValueError``: they are the caller's bug, not the peer's.
+
+Body encoders and decoders are generated once, at import, from the schemas:
+runs of fixed-width integers (and the length prefix that follows them) become
+one precompiled ``struct.Struct``, so a hot body such as DELIVER is one
+``unpack_from`` plus two slices.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+from . import options
+from .errors import ProtocolError, Status
+
+__all__ = [
+    "HEADER_SIZE", "MAGIC", "SCHEMAS", "VERSION", "Frame", "FrameDecoder", "T",
+    "decode_body", "encode_body", "encode_frame", "frame",
+]
+
+MAGIC = 0xDEADBEEF
+VERSION = 1
+HEADER_SIZE = 16
+
+_HEADER = struct.Struct(">IIBBHI")
+assert _HEADER.size == HEADER_SIZE
+_MAGIC_BYTES = MAGIC.to_bytes(4, "big")
+
+
+class T(IntEnum):
+    """Message types.  0x01-0x52 and 0xFE are DMS's; the rest are shmq's own."""
+
+    HANDSHAKE = 0x01
+    HANDSHAKE_ACK = 0x02
+    HANDSHAKE_NACK = 0x04
+    CREATE_QUEUE = 0x11
+    CREATE_QUEUE_OK = 0x12
+    DELETE_QUEUE = 0x13
+    DELETE_QUEUE_OK = 0x14
+    LIST_QUEUES = 0x15
+    LIST_QUEUES_OK = 0x16
+    PRODUCE = 0x21
+    PRODUCE_OK = 0x22
+    PRODUCE_BATCH = 0x23
+    PRODUCE_BATCH_OK = 0x24
+    CONSUME = 0x31
+    DELIVER = 0x34
+    CONSUME_BATCH = 0x35
+    DELIVER_BATCH = 0x36
+    ACK = 0x41
+    ACK_OK = 0x42
+    NACK = 0x43
+    NACK_OK = 0x44
+    ACK_BATCH = 0x45
+    ACK_BATCH_OK = 0x46
+    TOUCH = 0x47
+    TOUCH_OK = 0x48
+    DEAD_LETTER = 0x49
+    DEAD_LETTER_OK = 0x4A
+    DISCONNECT = 0x51
+    DISCONNECT_OK = 0x52
+    GROUP_JOIN = 0x61
+    GROUP_JOIN_OK = 0x62
+    GROUP_COMMIT = 0x63
+    GROUP_COMMIT_OK = 0x64
+    GROUP_DELETE = 0x65
+    GROUP_DELETE_OK = 0x66
+    GROUP_LIST = 0x67
+    GROUP_LIST_OK = 0x68
+    READ = 0x71
+    READ_OK = 0x72
+    STATS = 0x73
+    STATS_OK = 0x74
+    PURGE = 0x75
+    PURGE_OK = 0x76
+    SUBSCRIBE = 0x81
+    SUBSCRIBE_OK = 0x82
+    CREDIT = 0x83
+    UNSUBSCRIBE = 0x85
+    UNSUBSCRIBE_OK = 0x86
+    ERROR = 0xFE
+
+
+Schema = tuple[tuple[str, str], ...]
+
+_QG: Schema = (("queue", "str"), ("group", "str"))
+_EMPTY: Schema = ()
+
+#: The body of every type: (field name, field kind) in wire order.  The kinds are
+#: u8/u16/u32/u64, str (u16 length + UTF-8), blob (u32 length + bytes), rest (the
+#: remaining bytes; last field only), json (u32 length + UTF-8 JSON), blobs,
+#: settles, offsets and records (u32 count + that many items).
+SCHEMAS: dict[T, Schema] = {
+    T.HANDSHAKE: (("token", "str"), ("client", "str")),
+    T.HANDSHAKE_ACK: (("worker", "u16"), ("max_frame", "u32"), ("server", "str")),
+    T.HANDSHAKE_NACK: (("reason", "str"),),
+    T.CREATE_QUEUE: (("queue", "str"), ("config", "json")),
+    T.CREATE_QUEUE_OK: _EMPTY,
+    T.DELETE_QUEUE: (("queue", "str"),),
+    T.DELETE_QUEUE_OK: _EMPTY,
+    T.LIST_QUEUES: _EMPTY,
+    T.LIST_QUEUES_OK: (("queues", "json"),),
+    T.PRODUCE: (("queue", "str"), ("timeout_ms", "u32"), ("payload", "rest")),
+    T.PRODUCE_OK: (("offset", "u64"),),
+    T.PRODUCE_BATCH: (("queue", "str"), ("timeout_ms", "u32"), ("payloads", "blobs")),
+    T.PRODUCE_BATCH_OK: (("first", "u64"), ("count", "u32")),
+    T.CONSUME: _QG + (("timeout_ms", "u32"), ("visibility_ms", "u32")),
+    T.DELIVER: (("offset", "u64"), ("deliveries", "u16"), ("timestamp_ns", "u64"), ("meta", "blob"),
+                ("payload", "rest")),
+    T.CONSUME_BATCH: _QG + (("max", "u32"), ("timeout_ms", "u32"), ("visibility_ms", "u32")),
+    T.DELIVER_BATCH: (("records", "records"),),
+    T.ACK: _QG + (("offset", "u64"), ("deliveries", "u16")),
+    T.ACK_OK: _EMPTY,
+    T.NACK: _QG + (("offset", "u64"), ("deliveries", "u16"), ("delay_ms", "u32")),
+    T.NACK_OK: _EMPTY,
+    T.ACK_BATCH: _QG + (("settles", "settles"),),
+    T.ACK_BATCH_OK: (("stale", "offsets"),),
+    T.TOUCH: _QG + (("offset", "u64"), ("deliveries", "u16"), ("visibility_ms", "u32")),
+    T.TOUCH_OK: _EMPTY,
+    T.DEAD_LETTER: _QG + (("offset", "u64"), ("deliveries", "u16")),
+    T.DEAD_LETTER_OK: _EMPTY,
+    T.DISCONNECT: _EMPTY,
+    T.DISCONNECT_OK: _EMPTY,
+    T.GROUP_JOIN: _QG + (("start", "u8"),),
+    T.GROUP_JOIN_OK: _EMPTY,
+    T.GROUP_COMMIT: _QG + (("offset", "u64"),),
+    T.GROUP_COMMIT_OK: _EMPTY,
+    T.GROUP_DELETE: _QG,
+    T.GROUP_DELETE_OK: _EMPTY,
+    T.GROUP_LIST: (("queue", "str"),),
+    T.GROUP_LIST_OK: (("groups", "json"),),
+    T.READ: (("queue", "str"), ("offset", "u64"), ("max", "u32")),
+    T.READ_OK: (("records", "records"),),
+    T.STATS: (("queue", "str"),),
+    T.STATS_OK: (("stats", "json"),),
+    T.PURGE: (("queue", "str"),),
+    T.PURGE_OK: (("purged", "u64"),),
+    T.SUBSCRIBE: _QG + (("credit", "u32"), ("visibility_ms", "u32")),
+    T.SUBSCRIBE_OK: _EMPTY,
+    T.CREDIT: (("subscription", "u32"), ("credit", "u32")),
+    T.UNSUBSCRIBE: (("subscription", "u32"),),
+    T.UNSUBSCRIBE_OK: _EMPTY,
+    T.ERROR: (("message", "str"),),
+}
+assert set(SCHEMAS) == set(T)
+
+_TYPES: dict[int, T] = {int(t): t for t in T}
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One frame: ``type`` (a :class:`T` when decoded), the requester's ``msg_id``,
+    ``status`` (0 in requests and successful responses) and the raw ``body``
+    (decode it with :func:`decode_body`)."""
+
+    type: int
+    msg_id: int
+    status: int = 0
+    body: bytes = b""
+
+
+# --------------------------------------------------------------------------- frames
+
+
+class FrameDecoder:
+    """Bytes in, frames out.  ``feed()`` whatever arrived; it returns every frame
+    completed so far and keeps the rest for the next call.
+
+    The header is checked as soon as it is whole (the magic even sooner, byte by
+    byte), so an oversized frame is refused before any of its body is buffered.
+    After an error the decoder is poisoned: every later ``feed()`` raises the same
+    error.  Frames completed in the same ``feed()`` call as the error are dropped
+    with the connection (a protocol error ends it).
+    """
+
+    __slots__ = ("max_frame", "_buf", "_error")
+
+    def __init__(self, max_frame: int = options.MAX_FRAME) -> None:
+        self.max_frame = max_frame
+        self._buf = bytearray()
+        self._error: ProtocolError | None = None
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held, waiting for the rest of a frame."""
+        return len(self._buf)
+
+    def _fail(self, message: str, code: Status) -> ProtocolError:
+        self._error = err = ProtocolError(message, code)
+        self._buf = bytearray()
+        return err
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+        if self._error is not None:
+            raise self._error
+        buf = self._buf
+        buf += data
+        end = len(buf)
+        pos = 0
+        frames: list[Frame] = []
+        unpack_header = _HEADER.unpack_from
+        types = _TYPES
+        max_frame = self.max_frame
+        with memoryview(buf) as view:  # released before the buffer is resized below
+            while True:
+                avail = end - pos
+                if avail < HEADER_SIZE:
+                    if avail:  # refuse garbage early, not only once 16 bytes of it came
+                        k = avail if avail < 4 else 4
+                        if buf[pos:pos + k] != _MAGIC_BYTES[:k]:
+                            raise self._fail(f"bad magic 0x{bytes(buf[pos:pos + k]).hex()}",
+                                             Status.BAD_MAGIC)
+                    break
+                magic, length, type_, version, status, msg_id = unpack_header(buf, pos)
+                if magic != MAGIC:
+                    raise self._fail(f"bad magic 0x{magic:08x} (want 0x{MAGIC:08X})", Status.BAD_MAGIC)
+                if version != VERSION:
+                    raise self._fail(f"protocol version {version} (this side speaks {VERSION})",
+                                     Status.VERSION_MISMATCH)
+                t = types.get(type_)
+                if t is None:
+                    raise self._fail(f"unknown message type 0x{type_:02x}", Status.INVALID_TYPE)
+                if length > max_frame:
+                    raise self._fail(f"frame body of {length} bytes is over the limit of {max_frame}",
+                                     Status.PAYLOAD_TOO_LARGE)
+                stop = pos + HEADER_SIZE + length
+                if stop > end:
+                    break
+                frames.append(Frame(t, msg_id, status, bytes(view[pos + HEADER_SIZE:stop])))
+                pos = stop
+        if pos:
+            del buf[:pos]  # once per feed; CPython just moves the start of the array
+        return frames
+
+
+def encode_frame(type: int, msg_id: int, body: bytes = b"", status: int = 0) -> bytes:
+    """The bytes of one frame: header + ``body`` (already encoded)."""
+    if type not in _TYPES:
+        raise ValueError(f"unknown message type {type!r}")
+    try:
+        return _HEADER.pack(MAGIC, len(body), type, VERSION, status, msg_id) + body
+    except struct.error as e:
+        raise ValueError(f"bad frame header (msg_id {msg_id!r}, status {status!r}): {e}") from None
+
+
+# --------------------------------------------------------------------------- bodies
+
+
+def _count(value: Any) -> int:
+    n = len(value)
+    if n > options.MAX_BATCH:
+        raise ValueError(f"{n} items in one batch (the limit is {options.MAX_BATCH})")
+    return n
+
+
+def _seq(value: Any) -> Any:
+    return value if type(value) in (list, tuple) else list(value)
+
+
+_U32 = struct.Struct(">I")
+_SETTLE = struct.Struct(">QH")
+_RECORD_HEAD = struct.Struct(">QHQI")  # offset, deliveries, timestamp_ns, meta length
+_RECORD_MIN = _RECORD_HEAD.size + 4  # ... meta, payload length, payload
+
+
+def _enc_blobs(items: Any) -> bytes:
+    pack = _U32.pack
+    return b"".join([x for p in items for x in (pack(len(p)), p)])
+
+
+def _enc_settles(items: Any) -> bytes:
+    pack = _SETTLE.pack
+    return b"".join([pack(o, d) for o, d in items])
+
+
+def _enc_offsets(items: Any) -> bytes:
+    return struct.pack(f">{len(items)}Q", *items)
+
+
+def _enc_records(items: Any) -> bytes:
+    head, pack = _RECORD_HEAD.pack, _U32.pack
+    return b"".join([x for o, d, ts, m, p in items for x in (head(o, d, ts, len(m)), m, pack(len(p)), p)])
+
+
+def _json_dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _bad(what: str) -> ProtocolError:
+    return ProtocolError(what, Status.PROTOCOL_ERROR)
+
+
+_INT = {"u8": "B", "u16": "H", "u32": "I", "u64": "Q"}
+_PREFIXED = {"str": "H", "blob": "I", "json": "I", "blobs": "I", "settles": "I", "offsets": "I",
+             "records": "I"}
+_KINDS = set(_INT) | set(_PREFIXED) | {"rest"}
+
+# The generated functions see only these names (and their own structs).
+_GLOBALS: dict[str, Any] = {
+    "_U32": _U32, "_SETTLE": _SETTLE, "_RECORD_HEAD": _RECORD_HEAD, "_RECORD_MIN": _RECORD_MIN,
+    "_bad": _bad, "_count": _count, "_seq": _seq, "_options": options, "_unpack_from": struct.unpack_from,
+    "_str_encode": str.encode, "_json_dumps": _json_dumps, "_json_loads": json.loads,
+    "_enc_blobs": _enc_blobs, "_enc_settles": _enc_settles, "_enc_offsets": _enc_offsets,
+    "_enc_records": _enc_records,
+}
+
+
+def _compile(t: T, schema: Schema) -> tuple[Callable[[dict[str, Any]], tuple[Any, ...]],
+                                            Callable[[bytes], dict[str, Any]]]:
+    """Generate the encoder (fields -> tuple of byte parts) and the decoder
+    (body -> fields) of one schema.  A run of ints, with the length or count
+    prefix that follows it, is one precompiled Struct."""
+    names = [n for n, _ in schema]
+    kinds = [k for _, k in schema]
+    assert all(k in _KINDS for k in kinds), schema
+    assert "rest" not in kinds[:-1], schema
+    ns = dict(_GLOBALS)
+    structs: list[struct.Struct] = []
+
+    def struct_name(fmt: str) -> str:
+        structs.append(struct.Struct(">" + fmt))
+        ns[f"_s{len(structs) - 1}"] = structs[-1]
+        return f"_s{len(structs) - 1}"
+
+    # ---- encoder: parts of the body, joined by the caller
+    enc: list[str] = []
+    parts: list[str] = []
+    fmt, args = "", []
+
+    def enc_flush() -> None:
+        nonlocal fmt, args
+        if fmt:
+            parts.append(f"{struct_name(fmt)}.pack({', '.join(args)})")
+            fmt, args = "", []
+
+    for i, (name, kind) in enumerate(schema):
+        v = f"v{i}"
+        if kind in _INT:
+            fmt += _INT[kind]
+            args.append(f"f[{name!r}]")
+            continue
+        if kind == "rest":
+            enc_flush()
+            parts.append(f"f[{name!r}]")
+            continue
+        if kind == "str":
+            enc.append(f"{v} = _str_encode(f[{name!r}])")
+            length, data = f"len({v})", v
+        elif kind == "json":
+            enc.append(f"{v} = _json_dumps(f[{name!r}])")
+            length, data = f"len({v})", v
+        elif kind == "blob":
+            enc.append(f"{v} = f[{name!r}]")
+            length, data = f"len({v})", v
+        else:  # a list
+            enc.append(f"{v} = _seq(f[{name!r}])")
+            length, data = f"_count({v})", f"_enc_{kind}({v})"
+        fmt += _PREFIXED[kind]
+        args.append(length)
+        enc_flush()
+        parts.append(data)
+    enc_flush()
+    enc_src = "def _enc(f):\n" + "".join(f"    {line}\n" for line in enc)
+    enc_src += f"    return ({''.join(p + ', ' for p in parts)})\n"
+
+    # ---- decoder
+    dec: list[str] = []
+    fmt, targets = "", []
+    fixed = all(k in _INT for k in kinds)
+
+    def dec_flush() -> None:
+        nonlocal fmt, targets
+        if fmt:
+            s = struct_name(fmt)
+            dec.append(f"{''.join(x + ', ' for x in targets)}= {s}.unpack_from(body, pos)")
+            dec.append(f"pos += {structs[-1].size}")
+            fmt, targets = "", []
+
+    def take(var: str, ln: str, what: str) -> None:  # var = body[pos:pos+ln], checked
+        dec.append(f"end = pos + {ln}")
+        dec.append(f"if end > n: raise _bad('truncated {what} of the {t.name} body')")
+        dec.append(f"{var} = body[pos:end]")
+        dec.append("pos = end")
+
+    if fixed and kinds:
+        s = struct_name("".join(_INT[k] for k in kinds))
+        dec.append(f"if len(body) != {structs[-1].size}:")
+        dec.append(f"    raise _bad(f'the {t.name} body is {structs[-1].size} bytes, not {{len(body)}}')")
+        dec.append(f"{''.join(f'x{i}, ' for i in range(len(kinds)))}= {s}.unpack(body)")
+    elif kinds:
+        dec.append("n = len(body)")
+        dec.append("pos = 0")
+        for i, (name, kind) in enumerate(schema):
+            v = f"x{i}"
+            if kind in _INT:
+                fmt += _INT[kind]
+                targets.append(v)
+                continue
+            if kind == "rest":
+                dec_flush()
+                dec.append(f"{v} = body[pos:]")
+                dec.append("pos = n")
+                continue
+            fmt += _PREFIXED[kind]
+            targets.append("ln")
+            dec_flush()
+            if kind in ("str", "blob", "json"):
+                take(v, "ln", name)
+                if kind == "str":
+                    dec.append(f"{v} = {v}.decode()")
+                elif kind == "json":
+                    dec.append(f"{v} = _json_loads({v}.decode())")
+                continue
+            dec.append("if ln > _options.MAX_BATCH:")
+            dec.append(f"    raise _bad(f'{{ln}} {name} in the {t.name} body (the limit is "
+                       f"{{_options.MAX_BATCH}})')")
+            if kind == "settles":
+                take("raw", f"{_SETTLE.size} * ln", name)
+                dec.append(f"{v} = list(_SETTLE.iter_unpack(raw))")
+            elif kind == "offsets":
+                take("raw", "8 * ln", name)
+                dec.append(f"{v} = list(_unpack_from(f'>{{ln}}Q', raw))")
+            elif kind == "blobs":
+                dec.append(f"if n - pos < 4 * ln: raise _bad('truncated {name} of the {t.name} body')")
+                dec.append(f"{v} = []")
+                dec.append("for _ in range(ln):")
+                dec.append("    m, = _U32.unpack_from(body, pos)")
+                dec.append("    pos += 4")
+                dec.append("    end = pos + m")
+                dec.append(f"    if end > n: raise _bad('truncated {name} of the {t.name} body')")
+                dec.append(f"    {v}.append(body[pos:end])")
+                dec.append("    pos = end")
+            else:  # records
+                dec.append(f"if n - pos < _RECORD_MIN * ln: raise _bad('truncated {name} of the {t.name} body')")
+                dec.append(f"{v} = []")
+                dec.append("for _ in range(ln):")
+                dec.append("    o, d, ts, m = _RECORD_HEAD.unpack_from(body, pos)")
+                dec.append(f"    pos += {_RECORD_HEAD.size}")
+                dec.append("    end = pos + m")
+                dec.append(f"    if end + 4 > n: raise _bad('truncated {name} of the {t.name} body')")
+                dec.append("    meta = body[pos:end]")
+                dec.append("    m, = _U32.unpack_from(body, end)")
+                dec.append("    pos = end + 4")
+                dec.append("    end = pos + m")
+                dec.append(f"    if end > n: raise _bad('truncated {name} of the {t.name} body')")
+                dec.append(f"    {v}.append((o, d, ts, meta, body[pos:end]))")
+                dec.append("    pos = end")
+        dec_flush()
+        if kinds[-1] != "rest":
+            dec.append(f"if pos != n: raise _bad(f'{{n - pos}} bytes past the end of the {t.name} body')")
+    else:
+        dec.append(f"if body: raise _bad(f'the {t.name} body is empty, not {{len(body)}} bytes')")
+    fields = ", ".join(f"{n!r}: x{i}" for i, n in enumerate(names))
+    dec.append(f"return {{{fields}}}")
+    dec_src = "def _dec(body):\n" + "".join(f"    {line}\n" for line in dec)
+
+    exec(compile(enc_src, f"<shmq.codec encoder of {t.name}>", "exec"), ns)
+    exec(compile(dec_src, f"<shmq.codec decoder of {t.name}>", "exec"), ns)
+    return ns["_enc"], ns["_dec"]
+
+
+_ENCODERS: dict[int, Callable[[dict[str, Any]], tuple[Any, ...]]] = {}
+_DECODERS: dict[int, Callable[[bytes], dict[str, Any]]] = {}
+_NAMES: dict[int, frozenset[str]] = {}
+for _t, _schema in SCHEMAS.items():
+    _ENCODERS[_t], _DECODERS[_t] = _compile(_t, _schema)
+    _NAMES[_t] = frozenset(n for n, _ in _schema)
+del _t, _schema
+
+
+def _body_parts(type: int, fields: dict[str, Any]) -> tuple[Any, ...]:
+    enc = _ENCODERS.get(type)
+    if enc is None:
+        raise ValueError(f"unknown message type {type!r}")
+    if fields.keys() != _NAMES[type]:
+        want, got = _NAMES[type], set(fields)
+        raise ValueError(f"{_TYPES[type].name} fields: missing {sorted(want - got)}, "
+                         f"unexpected {sorted(got - want)}")
+    try:
+        return enc(fields)
+    except struct.error as e:  # an int out of range, a str over 65535 bytes, ...
+        raise ValueError(f"bad {_TYPES[type].name} field: {e}") from None
+
+
+def encode_body(type: int, **fields: Any) -> bytes:
+    """The body of a ``type`` frame from its fields (all of them, by name; see
+    :data:`SCHEMAS`).  A missing, unexpected or out-of-range field is a
+    ``ValueError``."""
+    return b"".join(_body_parts(type, fields))
+
+
+def decode_body(type: int, body: bytes) -> dict[str, Any]:
+    """The fields of a ``type`` body, by name.  Any malformed body (truncated,
+    trailing bytes, bad UTF-8 or JSON, a count over ``options.MAX_BATCH``) raises
+    ProtocolError(PROTOCOL_ERROR); an unknown type, ProtocolError(INVALID_TYPE)."""
+    dec = _DECODERS.get(type)
+    if dec is None:
+        raise ProtocolError(f"unknown message type {type!r}", Status.INVALID_TYPE)
+    if body.__class__ is not bytes:
+        body = bytes(body)
+    try:
+        return dec(body)
+    except ProtocolError:
+        raise
+    except (struct.error, ValueError, RecursionError) as e:  # ValueError: bad UTF-8 or JSON
+        raise ProtocolError(f"malformed {_TYPES[type].name} body: {e}", Status.PROTOCOL_ERROR) from None
+
+
+def frame(type: int, msg_id: int, status: int = 0, **fields: Any) -> bytes:
+    """``encode_frame(type, msg_id, encode_body(type, **fields), status)``, with one copy
+    of the payload fewer."""
+    parts = _body_parts(type, fields)
+    try:
+        header = _HEADER.pack(MAGIC, sum(map(len, parts)), type, VERSION, status, msg_id)
+    except struct.error as e:
+        raise ValueError(f"bad frame header (msg_id {msg_id!r}, status {status!r}): {e}") from None
+    return b"".join((header, *parts))

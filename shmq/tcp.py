@@ -1,0 +1,323 @@
+"""``tcp://``: the same ``api.Broker`` interface over the wire protocol (``codec``).
+
+One socket per broker handle, one request at a time per handle (a lock makes a
+handle safe to share between threads); the message id correlates responses,
+and pushes of a subscription are told apart by the SUBSCRIBE's id.  A handle
+pickles as its URL and reconnects in the child.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from . import options
+from .api import Broker, Message, Payload, Queue, QueueConfig, QueueInfo
+from .codec import FrameDecoder, T, decode_body, encode_body, encode_frame
+from .errors import (
+    AuthError,
+    ConnectionLost,
+    InvalidArgument,
+    ShmqError,
+    Status,
+    StaleAck,
+    error_for,
+)
+from .errors import Full as _Full
+from .names import check_queue_name
+from .queue import _as_bytes
+
+FOREVER = 0xFFFFFFFF
+
+
+def _timeout_ms(block: bool, timeout: float | None) -> int:
+    if not block:
+        return 0
+    if timeout is None:
+        return FOREVER
+    if timeout < 0:
+        raise InvalidArgument("timeout must be >= 0")
+    return min(int(timeout * 1000), FOREVER - 1)
+
+
+def parse_tcp_url(url: str) -> tuple[str, int]:
+    rest = url[len("tcp://"):] if url.startswith("tcp://") else url
+    host, _, port = rest.rpartition(":")
+    if not host or not port.isdigit():
+        raise InvalidArgument(f"bad tcp url {url!r}: expected tcp://HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+class TcpBroker(Broker):
+    """A broker handle talking to ``shmq serve``."""
+
+    def __init__(self, url: str, token: str | None = None, *, connect_timeout: float = 10.0,
+                 client: str = "shmq-python") -> None:
+        self.url = url
+        self._token = token if token is not None else os.environ.get(options.TOKEN_ENV, "")
+        self._host, self._port = parse_tcp_url(url)
+        self._lock = threading.Lock()  # one sender at a time
+        self._cond = threading.Condition()  # guards _inbox and _reading
+        self._reading = False
+        self._inbox: dict[int, deque[Any]] = {}  # frames read, by message id
+        self._ids = itertools.count(1)
+        self._decoder = FrameDecoder()
+        self._closed = False
+        try:
+            self._sock = socket.create_connection((self._host, self._port), timeout=connect_timeout)
+        except OSError as e:
+            raise ConnectionLost(f"cannot connect to {url}: {e.strerror or e}") from None
+        self._sock.settimeout(None)
+        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        f = self._call(T.HANDSHAKE, token=self._token, client=client)
+        if f.type == T.HANDSHAKE_NACK:
+            self._sock.close()
+            raise AuthError(decode_body(T.HANDSHAKE_NACK, f.body)["reason"])
+        info = decode_body(T.HANDSHAKE_ACK, f.body)
+        self.worker = info["worker"]
+        self.server = info["server"]
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (TcpBroker, (self.url, self._token))
+
+    def __repr__(self) -> str:
+        return f"TcpBroker({self.url!r})"
+
+    # ------------------------------------------------------------ transport
+    def _send(self, data: bytes) -> None:
+        try:
+            self._sock.sendall(data)
+        except OSError as e:
+            self._closed = True
+            raise ConnectionLost(f"connection to {self.url} lost: {e}") from None
+
+    def _read_some(self) -> None:
+        """Read from the socket and file the frames by message id (the reader lock is held)."""
+        try:
+            data = self._sock.recv(1 << 20)
+        except OSError as e:
+            self._closed = True
+            raise ConnectionLost(f"connection to {self.url} lost: {e}") from None
+        if not data:
+            self._closed = True
+            raise ConnectionLost(f"connection to {self.url} closed by the broker")
+        for f in self._decoder.feed(data):
+            self._inbox.setdefault(f.msg_id, deque()).append(f)
+
+    def _wait_for(self, msg_id: int) -> Any:
+        """The next frame with this id.  Threads share the socket: whoever holds the
+        reader lock reads for everyone, the others wait on the condition."""
+        with self._cond:
+            while True:
+                box = self._inbox.get(msg_id)
+                if box:
+                    f = box.popleft()
+                    if not box:
+                        del self._inbox[msg_id]
+                    return f
+                if self._closed:
+                    raise ConnectionLost(f"connection to {self.url} is closed")
+                if self._reading:
+                    self._cond.wait()
+                    continue
+                self._reading = True
+                self._cond.release()
+                try:
+                    self._read_some()
+                finally:
+                    self._cond.acquire()
+                    self._reading = False
+                    self._cond.notify_all()
+
+    def _call(self, type_: int, **fields: Any) -> Any:
+        if self._closed:
+            raise ConnectionLost(f"connection to {self.url} is closed")
+        data = encode_body(type_, **fields)
+        with self._lock:
+            msg_id = next(self._ids)
+            self._send(encode_frame(type_, msg_id, data))
+        f = self._wait_for(msg_id)
+        if f.type == T.ERROR:
+            raise error_for(f.status, decode_body(T.ERROR, f.body)["message"])
+        return f
+
+    def _request(self, type_: int, reply: int, **fields: Any) -> dict[str, Any]:
+        f = self._call(type_, **fields)
+        if f.type != reply:
+            raise ShmqError(f"unexpected reply type 0x{f.type:02x} to 0x{type_:02x}")
+        return decode_body(reply, f.body)
+
+    # ------------------------------------------------------------ Broker
+    def create_queue(self, name: str, **limits: Any) -> TcpQueue:
+        check_queue_name(name)
+        self._request(T.CREATE_QUEUE, T.CREATE_QUEUE_OK, queue=name, config=limits)
+        return TcpQueue(self, name)
+
+    def queue(self, name: str) -> TcpQueue:
+        q = TcpQueue(self, name)
+        q.stats()  # raises QueueNotFound now rather than on first use
+        return q
+
+    def list_queues(self) -> list[QueueInfo]:
+        out = self._request(T.LIST_QUEUES, T.LIST_QUEUES_OK)["queues"]
+        return [QueueInfo(d["name"], d["is_dlq"], QueueConfig(**d["config"])) for d in out]
+
+    def delete_queue(self, name: str) -> None:
+        self._request(T.DELETE_QUEUE, T.DELETE_QUEUE_OK, queue=name)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            self._request(T.DISCONNECT, T.DISCONNECT_OK)
+        except ShmqError:
+            pass
+        self._closed = True
+        self._sock.close()
+        with self._cond:
+            self._cond.notify_all()
+
+
+class TcpQueue(Queue):
+    def __init__(self, broker: TcpBroker, name: str) -> None:
+        self._b = broker
+        self.name = name
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_tcp_queue, (self._b.url, self._b._token, self.name))
+
+    def __repr__(self) -> str:
+        return f"TcpQueue({self._b.url!r}, {self.name!r})"
+
+    def put(self, payload: Payload, block: bool = True, timeout: float | None = None) -> int:
+        return int(self._b._request(T.PRODUCE, T.PRODUCE_OK, queue=self.name,
+                                    timeout_ms=_timeout_ms(block, timeout),
+                                    payload=bytes(_as_bytes(payload)))["offset"])
+
+    def put_many(self, payloads: Sequence[Payload], block: bool = True,
+                 timeout: float | None = None) -> list[int]:
+        items = [bytes(_as_bytes(p)) for p in payloads]
+        if not items:
+            return []
+        r = self._b._request(T.PRODUCE_BATCH, T.PRODUCE_BATCH_OK, queue=self.name,
+                             timeout_ms=_timeout_ms(block, timeout), payloads=items)
+        return list(range(r["first"], r["first"] + r["count"]))
+
+    def _msg(self, group: str, rec: Sequence[Any]) -> Message:
+        offset, deliveries, ts, meta, payload = rec
+        return tuple.__new__(Message, (self, 0, group, offset, deliveries, payload, meta, ts))
+
+    def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
+            visibility_timeout: float | None = None) -> Message:
+        f = self._b._call(T.CONSUME, queue=self.name, group=group, timeout_ms=_timeout_ms(block, timeout),
+                          visibility_ms=_vis(visibility_timeout))
+        d = decode_body(T.DELIVER, f.body)
+        return self._msg(group, (d["offset"], d["deliveries"], d["timestamp_ns"], d["meta"], d["payload"]))
+
+    def get_many(self, max_messages: int, group: str = options.DEFAULT_GROUP, block: bool = True,
+                 timeout: float | None = None, visibility_timeout: float | None = None) -> list[Message]:
+        if max_messages < 1:
+            raise InvalidArgument("max_messages must be >= 1")
+        recs = self._b._request(T.CONSUME_BATCH, T.DELIVER_BATCH, queue=self.name, group=group,
+                                max=max_messages, timeout_ms=_timeout_ms(block, timeout),
+                                visibility_ms=_vis(visibility_timeout))["records"]
+        return [self._msg(group, r) for r in recs]
+
+    def ack_many(self, messages: Iterable[Message]) -> None:
+        msgs = list(messages)
+        by_group: dict[str, list[Message]] = {}
+        for m in msgs:
+            by_group.setdefault(m.group or "", []).append(m)
+        stale: list[int] = []
+        for group, ms in by_group.items():
+            r = self._b._request(T.ACK_BATCH, T.ACK_BATCH_OK, queue=self.name, group=group,
+                                 settles=[(m.offset, m.deliveries) for m in ms])
+            stale += r["stale"]
+        if stale:
+            err = StaleAck(f"{len(stale)} of {len(msgs)} acks were stale (offsets {stale[:10]}); "
+                           "the others were applied")
+            err.stale = stale  # type: ignore[attr-defined]
+            raise err
+
+    def _settle(self, msg: Message, action: int, arg: float | None) -> None:
+        if msg.group is None:
+            raise StaleAck(f"message {msg.offset} was read, not leased: it cannot be settled")
+        common = dict(queue=self.name, group=msg.group, offset=msg.offset, deliveries=msg.deliveries)
+        if action == 0:
+            self._b._request(T.ACK, T.ACK_OK, **common)
+        elif action == 1:
+            self._b._request(T.NACK, T.NACK_OK, delay_ms=_ms(arg or 0.0), **common)
+        elif action == 2:
+            self._b._request(T.TOUCH, T.TOUCH_OK, visibility_ms=_vis(arg), **common)
+        else:
+            self._b._request(T.DEAD_LETTER, T.DEAD_LETTER_OK, **common)
+
+    def read(self, offset: int, max_messages: int = 1) -> list[Message]:
+        recs = self._b._request(T.READ, T.READ_OK, queue=self.name, offset=offset,
+                                max=max_messages)["records"]
+        return [tuple.__new__(Message, (self, -1, None, o, dc, p, m, ts)) for o, dc, ts, m, p in recs]
+
+    def create_group(self, name: str, start: str = "earliest") -> None:
+        if start not in ("earliest", "latest"):
+            raise InvalidArgument("start must be 'earliest' or 'latest'")
+        self._b._request(T.GROUP_JOIN, T.GROUP_JOIN_OK, queue=self.name, group=name,
+                         start=0 if start == "earliest" else 1)
+
+    def delete_group(self, name: str) -> None:
+        self._b._request(T.GROUP_DELETE, T.GROUP_DELETE_OK, queue=self.name, group=name)
+
+    def groups(self) -> list[str]:
+        return list(self._b._request(T.GROUP_LIST, T.GROUP_LIST_OK, queue=self.name)["groups"])
+
+    def commit(self, group: str, offset: int) -> None:
+        self._b._request(T.GROUP_COMMIT, T.GROUP_COMMIT_OK, queue=self.name, group=group, offset=offset)
+
+    def purge(self) -> int:
+        return int(self._b._request(T.PURGE, T.PURGE_OK, queue=self.name)["purged"])
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self._b._request(T.STATS, T.STATS_OK, queue=self.name)["stats"])
+
+    def subscribe(self, group: str = options.DEFAULT_GROUP, credit: int = options.DEFAULT_CREDIT,
+                  visibility_timeout: float | None = None) -> Iterator[Message]:
+        """Push mode: the broker sends up to ``credit`` unacknowledged messages ahead;
+        each message handed out here returns one credit.  Use a dedicated broker handle."""
+        b = self._b
+        sub = b._call(T.SUBSCRIBE, queue=self.name, group=group, credit=credit,
+                      visibility_ms=_vis(visibility_timeout)).msg_id
+        try:
+            while True:
+                f = b._wait_for(sub)
+                if f.type == T.ERROR:
+                    raise error_for(f.status, decode_body(T.ERROR, f.body)["message"])
+                d = decode_body(T.DELIVER, f.body)
+                with b._lock:
+                    b._send(encode_frame(T.CREDIT, next(b._ids), encode_body(T.CREDIT, subscription=sub,
+                                                                              credit=1)))
+                yield self._msg(group, (d["offset"], d["deliveries"], d["timestamp_ns"], d["meta"],
+                                        d["payload"]))
+        finally:
+            if not b._closed:
+                b._request(T.UNSUBSCRIBE, T.UNSUBSCRIBE_OK, subscription=sub)
+
+
+def _ms(seconds: float) -> int:
+    if not 0 <= seconds <= options.MAX_VISIBILITY_TIMEOUT:
+        raise InvalidArgument(f"must be between 0 and {options.MAX_VISIBILITY_TIMEOUT} s")
+    return int(seconds * 1000)
+
+
+def _vis(seconds: float | None) -> int:
+    return 0 if seconds is None else max(1, _ms(seconds))
+
+
+def _tcp_queue(url: str, token: str, name: str) -> TcpQueue:
+    return TcpQueue(TcpBroker(url, token), name)
+
+
+__all__ = ["TcpBroker", "TcpQueue", "parse_tcp_url", "_Full"]
