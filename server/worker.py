@@ -37,8 +37,8 @@ from shmq.errors import (
     LimitExceeded,
     ProtocolError,
     ShmqError,
-    Status,
     StaleAck,
+    Status,
 )
 from shmq.queue import ShmQueue
 from shmq.shm import ShmBroker
@@ -487,8 +487,9 @@ class Connection(asyncio.Protocol):
         self.reply(f, T.DELETE_QUEUE_OK)
 
     def list_queues(self, f: Frame, d: dict[str, Any]) -> None:
+        infos = self.w.broker.list_queues()
         self.reply(f, T.LIST_QUEUES_OK, queues=[
-            {"name": i.name, "is_dlq": i.is_dlq, "config": i.config.__dict__} for i in self.w.broker.list_queues()])
+            {"name": i.name, "is_dlq": i.is_dlq, "config": i.config.__dict__} for i in infos])
 
     def group_join(self, f: Frame, d: dict[str, Any]) -> None:
         self.w.queue(d["queue"]).create_group(d["group"], "latest" if d["start"] else "earliest")
@@ -574,7 +575,7 @@ class Connection(asyncio.Protocol):
         self.reply(f, T.UNSUBSCRIBE_OK)
 
 
-HANDLERS = {
+HANDLERS: dict[int, Any] = {
     T.PRODUCE: Connection.produce, T.PRODUCE_BATCH: Connection.produce_batch,
     T.CONSUME: Connection.consume, T.CONSUME_BATCH: Connection.consume,
     T.ACK: Connection.ack, T.ACK_BATCH: Connection.ack_batch, T.NACK: Connection.nack,

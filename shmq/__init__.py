@@ -38,7 +38,8 @@ from .reclaim import InstanceReport, reclaim, scan
 __version__ = "0.1.0"
 
 __all__ = [
-    "AuthError", "ConnectionLost", "Broker", "Empty", "Full", "GroupNotFound", "InstanceError", "InstanceReport", "InvalidArgument",
+    "AuthError", "Broker", "ConnectionLost", "Empty", "Full", "GroupNotFound", "InstanceError",
+    "InstanceReport", "InvalidArgument",
     "InvalidName", "LimitExceeded", "Message", "MessageTooLarge", "Origin", "ProtocolError", "Queue",
     "QueueConfig", "QueueExists", "QueueInfo", "QueueNotFound", "ShmqError", "StaleAck", "Status",
     "Timeout", "connect", "reclaim", "scan",

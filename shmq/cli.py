@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -26,7 +26,7 @@ from .reclaim import reclaim, scan
 app = typer.Typer(help="shmq: a message broker for one host.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 DEFAULT_URL = f"tcp://{options.DEFAULT_HOST}:{options.DEFAULT_PORT}"
 UrlOpt = typer.Option(None, "--url", envvar="SHMQ_URL", help=f"broker URL (default {DEFAULT_URL})")
@@ -42,9 +42,10 @@ def _broker(url: str | None, shm: str | None, token: str | None) -> Broker:
         else connect(url or DEFAULT_URL)
 
 
-def _fail(e: Exception) -> None:
+def _fail(e: Exception) -> NoReturn:
     code = getattr(e, "code", None)
-    err.print(f"[red]error[/red]: {e}" + (f" ({code.name})" if hasattr(code, "name") else ""))
+    name = getattr(code, "name", None)
+    err.print(f"[red]error[/red]: {e}" + (f" ({name})" if name else ""), markup=True, highlight=False)
     raise typer.Exit(1)
 
 
@@ -61,7 +62,7 @@ class _Session:
         assert self.b is not None
         return self.b
 
-    def __exit__(self, et: Any, e: Any, tb: Any) -> bool:
+    def __exit__(self, et: Any, e: Any, tb: Any) -> None:
         if self.b is not None:
             try:
                 self.b.close()
@@ -69,7 +70,6 @@ class _Session:
                 pass
         if isinstance(e, ShmqError):
             _fail(e)
-        return False
 
 
 @app.command()

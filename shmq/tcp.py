@@ -23,8 +23,8 @@ from .errors import (
     AuthError,
     ConnectionLost,
     InvalidArgument,
+    LimitExceeded,
     ShmqError,
-    Status,
     StaleAck,
     error_for,
 )
@@ -204,6 +204,9 @@ class TcpQueue(Queue):
         items = [bytes(_as_bytes(p)) for p in payloads]
         if not items:
             return []
+        if len(items) > options.MAX_BATCH:
+            raise LimitExceeded(f"{len(items)} messages in one batch; the limit over TCP is "
+                                f"{options.MAX_BATCH}")
         r = self._b._request(T.PRODUCE_BATCH, T.PRODUCE_BATCH_OK, queue=self.name,
                              timeout_ms=_timeout_ms(block, timeout), payloads=items)
         return list(range(r["first"], r["first"] + r["count"]))
@@ -223,6 +226,7 @@ class TcpQueue(Queue):
                  timeout: float | None = None, visibility_timeout: float | None = None) -> list[Message]:
         if max_messages < 1:
             raise InvalidArgument("max_messages must be >= 1")
+        max_messages = min(max_messages, options.MAX_BATCH)
         recs = self._b._request(T.CONSUME_BATCH, T.DELIVER_BATCH, queue=self.name, group=group,
                                 max=max_messages, timeout_ms=_timeout_ms(block, timeout),
                                 visibility_ms=_vis(visibility_timeout))["records"]

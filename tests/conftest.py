@@ -113,6 +113,7 @@ class Server:
         import sys
 
         self.instance = unique_instance()
+        self.keep = "--keep" in (extra or [])
         args = [sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
                 "--workers", str(workers), "--instance", self.instance, *(extra or [])]
         if token:
@@ -156,8 +157,8 @@ class Server:
             for stream in (self.proc.stdout, self.proc.stderr):
                 if stream:
                     stream.close()
-            if os.path.exists(f"/dev/shm/shmq.{self.instance}.reg"):
-                ShmBroker(self.instance).destroy()
+            if not self.keep and os.path.exists(f"/dev/shm/shmq.{self.instance}.reg"):
+                ShmBroker(self.instance).destroy()  # only if the broker failed to clean up
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,374 @@
+"""The broker server as a real subprocess: mixed transports, kills, bad input, auth, scale, CLI."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import shmq
+from shmq.codec import FrameDecoder, T, encode_body, encode_frame
+from shmq.errors import Status
+from shmq.shm import ShmBroker
+
+from .conftest import Server, wait_until
+
+CTX = mp.get_context("fork")
+
+
+def _raw(server: Server, handshake: bool = True) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    if handshake:
+        s.sendall(encode_frame(T.HANDSHAKE, 1, encode_body(T.HANDSHAKE, token=server.token, client="raw")))
+        assert _recv_frame(s).type == T.HANDSHAKE_ACK
+    return s
+
+
+def _recv_frame(s: socket.socket) -> object:
+    dec = FrameDecoder()
+    while True:
+        data = s.recv(65536)
+        if not data:
+            raise ConnectionError("closed")
+        frames = dec.feed(data)
+        if frames:
+            return frames[0]
+
+
+def _closed(s: socket.socket) -> bool:
+    try:
+        return s.recv(65536) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_shared_memory_and_tcp_interoperate(server: Server) -> None:
+    tcp = shmq.connect(server.url)
+    local = ShmBroker(server.instance)  # a co-located process attaches the broker's memory
+    try:
+        q = tcp.create_queue("mixed")
+        lq = local.queue("mixed")
+        lq.put(b"from shm")
+        assert q.get(timeout=5).payload == b"from shm"  # a waiting TCP consumer is woken
+        q.put(b"from tcp")
+        m = lq.get(timeout=5)
+        assert m.payload == b"from tcp"
+        m.ack()
+    finally:
+        tcp.delete_queue("mixed")
+        tcp.close()
+        local.close()
+
+
+def test_blocked_tcp_consumer_wakes_for_a_shm_producer(server: Server) -> None:
+    tcp = shmq.connect(server.url)
+    local = ShmBroker(server.instance)
+    try:
+        q = tcp.create_queue("wake")
+        result: list[bytes] = []
+        import threading
+
+        t = threading.Thread(target=lambda: result.append(q.get(timeout=10).payload))
+        t.start()
+        time.sleep(0.05)  # let the consumer park (not a synchronisation: the test passes either way)
+        t0 = time.monotonic()
+        local.queue("wake").put(b"hello")
+        t.join(10)
+        assert result == [b"hello"] and time.monotonic() - t0 < 1.0
+    finally:
+        tcp.delete_queue("wake")
+        tcp.close()
+        local.close()
+
+
+def _take_and_hang(url: str, n: int, ready: mp.Event) -> None:  # type: ignore[type-arg]
+    b = shmq.connect(url)
+    b.queue("lease").get_many(n)
+    ready.set()
+    time.sleep(60)
+
+
+def test_killed_clients_leases_come_back_at_once(server: Server) -> None:
+    b = shmq.connect(server.url)
+    try:
+        q = b.create_queue("lease", visibility_timeout=300)
+        q.put_many([b"a", b"b", b"c"])
+        ready = CTX.Event()
+        p = CTX.Process(target=_take_and_hang, args=(server.url, 3, ready))
+        p.start()
+        assert ready.wait(10)
+        with pytest.raises(shmq.Empty):
+            q.get(block=False)
+        os.kill(p.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        p.join()
+        t0 = time.monotonic()
+        got = q.get_many(3, timeout=5)
+        got += q.get_many(3, timeout=5) if len(got) < 3 else []
+        assert time.monotonic() - t0 < 1.0  # the connection dropped: no visibility timeout
+        assert sorted((m.payload, m.deliveries) for m in got) == [(b"a", 2), (b"b", 2), (b"c", 2)]
+    finally:
+        b.delete_queue("lease")
+        b.close()
+
+
+def test_sigkilled_worker_is_restarted_and_nothing_is_lost() -> None:
+    srv = Server(workers=2)
+    try:
+        b = shmq.connect(srv.url)
+        q = b.create_queue("w", visibility_timeout=300)
+        q.put_many([f"{i}".encode() for i in range(100)])
+        held = q.get_many(10)  # leased through the worker that serves this connection
+        workers = srv.workers()
+        assert len(workers) == 2
+        victim = next(p for p in workers if any(
+            c.laddr.port == srv.port and c.raddr and c.status == psutil.CONN_ESTABLISHED
+            for c in p.net_connections()))
+        victim.kill()
+        wait_until(lambda: len(srv.workers()) == 2 and victim.pid not in {p.pid for p in srv.workers()},
+                   timeout=5)
+        with pytest.raises(shmq.ConnectionLost):
+            held[0].ack()
+        b2 = shmq.connect(srv.url)
+        q2 = b2.queue("w")
+        got = []
+        while len(got) < 100:
+            ms = q2.get_many(100, timeout=2)
+            q2.ack_many(ms)
+            got += [m.payload for m in ms]
+        assert sorted(got) == sorted(f"{i}".encode() for i in range(100))
+        assert sum(1 for m in got if m in {h.payload for h in held}) == 10
+        b2.close()
+    finally:
+        assert srv.stop() == 0
+
+
+def test_graceful_shutdown_returns_leases() -> None:
+    srv = Server(workers=2, extra=["--keep"])  # keep the memory, to look at it afterwards
+    b = shmq.connect(srv.url)
+    q = b.create_queue("g")
+    q.put(b"x")
+    q.get()
+    local = ShmBroker(srv.instance)
+    lq = local.queue("g")
+    assert lq.stats()["groups"]["default"]["in_flight"] == 1
+    assert srv.stop() == 0
+    assert lq.stats()["groups"]["default"]["in_flight"] == 0  # the lease was given back
+    assert lq.get(block=False).deliveries == 2
+    local.destroy()
+    with pytest.raises(shmq.ConnectionLost):
+        q.put(b"y")
+
+
+def test_shutdown_removes_the_shared_memory_and_the_processes() -> None:
+    srv = Server(workers=2)
+    pids = [p.pid for p in srv.workers()]
+    assert srv.stop() == 0
+    assert not [n for n in os.listdir("/dev/shm") if f"shmq.{srv.instance}." in n]
+    assert not [pid for pid in pids if psutil.pid_exists(pid) and
+                psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+
+
+# ---------------------------------------------------------------- bad input
+@pytest.mark.parametrize("junk,status", [
+    (b"\x00" * 16, Status.BAD_MAGIC),
+    (struct.pack(">IIBBHI", 0xDEADBEEF, 1 << 30, 0x21, 1, 0, 5), Status.PAYLOAD_TOO_LARGE),
+    (struct.pack(">IIBBHI", 0xDEADBEEF, 0, 0x99, 1, 0, 5), Status.INVALID_TYPE),
+    (struct.pack(">IIBBHI", 0xDEADBEEF, 0, 0x21, 9, 0, 5), Status.VERSION_MISMATCH),
+])
+def test_malformed_frames_get_an_error_and_a_close(server: Server, junk: bytes, status: int) -> None:
+    s = _raw(server)
+    s.sendall(junk)
+    f = _recv_frame(s)
+    assert (f.type, f.status) == (T.ERROR, status)  # type: ignore[attr-defined]
+    assert _closed(s)
+    s.close()
+    b = shmq.connect(server.url)  # everyone else carries on
+    assert b.list_queues() is not None
+    b.close()
+
+
+def test_bad_request_bodies_and_unknown_queues_keep_the_connection(server: Server) -> None:
+    s = _raw(server)
+    s.sendall(encode_frame(T.PRODUCE, 2, b"\x00\x05ab"))  # truncated body
+    f = _recv_frame(s)
+    assert (f.type, f.status, f.msg_id) == (T.ERROR, Status.PROTOCOL_ERROR, 2)  # type: ignore[attr-defined]
+    s.sendall(encode_frame(T.PRODUCE, 3, encode_body(T.PRODUCE, queue="nope", timeout_ms=0, payload=b"x")))
+    f = _recv_frame(s)
+    assert (f.type, f.status, f.msg_id) == (T.ERROR, Status.QUEUE_NOT_FOUND, 3)  # type: ignore[attr-defined]
+    s.sendall(encode_frame(T.DELIVER, 4, b""))  # a response type sent as a request
+    assert _recv_frame(s).status == Status.INVALID_TYPE  # type: ignore[attr-defined]
+    s.sendall(encode_frame(T.LIST_QUEUES, 5))
+    assert _recv_frame(s).type == T.LIST_QUEUES_OK  # type: ignore[attr-defined]
+    s.close()
+
+
+def test_frame_before_handshake_and_truncated_frame(server: Server) -> None:
+    s = _raw(server, handshake=False)
+    s.sendall(encode_frame(T.LIST_QUEUES, 1))
+    f = _recv_frame(s)
+    assert (f.type, f.status) == (T.ERROR, Status.PROTOCOL_ERROR)  # type: ignore[attr-defined]
+    assert _closed(s)
+    s.close()
+    s = _raw(server)
+    s.sendall(encode_frame(T.LIST_QUEUES, 1)[:10])  # half a header, then the client goes away
+    s.close()
+    b = shmq.connect(server.url)
+    b.list_queues()
+    b.close()
+
+
+def test_byte_at_a_time_client(server: Server) -> None:
+    s = _raw(server)
+    for byte in encode_frame(T.LIST_QUEUES, 9):
+        s.send(bytes([byte]))
+    f = _recv_frame(s)
+    assert (f.type, f.msg_id) == (T.LIST_QUEUES_OK, 9)  # type: ignore[attr-defined]
+    s.close()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.one_of(
+    st.binary(min_size=1, max_size=200),
+    st.tuples(st.sampled_from(list(T)), st.binary(max_size=64), st.integers(0, 40),
+              st.binary(max_size=3)).map(lambda t: bytearray(encode_frame(t[0], 7, t[1]))[:16 + t[2]] + t[3]),
+))
+def test_fuzzed_frames_never_hurt_the_broker(server: Server, data: bytes) -> None:
+    s = _raw(server)
+    s.sendall(bytes(data))
+    s.settimeout(0.2)
+    try:
+        while s.recv(65536):
+            pass
+    except (TimeoutError, ConnectionResetError):
+        pass
+    s.close()
+    b = shmq.connect(server.url)
+    assert isinstance(b.list_queues(), list)
+    b.close()
+
+
+# ---------------------------------------------------------------- auth, limits, scale
+def test_token_is_checked() -> None:
+    srv = Server(workers=1, token="s3cret")
+    try:
+        with pytest.raises(shmq.AuthError):
+            shmq.connect(srv.url, token="wrong")
+        with pytest.raises(shmq.AuthError):
+            shmq.connect(srv.url, token="")
+        b = shmq.connect(srv.url, token="s3cret")
+        assert b.list_queues() == []
+        b.close()
+    finally:
+        assert srv.stop() == 0
+
+
+def test_non_loopback_needs_a_token() -> None:
+    out = subprocess.run([sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--host",
+                          "0.0.0.0", "--port", "0", "--instance", "nolo"], capture_output=True, timeout=60)
+    assert out.returncode == 1 and b"token" in out.stderr
+
+
+def test_a_thousand_idle_connections(server: Server) -> None:
+    socks = [_raw(server) for _ in range(1000)]
+    try:
+        b = shmq.connect(server.url)
+        q = b.create_queue("busy")
+        q.put(b"still served")
+        assert q.get(timeout=5).payload == b"still served"
+        b.delete_queue("busy")
+        b.close()
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_push_subscription_with_credit(server: Server) -> None:
+    b = shmq.connect(server.url)
+    sub_b = shmq.connect(server.url)
+    try:
+        q = b.create_queue("push")
+        q.put_many([f"{i}".encode() for i in range(20)])
+        it = sub_b.queue("push").subscribe(credit=5)
+        got = []
+        for m in it:
+            got.append(m.payload)
+            m.ack()
+            if len(got) == 20:
+                break
+        it.close()
+        assert got == [f"{i}".encode() for i in range(20)]
+        assert q.stats()["retained"] == 0
+    finally:
+        b.delete_queue("push")
+        sub_b.close()
+        b.close()
+
+
+def test_batch_and_inflight_limits(server: Server) -> None:
+    b = shmq.connect(server.url)
+    try:
+        q = b.create_queue("limit", capacity=20000)
+        with pytest.raises(shmq.LimitExceeded):
+            q.put_many([b"x"] * 10_001)  # one frame holds at most MAX_BATCH
+        q.put_many([b"x"] * 10_000)
+        q.put(b"x")
+        q.get_many(10_000)
+        with pytest.raises(shmq.LimitExceeded):
+            q.get()
+    finally:
+        b.delete_queue("limit")
+        b.close()
+
+
+# ---------------------------------------------------------------- the CLI
+def _cli(server: Server, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([sys.executable, "-c", "from shmq.cli import app; app()", *args],
+                          input=stdin, capture_output=True, timeout=120,
+                          env={**os.environ, "SHMQ_URL": server.url})
+
+
+def test_cli_end_to_end(server: Server) -> None:
+    assert _cli(server, "create", "cli", "--max-deliveries", "2").returncode == 0
+    out = _cli(server, "produce", "cli", "--json", stdin=b"one\ntwo\nthree\n")
+    assert out.returncode == 0 and b'"produced": 3' in out.stdout
+    assert b"cli" in _cli(server, "list", "--json").stdout
+    out = _cli(server, "peek", "cli", "--raw")
+    assert out.stdout.split() == [b"one", b"two", b"three"]
+    out = _cli(server, "consume", "cli", "-n", "1", "--json")
+    assert b'"payload": "one"' in out.stdout
+    out = _cli(server, "stats", "cli", "--json")
+    assert b'"retained": 2' in out.stdout
+    b = shmq.connect(server.url)
+    q = b.queue("cli")
+    for _ in range(2):
+        q.get().nack()  # "two" reaches its 2 deliveries and is dead-lettered
+    b.close()
+    assert b"two" in _cli(server, "dlq", "cli", "--json").stdout
+    assert _cli(server, "dlq", "cli", "--redrive").returncode == 0
+    assert b'"retained": 2' in _cli(server, "stats", "cli", "--json").stdout
+    assert _cli(server, "purge", "cli").returncode == 0
+    out = _cli(server, "consume", "cli", "--timeout", "0.1")
+    assert out.returncode == 2
+    bad = _cli(server, "stats", "missing")
+    assert bad.returncode == 1 and b"QUEUE_NOT_FOUND" in bad.stderr and len(bad.stderr.splitlines()) == 1
+    out = _cli(server, "bench", "-n", "300", "--producers", "1", "--consumers", "1", "--json",
+               "--queue", "clibench")
+    assert out.returncode == 0 and b'"lost": 0' in out.stdout
+    for name in ("cli", "cli.dlq", "clibench"):
+        assert _cli(server, "delete", name).returncode == 0
+    for cmd in ("serve", "create", "produce", "consume", "peek", "stats", "purge", "dlq", "doctor", "bench"):
+        assert b"Example" in _cli(server, cmd, "--help").stdout
+
+
+_ = random
