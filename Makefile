@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m shmq.server.demo
+	$(VENV)/bin/shmq serve
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check shmq server
@@ -27,6 +27,7 @@ test: lint
 
 bench: $(STAMP)
 	$(PY) bench/bench_local.py
+	$(PY) bench/bench_tcp.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -1,7 +1,8 @@
-"""The broker server (installed as ``shmq.server``).
+"""The broker server (installed as ``shmq.server``): ``shmq serve``.
 
-``shmq serve`` will run a supervisor and a pool of SO_REUSEPORT workers here
-(issue 3).  Until then this package holds the co-located demo that
-``make run`` starts: it creates the default instance and shows a producer
-and a consumer process exchanging messages through shared memory.
+``supervisor`` owns the instance's shared memory, starts and restarts the
+workers and runs the lease reaper; ``worker`` serves clients on an asyncio
+event loop over a SO_REUSEPORT socket, speaking the wire protocol of
+``shmq.codec``.  The server knows no shared-memory offsets: it calls the
+queue API of ``shmq.shm``.
 """

@@ -1,6 +1,7 @@
-"""A co-located demo: the broker's shared memory, one producer and one consumer process.
+"""A co-located demo: one producer and one consumer process meet in shared memory,
+with no broker process at all.
 
-Run by ``make run`` (``python -m shmq.server.demo``) until the TCP server lands.
+    .venv/bin/python examples/colocated_demo.py
 """
 
 from __future__ import annotations
