@@ -57,6 +57,9 @@ class Supervisor:
         self.procs[i] = (p, ready)
 
     def serve(self, announce: Any = print) -> int:
+        # A stop asked for during start-up is honoured once the workers are up.
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
         # Reserve the port (and learn it, for port 0) before any worker binds it.
         probe = reuseport_socket(self.host, self.port)
         self.port = probe.getsockname()[1]
@@ -64,11 +67,14 @@ class Supervisor:
         broker._att.registry.take_ownership()
         for i in range(self.n):
             self._start(i)
-        for p, ready in self.procs.values():
-            if not ready.wait(30):
-                raise ShmqError(f"worker {p.name} did not start")
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        try:
+            for p, ready in self.procs.values():
+                if not ready.wait(30):
+                    raise ShmqError(f"worker {p.name} did not start")
+        except BaseException:
+            self._shutdown()
+            broker.destroy()
+            raise
         announce(f"shmq: instance {self.instance!r} listening on tcp://{self.host}:{self.port} "
                  f"with {self.n} workers")
         sys.stdout.flush()
@@ -105,13 +111,22 @@ class Supervisor:
             now = time.monotonic()
             if now >= next_maint:
                 next_maint = now + options.REAP_INTERVAL
-                att.registry.beat()
-                att.reap(att.now_ms(), force=True)
-                for info in broker.list_queues():
-                    try:
-                        broker.queue(info.name).maintain()
-                    except ShmqError:
-                        pass
+                try:
+                    self._maintain(broker)
+                except Exception as e:  # noqa: BLE001 - the supervisor must outlive any one queue
+                    print(f"shmq: maintenance failed: {e!r}", file=sys.stderr)
+
+    @staticmethod
+    def _maintain(broker: ShmBroker) -> None:
+        """The lease reaper: dead processes' leases, expired visibility timeouts, heartbeat."""
+        att = broker._att
+        att.registry.beat()
+        att.reap(att.now_ms(), force=True)
+        for info in broker.list_queues():
+            try:
+                broker.queue(info.name).maintain()
+            except ShmqError:
+                pass  # deleted meanwhile
 
     def _shutdown(self) -> None:
         for p, _ in self.procs.values():

@@ -17,8 +17,8 @@ unacknowledged messages back at once.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import hmac
-import itertools
 import os
 import signal
 import socket
@@ -29,7 +29,7 @@ from typing import Any
 
 from shmq import options
 from shmq.api import Message
-from shmq.codec import Frame, FrameDecoder, T, decode_body, encode_body, encode_frame
+from shmq.codec import Frame, FrameDecoder, T, decode_body, encode_body, encode_frame, frame
 from shmq.errors import (
     Empty,
     Full,
@@ -94,6 +94,7 @@ class Worker:
         self.waiters: dict[str, list[Waiter]] = {}
         self.subs: dict[str, list[Subscription]] = {}
         self.watchers: dict[str, threading.Thread] = {}
+        self._watch_lock = threading.Lock()
         self.stopping = False
         self.loop: asyncio.AbstractEventLoop
         self.broker: ShmBroker
@@ -140,28 +141,30 @@ class Worker:
         self._watch(name)
 
     def _watch(self, name: str) -> None:
-        if name in self.watchers:
-            return
-        t = threading.Thread(target=self._watcher, args=(name,), daemon=True, name=f"watch-{name}")
-        self.watchers[name] = t
+        """Make sure a watcher sleeps on this queue (call after registering the waiter)."""
+        with self._watch_lock:  # the watcher decides to leave under the same lock
+            if name in self.watchers:
+                return
+            t = threading.Thread(target=self._watcher, args=(name,), daemon=True, name=f"watch-{name}")
+            self.watchers[name] = t
         t.start()
 
     def _watcher(self, name: str) -> None:
         """Sleeps on the queue's not-empty semaphore while anyone here waits on it."""
         try:
             q = self.queue(name)
-        except ShmqError:
-            self.loop.call_soon_threadsafe(self.watchers.pop, name, None)
-            return
-        while not self.stopping:
-            if not self.waiters.get(name) and not self.subs.get(name):
-                break
-            try:
+            while not self.stopping:
+                with self._watch_lock:
+                    if not self.waiters.get(name) and not self.subs.get(name):
+                        return  # (finally) leaves the table under the lock: park() starts another
                 if q.wait(TICK):
                     self.loop.call_soon_threadsafe(self.poke, name)
-            except ShmqError:
-                break
-        self.loop.call_soon_threadsafe(self.watchers.pop, name, None)
+        except ShmqError:
+            pass  # the queue is gone; the parked requests learn it on their next retry
+        finally:
+            with self._watch_lock:
+                if self.watchers.get(name) is threading.current_thread():
+                    del self.watchers[name]
 
     def poke(self, name: str) -> None:
         """The queue may have changed: retry what waits on it."""
@@ -278,7 +281,7 @@ class Connection(asyncio.Protocol):
         self.send(encode_frame(T.ERROR, msg_id, encode_body(T.ERROR, message=message[:1000]), int(status)))
 
     def reply(self, f: Frame, type_: int, **fields: Any) -> None:
-        self.send(encode_frame(type_, f.msg_id, encode_body(type_, **fields)))
+        self.send(frame(type_, f.msg_id, **fields))
 
     # ------------------------------------------------------------ dispatch
     def handle(self, f: Frame) -> None:
@@ -588,12 +591,21 @@ HANDLERS: dict[int, Any] = {
     T.CREDIT: Connection.credit, T.UNSUBSCRIBE: Connection.unsubscribe,
 }
 
-_ids = itertools.count()
+def _die_with_parent() -> None:
+    """Ask the kernel for SIGTERM when the supervisor dies, however it dies (Linux prctl)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the supervisor died before we asked
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def worker_main(instance: str, host: str, port: int, worker_id: int, token: str, ready: Any,
                 max_connections: int) -> None:
     """Entry point of a worker process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides; SIGTERM stops us
+    _die_with_parent()
     os.environ.pop(options.TOKEN_ENV, None)
     Worker(instance, host, port, worker_id, token, max_connections).run(ready)

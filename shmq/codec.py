@@ -350,7 +350,8 @@ def _compile(t: T, schema: Schema) -> tuple[Callable[[dict[str, Any]], tuple[Any
     # ---- encoder: parts of the body, joined by the caller
     enc: list[str] = []
     parts: list[str] = []
-    fmt, args = "", []
+    fmt = ""
+    args: list[str] = []
 
     def enc_flush() -> None:
         nonlocal fmt, args
@@ -390,7 +391,8 @@ def _compile(t: T, schema: Schema) -> tuple[Callable[[dict[str, Any]], tuple[Any
 
     # ---- decoder
     dec: list[str] = []
-    fmt, targets = "", []
+    fmt = ""
+    targets: list[str] = []
     fixed = all(k in _INT for k in kinds)
 
     def dec_flush() -> None:
@@ -456,7 +458,8 @@ def _compile(t: T, schema: Schema) -> tuple[Callable[[dict[str, Any]], tuple[Any
                 dec.append(f"    {v}.append(body[pos:end])")
                 dec.append("    pos = end")
             else:  # records
-                dec.append(f"if n - pos < _RECORD_MIN * ln: raise _bad('truncated {name} of the {t.name} body')")
+                dec.append("if n - pos < _RECORD_MIN * ln:")
+                dec.append(f"    raise _bad('truncated {name} of the {t.name} body')")
                 dec.append(f"{v} = []")
                 dec.append("for _ in range(ln):")
                 dec.append("    o, d, ts, m = _RECORD_HEAD.unpack_from(body, pos)")
@@ -514,7 +517,7 @@ def encode_body(type: int, **fields: Any) -> bytes:
     return b"".join(_body_parts(type, fields))
 
 
-def decode_body(type: int, body: bytes) -> dict[str, Any]:
+def decode_body(type: int, body: bytes | bytearray | memoryview) -> dict[str, Any]:
     """The fields of a ``type`` body, by name.  Any malformed body (truncated,
     trailing bytes, bad UTF-8 or JSON, a count over ``options.MAX_BATCH``) raises
     ProtocolError(PROTOCOL_ERROR); an unknown type, ProtocolError(INVALID_TYPE)."""

@@ -18,6 +18,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import posix_ipc
+
 from . import layout as L
 from . import options
 from .api import Broker, QueueConfig, QueueInfo
@@ -92,12 +94,12 @@ class Attachment:
         with self._lock:
             q = self._queues.get(entry.queue_id)
             if q is None:
-                try:
+                try:  # deleted under our feet: the segment or a semaphore may be gone already
                     ring = Ring(Mapping.attach(queue_segment_name(self.instance, entry.queue_id)))
-                except FileNotFoundError:
+                    ne, nf = (open_semaphore(n, create=False)
+                              for n in semaphore_names(self.instance, entry.queue_id))
+                except (FileNotFoundError, posix_ipc.ExistentialError):
                     raise QueueNotFound(f"queue {entry.name!r} was deleted") from None
-                ne, nf = (open_semaphore(n, create=False)
-                          for n in semaphore_names(self.instance, entry.queue_id))
                 q = ShmQueue(self, ring, ne, nf)
                 self._queues[entry.queue_id] = q
             return q

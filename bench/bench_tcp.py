@@ -1,0 +1,1217 @@
+"""Over TCP: shmq (``shmq serve``) against Redis (lists and Streams, via redis-py).
+
+Run from the repository root::
+
+    python bench/bench_tcp.py              # full run: 50k msgs one at a time, 200k batched, 3 rounds
+    python bench/bench_tcp.py --quick      # smoke run: 5k / 20k msgs, 1 round, 1k pings
+    python bench/bench_tcp.py --json out.json --rounds 5 --workers 2
+
+Every client is a child process of this script with its own connection (the
+parent only coordinates); payloads are 100 B.  Workloads:
+
+1. ``single``: one producer -> one consumer, one message per call.
+   shmq: ``put`` / ``get`` + ``msg.ack()``.
+   Redis lists: ``LPUSH`` / ``BRPOP`` (a list has no acknowledgement: the pop
+   removes the message).  Redis Streams: ``XADD`` / ``XREADGROUP COUNT 1 BLOCK 0``
+   + ``XACK`` of each entry.
+2. ``batch``: the same in batches of 100.  shmq: ``put_many`` / ``get_many(100)``
+   + ``ack_many``.  Redis lists: one ``LPUSH`` of 100 values; the consumer
+   pipelines ``BRPOP`` + ``RPOP key 99`` (one round trip per batch).  Redis
+   Streams: a pipeline of 100 ``XADD``; ``XREADGROUP COUNT 100 BLOCK 0`` +
+   one ``XACK`` with all the ids.
+3. ``ping-pong``: round-trip latency over two queues (ping, pong): A puts on
+   ping and waits on pong, B gets (+acks) ping and puts the payload on pong.
+   Redis: ``LPUSH`` / ``BRPOP`` pairs.  Each round trip is timed with
+   ``time.perf_counter_ns``; p50 and p99 in µs.
+4. ``scaling``: shmq alone, a broker with 1 worker against one with 2 workers,
+   4 clients (2 producers + 2 consumers on one queue, one message per call,
+   ack each); total msgs/s and the ratio 2w/1w.
+
+Throughput is messages / seconds, from the moment the (first) producer starts
+(it stamps ``time.monotonic_ns`` just before its first put, once the consumers
+are connected and ready) until the (last) consumer has received its last message.
+
+The box this runs on is small and shared, so the systems are interleaved: every
+round runs each system in turn, and the tables report each system's median over
+``--rounds`` rounds with shmq's ratio to each peer.
+
+The brokers are started here: ``shmq serve --port 0`` (one per worker count,
+unique instance names) and ``redis-server`` on a free port with no persistence
+(``--save "" --appendonly no``).  If ``redis-server`` is missing it is installed
+with ``apt-get install -y redis-server``, and redis-py with pip; if either cannot
+be had, the Redis columns are skipped with a message.  Every broker and every
+child process is stopped on the way out (also on error or Ctrl-C), and the
+script checks /dev/shm for shared memory left behind by its shmq instances.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from array import array
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+    sys.path.insert(0, REPO_ROOT)
+
+import shmq  # noqa: E402
+
+try:
+    import redis
+except ImportError:
+    redis = None  # type: ignore[assignment]
+
+try:
+    from rich.console import Console
+    from rich.table import Table
+except ImportError:
+    Console = None  # type: ignore[assignment,misc]
+    Table = None  # type: ignore[assignment,misc]
+
+
+SHMQ, RLIST, RSTREAM = "shmq", "redis-lists", "redis-streams"
+SIZE = 100
+BATCH = 100
+WORKLOADS = {"single": 1, "batch": BATCH}
+WORKLOAD_LABELS = {"single": "1 msg / call", "batch": f"batch of {BATCH}"}
+
+SHMQ_CAPACITY = 65_536
+SHMQ_MAX_BYTES = 64 << 20
+READY_TIMEOUT = 60.0
+SERVER_START_TIMEOUT = 60.0
+SERVER_STOP_TIMEOUT = 30.0
+PING_WARMUP = 200
+STREAM_GROUP = "bench"
+STREAM_FIELD = b"d"
+SPREAD_TRIES = 32  # scaling: connections tried per client to land on its worker
+PILL = b"STOP"  # scaling: the parent puts one per consumer once the producers are done
+
+# Quoted for this 2-core machine (from the issue); printed next to the targets.
+REF_REDIS_SINGLE = 18_000
+REF_REDIS_BATCH = 179_000
+REF_REDIS_PING_P50_US = 126.0
+REF_REDIS_PING_P99_US = 207.0
+REF_RABBIT_SINGLE = 15_000
+
+Handle = Any  # shmq: (url, queue name); redis: (host, port, key)
+
+
+class TrialError(RuntimeError):
+    """One measurement failed (a child crashed or timed out)."""
+
+
+class SetupError(RuntimeError):
+    """A broker could not be started."""
+
+
+# =============================================================== children (hot loops)
+def _child_main(fn: Callable[..., None], args: tuple[Any, ...]) -> None:
+    # Ctrl-C goes to the parent, which stops us; SIGTERM must kill us even under fork
+    # (where we inherit the parent's handler).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    fn(*args)
+
+
+class _Client:
+    """A child's own connection: a shmq queue or a redis client, and how to close it."""
+
+    def __init__(self, system: str, handle: Handle, want_worker: int = -1) -> None:
+        self.worker = -1
+        if system == SHMQ:
+            url, name = handle
+            # want_worker >= 0: reconnect until the kernel's SO_REUSEPORT hash hands this
+            # connection to that worker (a few tries; the worker it got is reported either way)
+            for _ in range(SPREAD_TRIES):
+                self.broker = shmq.connect(url)
+                self.worker = int(getattr(self.broker, "worker", -1))
+                if want_worker < 0 or self.worker == want_worker:
+                    break
+                self.broker.close()
+            else:
+                self.broker = shmq.connect(url)
+                self.worker = int(getattr(self.broker, "worker", -1))
+            self.q = self.broker.queue(name)
+            self.close = self.broker.close
+        else:
+            host, port, key = handle
+            self.r: Any = redis.Redis(host=host, port=port)
+            self.r.ping()  # redis-py connects lazily: connect now, before we say we are ready
+            self.key = key
+            self.close = self.r.close
+
+
+def _wait_ready(ready: Any) -> None:
+    if not ready.wait(READY_TIMEOUT):
+        raise TrialError("the peer process never became ready")
+
+
+def _stream_entries(resp: Any) -> list[Any]:
+    """The (id, fields) entries of an XREADGROUP reply on one stream (RESP2 or RESP3)."""
+    if not resp:
+        return []
+    if isinstance(resp, dict):  # RESP3: {key: [[(id, fields), ...]]}
+        (value,) = resp.values()
+        return list(value[0]) if value and isinstance(value[0], list) else list(value)
+    return list(resp[0][1])  # RESP2: [[key, [(id, fields), ...]]]
+
+
+def _producer(system: str, handle: Handle, n: int, size: int, batch: int, ready: Any, start: Any,
+              workers: Any) -> None:
+    c = _Client(system, handle)
+    try:
+        workers[0] = c.worker
+        payload = b"x" * size
+        chunk = [payload] * batch
+        _wait_ready(ready)
+        start.value = time.monotonic_ns()
+        if system == SHMQ:
+            if batch == 1:
+                put = c.q.put
+                for _ in range(n):
+                    put(payload)
+            else:
+                put_many = c.q.put_many
+                for _ in range(n // batch):
+                    put_many(chunk)
+        elif system == RLIST:
+            key = c.key
+            if batch == 1:
+                lpush = c.r.lpush
+                for _ in range(n):
+                    lpush(key, payload)
+            else:
+                lpush = c.r.lpush
+                for _ in range(n // batch):
+                    lpush(key, *chunk)  # one LPUSH with 100 values
+        else:  # Streams
+            key, fields = c.key, {STREAM_FIELD: payload}
+            if batch == 1:
+                xadd = c.r.xadd
+                for _ in range(n):
+                    xadd(key, fields)
+            else:
+                pipeline = c.r.pipeline
+                for _ in range(n // batch):
+                    pipe = pipeline(transaction=False)
+                    for _ in range(batch):
+                        pipe.xadd(key, fields)
+                    pipe.execute()
+    finally:
+        c.close()
+
+
+def _consumer(system: str, handle: Handle, n: int, batch: int, size: int, ready: Any, start: Any,
+              result: Any, workers: Any) -> None:
+    c = _Client(system, handle)
+    try:
+        workers[1] = c.worker
+        ready.set()
+        got = 0
+        last: Any = None
+        if system == SHMQ:
+            if batch == 1:
+                get = c.q.get
+                for _ in range(n):
+                    m = get()
+                    m.ack()
+                last = m.payload
+                got = n
+            else:
+                get_many, ack_many = c.q.get_many, c.q.ack_many
+                while got < n:
+                    msgs = get_many(batch)
+                    ack_many(msgs)
+                    got += len(msgs)
+                last = msgs[-1].payload
+        elif system == RLIST:
+            key = c.key
+            if batch == 1:
+                brpop = c.r.brpop
+                for _ in range(n):
+                    last = brpop(key, 0)[1]
+                got = n
+            else:
+                # one round trip per batch: BRPOP blocks for the first, RPOP with a count takes the rest
+                pipeline = c.r.pipeline
+                while got < n:
+                    pipe = pipeline(transaction=False)
+                    pipe.brpop(key, 0)
+                    pipe.rpop(key, batch - 1)
+                    first, rest = pipe.execute()
+                    got += 1
+                    last = first[1]
+                    if rest:
+                        got += len(rest)
+                        last = rest[-1]
+        else:  # Streams: XREADGROUP + XACK
+            key, r = c.key, c.r
+            xreadgroup, xack = r.xreadgroup, r.xack
+            streams = {key: ">"}
+            while got < n:
+                entries = _stream_entries(xreadgroup(STREAM_GROUP, "c1", streams, count=batch, block=0))
+                if not entries:
+                    continue
+                xack(key, STREAM_GROUP, *[e[0] for e in entries])
+                got += len(entries)
+                last = entries[-1][1][STREAM_FIELD]
+        end = time.monotonic_ns()
+        if got != n:
+            raise TrialError(f"{system}: consumed {got} messages, expected {n}")
+        if len(last) != size:
+            raise TrialError(f"{system}: last payload has {len(last)} bytes, expected {size}")
+        result[0] = end - start.value
+        result[1] = got
+    finally:
+        c.close()
+
+
+def _pinger(system: str, h_ping: Handle, h_pong: Handle, size: int, total: int, ready: Any,
+            conn: Any, workers: Any) -> None:
+    c = _Client(system, h_ping)  # one connection for both queues
+    try:
+        workers[0] = c.worker
+        payload = b"p" * size
+        lat = array("q", bytes(8 * total))
+        clock = time.perf_counter_ns
+        if system == SHMQ:
+            put, get = c.q.put, c.broker.queue(h_pong[1]).get
+            _wait_ready(ready)
+            for i in range(total):
+                t0 = clock()
+                put(payload)
+                get().ack()
+                lat[i] = clock() - t0
+        else:  # Redis lists: LPUSH / BRPOP
+            lpush, brpop, kping, kpong = c.r.lpush, c.r.brpop, h_ping[2], h_pong[2]
+            _wait_ready(ready)
+            for i in range(total):
+                t0 = clock()
+                lpush(kping, payload)
+                brpop(kpong, 0)
+                lat[i] = clock() - t0
+        conn.send_bytes(lat.tobytes())
+    finally:
+        conn.close()
+        c.close()
+
+
+def _ponger(system: str, h_ping: Handle, h_pong: Handle, total: int, ready: Any, workers: Any) -> None:
+    c = _Client(system, h_ping)  # one connection for both queues
+    try:
+        workers[1] = c.worker
+        if system == SHMQ:
+            get, put = c.q.get, c.broker.queue(h_pong[1]).put
+            ready.set()
+            for _ in range(total):
+                m = get()
+                m.ack()
+                put(m.payload)
+        else:
+            brpop, lpush, kping, kpong = c.r.brpop, c.r.lpush, h_ping[2], h_pong[2]
+            ready.set()
+            for _ in range(total):
+                lpush(kpong, brpop(kping, 0)[1])
+    finally:
+        c.close()
+
+
+def _scale_producer(handle: Handle, n: int, size: int, ready: Sequence[Any], starts: Any, workers: Any,
+                    idx: int, want_worker: int) -> None:
+    c = _Client(SHMQ, handle, want_worker)
+    try:
+        workers[idx] = c.worker
+        payload = b"x" * size
+        for ev in ready:
+            _wait_ready(ev)
+        starts[idx] = time.monotonic_ns()
+        put = c.q.put
+        for _ in range(n):
+            put(payload)
+    finally:
+        c.close()
+
+
+def _scale_consumer(handle: Handle, ready: Any, ends: Any, counts: Any, workers: Any, idx: int,
+                    want_worker: int) -> None:
+    c = _Client(SHMQ, handle, want_worker)
+    try:
+        workers[2 + idx] = c.worker
+        ready.set()
+        get, pill = c.q.get, PILL
+        got = 0
+        end = 0
+        while True:
+            m = get()
+            m.ack()
+            if m.payload == pill:
+                break
+            got += 1
+            end = time.monotonic_ns()
+        ends[idx] = end
+        counts[idx] = got
+    finally:
+        c.close()
+
+
+# =============================================================== parent: process control
+class Children:
+    """Every child process this script started; all of them are stopped on the way out."""
+
+    def __init__(self, ctx: mp.context.BaseContext) -> None:
+        self.ctx = ctx
+        self.procs: list[Any] = []
+
+    def start(self, name: str, fn: Callable[..., None], *args: Any) -> Any:
+        p = self.ctx.Process(target=_child_main, args=(fn, args), name=name, daemon=True)  # type: ignore[attr-defined]
+        self.procs.append(p)
+        p.start()
+        return p
+
+    def wait(self, procs: Sequence[Any], timeout: float, conn: Any = None) -> bytes | None:
+        """Join ``procs`` (reading ``conn``'s one message on the way); stop them all on any failure."""
+        deadline = time.monotonic() + timeout
+        pending = {p.sentinel: p for p in procs}
+        waitables: list[Any] = list(pending) + ([conn] if conn is not None else [])
+        data: bytes | None = None
+        try:
+            while pending or (conn is not None and data is None):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TrialError(f"timed out after {timeout:g} s")
+                for obj in mpc.wait(waitables, remaining):
+                    waitables.remove(obj)
+                    if obj is conn:
+                        try:
+                            data = conn.recv_bytes()  # type: ignore[union-attr]
+                        except EOFError:
+                            raise TrialError("the measuring process sent no result") from None
+                        continue
+                    p = pending.pop(obj)
+                    p.join()
+                    if p.exitcode != 0:
+                        raise TrialError(f"{p.name} exited with code {p.exitcode}")
+                if not pending and conn is not None and data is None:
+                    if not conn.poll(0):
+                        raise TrialError("the measuring process exited without a result")
+                    data = conn.recv_bytes()
+        finally:
+            for p in procs:
+                self.stop(p)
+        return data
+
+    def stop(self, p: Any) -> None:
+        if p not in self.procs:
+            return  # already stopped and closed
+        if p.is_alive():
+            p.terminate()
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+        p.join()
+        self.procs.remove(p)
+        p.close()
+
+    def stop_all(self) -> None:
+        for p in list(self.procs):
+            try:
+                self.stop(p)
+            except Exception as e:  # noqa: BLE001 - keep stopping the others
+                print(f"warning: could not stop {p.name}: {e}", file=sys.stderr)
+
+
+# =============================================================== parent: the brokers
+def _stop_group(proc: subprocess.Popen[bytes], timeout: float) -> list[str]:
+    """SIGTERM ``proc`` (a session leader we started), wait, then clear its process group.
+    Returns what had to be forced, for the report."""
+    notes: list[str] = []
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            notes.append(f"pid {proc.pid} ignored SIGTERM for {timeout:g} s: killed")
+            proc.kill()
+            proc.wait()
+    # Anything it started and left behind (same process group, which is its pid).
+    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            break
+        notes.append(f"processes of group {proc.pid} outlived it: sent {signal.Signals(sig).name}")
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+    return notes
+
+
+def leftovers(instance: str) -> list[str]:
+    try:
+        names = os.listdir("/dev/shm")
+    except OSError:
+        return []
+    mine = (f"shmq.{instance}.", f"sem.shmq.{instance}.")
+    return sorted(n for n in names if n.startswith(mine))
+
+
+class ShmqServer:
+    """``shmq serve --port 0 --workers N`` as a child process (its own session)."""
+
+    def __init__(self, workers: int, tag: str) -> None:
+        self.workers = workers
+        self.instance = f"btcp{os.getpid()}{tag}"
+        self.tmp = tempfile.mkdtemp(prefix=f"{self.instance}.")
+        self.out_path = os.path.join(self.tmp, "stdout")
+        self.err_path = os.path.join(self.tmp, "stderr")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+        self.broker: Any = None  # the parent's own connection (queue setup, pills)
+        self.exit_code: int | None = None
+        self.notes: list[str] = []
+
+    def start(self) -> None:
+        cmd = [sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
+               "--workers", str(self.workers), "--instance", self.instance]
+        with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                         cwd=REPO_ROOT, start_new_session=True)
+        deadline = time.monotonic() + SERVER_START_TIMEOUT
+        while True:
+            with open(self.out_path, "rb") as f:
+                m = re.search(rb"listening on (tcp://\S+) with", f.read())
+            if m:
+                self.url = m.group(1).decode()
+                break
+            if self.proc.poll() is not None:
+                raise SetupError(f"shmq serve exited with {self.proc.returncode} before it was ready: "
+                                 f"{self.stderr_tail()}")
+            if time.monotonic() > deadline:
+                raise SetupError(f"shmq serve printed no 'listening' line in {SERVER_START_TIMEOUT:g} s")
+            time.sleep(0.05)
+        self.broker = shmq.connect(self.url)
+
+    def stderr_tail(self, limit: int = 2000) -> str:
+        try:
+            with open(self.err_path, "rb") as f:
+                return f.read().decode(errors="replace")[-limit:].strip()
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.broker is not None:
+            try:
+                self.broker.close()
+            except Exception as e:  # noqa: BLE001 - stopping anyway
+                self.notes.append(f"closing the parent's connection failed: {e!r}")
+            self.broker = None
+        if self.proc is not None:
+            self.notes += _stop_group(self.proc, SERVER_STOP_TIMEOUT)
+            self.exit_code = self.proc.returncode
+            if self.exit_code != 0:
+                self.notes.append(f"shmq serve exited with code {self.exit_code} after SIGTERM")
+            self.proc = None
+        err = self.stderr_tail()
+        if err:
+            self.notes.append(f"shmq serve stderr: {err}")
+        left = leftovers(self.instance)
+        if left:
+            self.notes.append(f"shared memory left behind (removed now): {', '.join(left)}")
+            for name in left:
+                try:
+                    os.unlink(os.path.join("/dev/shm", name))
+                except OSError:
+                    pass
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class RedisServer:
+    """``redis-server`` on a free loopback port, no persistence, not daemonized."""
+
+    def __init__(self, binary: str) -> None:
+        self.binary = binary
+        self.host = "127.0.0.1"
+        self.port = 0
+        self.tmp = tempfile.mkdtemp(prefix=f"btcp{os.getpid()}redis.")
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.client: Any = None
+        self.version = "?"
+        self.notes: list[str] = []
+
+    def start(self) -> None:
+        last = ""
+        for _ in range(3):  # the free port may be taken between probing and binding
+            self.port = _free_port()
+            cmd = [self.binary, "--port", str(self.port), "--bind", self.host, "--save", "",
+                   "--appendonly", "no", "--daemonize", "no", "--dir", self.tmp]
+            with open(os.path.join(self.tmp, "log"), "wb") as log:
+                self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                             start_new_session=True)
+            client = redis.Redis(host=self.host, port=self.port)
+            deadline = time.monotonic() + 15
+            while self.proc.poll() is None and time.monotonic() < deadline:
+                try:
+                    client.ping()
+                    self.client = client
+                    self.version = str(client.info("server").get("redis_version", "?"))
+                    return
+                except redis.exceptions.ConnectionError:
+                    time.sleep(0.05)
+            client.close()
+            last = self._log_tail()
+            _stop_group(self.proc, 5)
+            self.proc = None
+        raise SetupError(f"redis-server did not start: {last}")
+
+    def _log_tail(self) -> str:
+        try:
+            with open(os.path.join(self.tmp, "log"), "rb") as f:
+                return f.read().decode(errors="replace")[-500:].strip()
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+        if self.proc is not None:
+            self.notes += _stop_group(self.proc, 10)
+            self.proc = None
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def ensure_redis(out: Out, allow_install: bool) -> tuple[str | None, list[str]]:
+    """redis-server's path (None: skip Redis) and what was done to get it."""
+    global redis
+    done: list[str] = []
+    if redis is None:
+        if not allow_install:
+            out.line("redis-py is not importable and --no-install was given: skipping Redis", style="yellow")
+            return None, done
+        out.line("redis-py is not importable: installing it with pip into this interpreter's environment",
+                 style="yellow")
+        r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "redis"], capture_output=True,
+                           text=True, timeout=600)
+        importlib.invalidate_caches()
+        try:
+            redis = importlib.import_module("redis")
+            done.append(f"pip install redis ({redis.__version__})")
+            out.line(f"installed redis-py {redis.__version__}")
+        except ImportError:
+            out.line(f"could not install redis-py ({(r.stderr or r.stdout).strip()[-300:]}): skipping Redis",
+                     style="yellow")
+            return None, done
+    binary = shutil.which("redis-server")
+    if binary is None:
+        if not allow_install:
+            out.line("redis-server is missing and --no-install was given: skipping Redis", style="yellow")
+            return None, done
+        if os.geteuid() != 0 or shutil.which("apt-get") is None:
+            out.line("redis-server is missing and cannot be installed here (needs root and apt-get): "
+                     "skipping Redis", style="yellow")
+            return None, done
+        out.line("redis-server is missing: installing Debian's redis-server with apt-get", style="yellow")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        cmd = ["apt-get", "install", "-y", "-q", "redis-server"]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        if r.returncode != 0:  # stale package lists: refresh once and retry
+            subprocess.run(["apt-get", "update", "-q"], capture_output=True, text=True, env=env, timeout=900)
+            r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+        binary = shutil.which("redis-server")
+        if r.returncode != 0 or binary is None:
+            out.line(f"apt-get install redis-server failed ({(r.stderr or r.stdout).strip()[-300:]}): "
+                     "skipping Redis", style="yellow")
+            return None, done
+        done.append("apt-get install -y redis-server")
+        out.line(f"installed redis-server with apt-get: {binary}")
+    return binary, done
+
+
+# =============================================================== parent: measurements
+@dataclass
+class Bench:
+    ctx: mp.context.BaseContext
+    children: Children
+    servers: dict[int, ShmqServer]  # by worker count
+    main_workers: int
+    redis: RedisServer | None
+    timeout: float
+
+    # ------------------------------------------------------------ per-run setup
+    def _setup(self, system: str, names: Sequence[str], server: ShmqServer | None = None) -> list[Handle]:
+        if system == SHMQ:
+            srv = server or self.servers[self.main_workers]
+            for name in names:
+                srv.broker.create_queue(name, capacity=SHMQ_CAPACITY, max_bytes=SHMQ_MAX_BYTES)
+            return [(srv.url, name) for name in names]
+        assert self.redis is not None
+        r = self.redis.client
+        keys = [f"btcp:{name}" for name in names]
+        r.delete(*keys)
+        if system == RSTREAM:
+            for key in keys:
+                r.xgroup_create(key, STREAM_GROUP, id="0", mkstream=True)
+        return [(self.redis.host, self.redis.port, key) for key in keys]
+
+    def _release(self, system: str, handles: Sequence[Handle], server: ShmqServer | None = None) -> None:
+        if system == SHMQ:
+            srv = server or self.servers[self.main_workers]
+            for _url, name in handles:
+                try:
+                    srv.broker.delete_queue(name)
+                except shmq.QueueNotFound:
+                    pass
+        elif self.redis is not None and self.redis.client is not None:
+            self.redis.client.delete(*[h[2] for h in handles])
+
+    # ------------------------------------------------------------ workloads
+    def throughput(self, system: str, n: int, batch: int) -> tuple[float, tuple[int, int]]:
+        """One run: messages per second seen by the consumer, and the shmq workers (producer,
+        consumer) the two connections landed on."""
+        ctx = self.ctx
+        ready = ctx.Event()  # type: ignore[attr-defined]
+        start = ctx.RawValue("q", 0)  # type: ignore[attr-defined]
+        result = ctx.RawArray("q", 2)  # type: ignore[attr-defined]
+        workers = ctx.RawArray("i", [-1, -1])  # type: ignore[attr-defined]
+        (handle,) = self._setup(system, ("bench",))
+        try:
+            cons = self.children.start(f"{system}-consumer", _consumer, system, handle, n, batch, SIZE,
+                                       ready, start, result, workers)
+            prod = self.children.start(f"{system}-producer", _producer, system, handle, n, SIZE, batch,
+                                       ready, start, workers)
+            self.children.wait([cons, prod], self.timeout)
+        finally:
+            self._release(system, (handle,))
+        elapsed_ns, got = result[0], result[1]
+        if got < n or elapsed_ns <= 0:
+            raise TrialError(f"consumer reported {got} of {n} messages in {elapsed_ns} ns")
+        return n / (elapsed_ns / 1e9), (workers[0], workers[1])
+
+    def latency(self, system: str, pings: int) -> tuple[list[int], tuple[int, int]]:
+        """One run: ``pings`` round-trip times in ns (after PING_WARMUP untimed ones), and the
+        shmq workers (pinger, ponger) the two connections landed on."""
+        ctx = self.ctx
+        workers = ctx.RawArray("i", [-1, -1])  # type: ignore[attr-defined]
+        ready = ctx.Event()  # type: ignore[attr-defined]
+        recv_conn, send_conn = ctx.Pipe(duplex=False)  # type: ignore[attr-defined]
+        h_ping, h_pong = self._setup(system, ("ping", "pong"))
+        total = PING_WARMUP + pings
+        try:
+            b = self.children.start(f"{system}-ponger", _ponger, system, h_ping, h_pong, total, ready,
+                                    workers)
+            a = self.children.start(f"{system}-pinger", _pinger, system, h_ping, h_pong, SIZE, total,
+                                    ready, send_conn, workers)
+            send_conn.close()
+            data = self.children.wait([b, a], self.timeout, recv_conn)
+        finally:
+            recv_conn.close()
+            self._release(system, (h_ping, h_pong))
+        lat = array("q")
+        lat.frombytes(data or b"")
+        if len(lat) != total:
+            raise TrialError(f"got {len(lat)} round trips, expected {total}")
+        return sorted(lat[PING_WARMUP:]), (workers[0], workers[1])
+
+    def scaling(self, workers_n: int, n: int, spread: bool) -> tuple[float, list[int]]:
+        """One run against the ``workers_n``-worker broker: 2 producers (n/2 each, one per call)
+        and 2 consumers (get + ack each); total msgs/s, and the worker each client landed on
+        (producers first).  ``spread``: producer i and consumer i ask for worker i % workers_n."""
+        ctx = self.ctx
+        srv = self.servers[workers_n]
+        ready = [ctx.Event(), ctx.Event()]  # type: ignore[attr-defined]
+        starts = ctx.RawArray("q", 2)  # type: ignore[attr-defined]
+        ends = ctx.RawArray("q", 2)  # type: ignore[attr-defined]
+        counts = ctx.RawArray("q", 2)  # type: ignore[attr-defined]
+        workers = ctx.RawArray("i", [-1] * 4)  # type: ignore[attr-defined]
+        (handle,) = self._setup(SHMQ, ("scale",), srv)
+        per = n // 2
+        try:
+            cons = [self.children.start(f"shmq-{workers_n}w-consumer{i}", _scale_consumer, handle, ready[i],
+                                        ends, counts, workers, i, i % workers_n if spread else -1)
+                    for i in range(2)]
+            prods = [self.children.start(f"shmq-{workers_n}w-producer{i}", _scale_producer, handle, per,
+                                         SIZE, ready, starts, workers, i, i % workers_n if spread else -1)
+                     for i in range(2)]
+            try:
+                deadline = time.monotonic() + self.timeout
+                self.children.wait(prods, self.timeout)
+                q = srv.broker.queue("scale")
+                q.put_many([PILL, PILL])  # one per consumer, behind every real message
+                self.children.wait(cons, max(1.0, deadline - time.monotonic()))
+            finally:
+                for p in cons + prods:
+                    self.children.stop(p)
+        finally:
+            self._release(SHMQ, (handle,), srv)
+        got = counts[0] + counts[1]
+        if got != 2 * per:
+            raise TrialError(f"consumers reported {got} of {2 * per} messages")
+        elapsed_ns = max(ends[0], ends[1]) - min(starts[0], starts[1])
+        if elapsed_ns <= 0:
+            raise TrialError(f"bad timing: {elapsed_ns} ns")
+        return got / (elapsed_ns / 1e9), list(workers)
+
+
+def percentile(sorted_values: Sequence[int], q: float) -> float:
+    idx = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
+    return float(sorted_values[idx])
+
+
+def median(values: Sequence[float | None]) -> float | None:
+    ok = [v for v in values if v is not None]
+    return statistics.median(ok) if ok else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a and b else None
+
+
+# =============================================================== output
+class Out:
+    def __init__(self) -> None:
+        # a pipe or a file gets rich's 80 columns by default: too narrow for the tables
+        width = None if sys.stdout.isatty() else 160
+        self.console = Console(highlight=False, width=width) if Console is not None else None
+
+    def line(self, text: str = "", style: str | None = None) -> None:
+        if self.console is not None:
+            self.console.print(text, style=style, markup=False)
+        else:
+            print(text, flush=True)
+
+    def table(self, title: str, headers: Sequence[str], rows: Sequence[Sequence[str]],
+              caption: str | None = None) -> None:
+        if self.console is not None and Table is not None:
+            t = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
+            for i, h in enumerate(headers):
+                t.add_column(h, justify="left" if i < 1 else "right", no_wrap=True)
+            for r in rows:
+                t.add_row(*r)
+            self.console.print(t)
+            return
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+
+        def fmt(cells: Sequence[str]) -> str:
+            return "  ".join(c.ljust(w) if i < 1 else c.rjust(w)
+                             for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+
+        print(f"\n{title}")
+        print(fmt(headers))
+        print("  ".join("-" * w for w in widths))
+        for r in rows:
+            print(fmt(r))
+        if caption:
+            print(caption)
+        print(flush=True)
+
+
+def fmt_rate(v: float | None) -> str:
+    return "failed" if v is None else f"{v:,.0f}"
+
+
+def fmt_ratio(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f}x"
+
+
+def fmt_us(ns: float | None) -> str:
+    return "failed" if ns is None else f"{ns / 1000:.1f}"
+
+
+def fmt_workers(ws: Sequence[int]) -> str:
+    return "/".join("?" if w < 0 else str(w) for w in ws)
+
+
+# =============================================================== main
+@dataclass
+class Results:
+    throughput: dict[tuple[str, str], list[float | None]] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    placement: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    p50: dict[str, list[float | None]] = field(default_factory=dict)
+    p99: dict[str, list[float | None]] = field(default_factory=dict)
+    scaling: dict[int, list[float | None]] = field(default_factory=dict)
+    scaling_placement: dict[int, list[str]] = field(default_factory=dict)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--n", type=int, default=None,
+                   help="messages per one-at-a-time run (also the scaling runs' total); batched runs "
+                        "move 4 * n.  Default 50000, or 5000 with --quick")
+    p.add_argument("--rounds", type=int, default=None, help="interleaved rounds per workload; "
+                   "the median is reported (default 3, or 1 with --quick)")
+    p.add_argument("--pings", type=int, default=None,
+                   help="timed round trips per ping-pong run (default 5000, or 1000 with --quick)")
+    p.add_argument("--workers", type=int, default=2,
+                   help="shmq serve workers for workloads 1-3 (default 2; scaling always runs 1 and 2)")
+    p.add_argument("--quick", action="store_true", help="small smoke run")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    p.add_argument("--no-redis", action="store_true", help="measure shmq alone")
+    p.add_argument("--no-install", action="store_true",
+                   help="do not install redis-server (apt-get) or redis-py (pip) when missing")
+    p.add_argument("--no-scaling", action="store_true", help="skip the 1-vs-2-worker runs")
+    p.add_argument("--no-spread", action="store_true",
+                   help="scaling: keep whatever worker the kernel gives each client (by default each "
+                        "client reconnects until producer i and consumer i are on worker i %% 2, so the "
+                        "2-worker runs really use both workers)")
+    p.add_argument("--start-method", choices=("fork", "spawn", "forkserver"), default="fork",
+                   help="multiprocessing start method for the client processes (default fork)")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="seconds one run may take before it is stopped and counted as failed")
+    a = p.parse_args(argv)
+    a.n = a.n if a.n is not None else (5_000 if a.quick else 50_000)
+    a.rounds = a.rounds if a.rounds is not None else (1 if a.quick else 3)
+    a.pings = a.pings if a.pings is not None else (1_000 if a.quick else 5_000)
+    if a.n < BATCH or a.rounds < 1 or a.pings < 1 or a.workers < 1:
+        p.error(f"--n must be >= {BATCH}, --rounds, --pings and --workers >= 1")
+    return a
+
+
+def messages_for(n: int, batch: int) -> int:
+    count = n if batch == 1 else 4 * n
+    return -(-count // batch) * batch  # whole batches
+
+
+def run(args: argparse.Namespace, out: Out, bench: Bench, systems: list[str]) -> Results:
+    res = Results()
+    for workload, batch in WORKLOADS.items():
+        n = messages_for(args.n, batch)
+        res.counts[workload] = n
+        for rnd in range(1, args.rounds + 1):
+            for system in systems:
+                where = ""
+                try:
+                    v, ws = bench.throughput(system, n, batch)
+                    shown = f"{v:>12,.0f} msgs/s"
+                    if system == SHMQ:
+                        where = f"   (producer/consumer on worker {fmt_workers(ws)})"
+                        res.placement.setdefault((workload, system), []).append(fmt_workers(ws))
+                except TrialError as e:
+                    v, shown = None, f"FAILED: {e}"
+                res.throughput.setdefault((workload, system), []).append(v)
+                out.line(f"  round {rnd}/{args.rounds}  {WORKLOAD_LABELS[workload]:<13} n={n:<7} "
+                         f"{system:<14} {shown}{where}", style="dim")
+    lat_systems = [s for s in systems if s != RSTREAM]
+    for rnd in range(1, args.rounds + 1):
+        for system in lat_systems:
+            p50: float | None
+            p99: float | None
+            where = ""
+            try:
+                lat, ws = bench.latency(system, args.pings)
+                p50, p99 = percentile(lat, 0.50), percentile(lat, 0.99)
+                shown = f"p50 {p50 / 1000:8.1f} us   p99 {p99 / 1000:8.1f} us"
+                if system == SHMQ:
+                    where = f"   (pinger/ponger on worker {fmt_workers(ws)})"
+                    res.placement.setdefault(("ping-pong", system), []).append(fmt_workers(ws))
+            except TrialError as e:
+                p50 = p99 = None
+                shown = f"FAILED: {e}"
+            res.p50.setdefault(system, []).append(p50)
+            res.p99.setdefault(system, []).append(p99)
+            out.line(f"  round {rnd}/{args.rounds}  {'ping-pong':<13} x{args.pings:<8} {system:<14} "
+                     f"{shown}{where}", style="dim")
+    if not args.no_scaling:
+        n = -(-args.n // 2) * 2
+        res.counts["scaling"] = n
+        for rnd in range(1, args.rounds + 1):
+            for w in (1, 2):
+                where = ""
+                try:
+                    v, sws = bench.scaling(w, n, not args.no_spread)
+                    shown = f"{v:>12,.0f} msgs/s"
+                    where = f"   (producers/consumers on worker {fmt_workers(sws)})"
+                    if w > 1 and len(set(sws)) == 1:
+                        where += "  <- all on one worker: the kernel's SO_REUSEPORT hash did not spread them"
+                    res.scaling_placement.setdefault(w, []).append(fmt_workers(sws))
+                except TrialError as e:
+                    v, shown = None, f"FAILED: {e}"
+                res.scaling.setdefault(w, []).append(v)
+                out.line(f"  round {rnd}/{args.rounds}  {'2p + 2c':<13} n={n:<7} {f'shmq {w}w':<14} "
+                         f"{shown}{where}", style="dim")
+    return res
+
+
+def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str],
+           redis_version: str | None) -> dict[str, Any]:
+    peers = [s for s in systems if s != SHMQ]
+    med = {k: median(v) for k, v in res.throughput.items()}
+    rows = []
+    for workload in WORKLOADS:
+        row = [WORKLOAD_LABELS[workload]]
+        for s in systems:
+            row.append(fmt_rate(med.get((workload, s))))
+        for s in peers:
+            row.append(fmt_ratio(ratio(med.get((workload, SHMQ)), med.get((workload, s)))))
+        rows.append(row)
+    caption = (f"median of {args.rounds} interleaved round(s), {SIZE} B payloads, msgs/s timed in the "
+               f"consumer; shmq over TCP with {args.workers} worker(s), acks every message")
+    if RLIST in systems:
+        caption += ("\nredis-lists: LPUSH / BRPOP, no ack exists (the pop removes the message); batched: "
+                    f"one LPUSH of {BATCH} values, pipelined BRPOP + RPOP count {BATCH - 1}")
+    if RSTREAM in systems:
+        caption += (f"\nredis-streams: XADD / XREADGROUP + XACK each; batched: pipeline of {BATCH} XADD, "
+                    f"XREADGROUP COUNT {BATCH} + one XACK of {BATCH} ids")
+    placements = {w: res.placement.get((w, SHMQ), []) for w in WORKLOADS}
+    if args.workers > 1 and any(placements.values()):
+        caption += ("\nshmq connections (producer/consumer worker) per round: "
+                    + "; ".join(f"{WORKLOAD_LABELS[w]}: {', '.join(p)}" for w, p in placements.items() if p))
+    out.line()
+    out.table("Throughput over TCP, msgs/s (1 producer -> 1 consumer)",
+              ["workload", *systems, *(f"shmq/{s}" for s in peers)], rows, caption)
+
+    m50 = {k: median(v) for k, v in res.p50.items()}
+    m99 = {k: median(v) for k, v in res.p99.items()}
+    lat_systems = [s for s in systems if s != RSTREAM]
+    lat_peers = [s for s in lat_systems if s != SHMQ]
+    row = ["ping-pong"]
+    for s in lat_systems:
+        row.append(f"{fmt_us(m50.get(s))} / {fmt_us(m99.get(s))}")
+    for s in lat_peers:
+        row.append(f"{fmt_ratio(ratio(m50.get(s), m50.get(SHMQ)))} / "
+                   f"{fmt_ratio(ratio(m99.get(s), m99.get(SHMQ)))}")
+    caption = f"median of {args.rounds} round(s) of each run's percentile; shmq gets + acks ping and pong"
+    if lat_peers:
+        caption += "; redis: LPUSH / BRPOP; ratio = peer latency / shmq latency (> 1: shmq is faster)"
+    pp_place = res.placement.get(("ping-pong", SHMQ), [])
+    if args.workers > 1 and pp_place:
+        caption += ("\nshmq connections (pinger/ponger worker) per round: " + ", ".join(pp_place)
+                    + "; a wake-up across workers goes through the worker's watcher thread")
+    out.line()
+    out.table(f"Round-trip latency over TCP (p50 / p99 in us, {args.pings} round trips per run, {SIZE} B)",
+              ["workload", *lat_systems, *(f"{s}/shmq" for s in lat_peers)], [row], caption)
+
+    ms = {w: median(v) for w, v in res.scaling.items()}
+    scale_ratio = ratio(ms.get(2), ms.get(1))
+    if res.scaling:
+        out.line()
+        out.table(f"shmq worker scaling: 2 producers + 2 consumers, 1 msg / call + ack, "
+                  f"n={res.counts['scaling']}",
+                  ["workload", "1 worker", "2 workers", "2w/1w"],
+                  [["4 clients, total msgs/s", fmt_rate(ms.get(1)), fmt_rate(ms.get(2)),
+                    fmt_ratio(scale_ratio)]],
+                  f"median of {args.rounds} round(s); {os.cpu_count()} CPUs shared by the broker workers, "
+                  "its supervisor and the 4 clients\n2-worker connections (producers/consumers worker) per "
+                  "round: " + ", ".join(res.scaling_placement.get(2, []))
+                  + ("; placed by the kernel (--no-spread)" if args.no_spread else
+                     "; producer i and consumer i asked for worker i % 2 by reconnecting (--no-spread: "
+                     "leave it to the kernel)"))
+
+    # ------------------------------------------------------------ targets
+    def vs_best(workload: str) -> tuple[float | None, str]:
+        ratios = {s: ratio(med.get((workload, SHMQ)), med.get((workload, s))) for s in peers}
+        if not peers:
+            return None, "Redis not measured"
+        detail = ", ".join(f"vs {s} {fmt_ratio(v)}" for s, v in ratios.items())
+        ok = [v for v in ratios.values() if v is not None]
+        if len(ok) < len(ratios):
+            return None, f"a run failed ({detail})"
+        return min(ok), f"vs the faster Redis variant ({detail})"
+
+    batched, batched_note = vs_best("batch")
+    single, single_note = vs_best("single")
+    targets: list[tuple[str, float | None, float, float, str]] = [
+        (f"batched (x{BATCH}) vs Redis pipelined", batched, 1.5, 2.8, batched_note),
+        ("one at a time + ack vs Redis", single, 1.0, 1.6, single_note),
+    ]
+    out.line()
+    out.line("Targets", style="bold")
+    target_json: list[dict[str, Any]] = []
+    for label, value, must, aim, note in targets:
+        if value is None:
+            verdict, style = f"n/a ({note})", "yellow"
+        elif value < must:
+            verdict, style = f"FAIL (must >= {must:g}x; aim {aim:g}x)", "bold red"
+        elif value < aim:
+            verdict, style = f"pass (>= {must:g}x), below the aim of {aim:g}x", "yellow"
+        else:
+            verdict, style = f"pass, aim of {aim:g}x reached", "bold green"
+        out.line(f"  {label:<42} {fmt_ratio(value):>7}  {verdict}", style=style)
+        if value is not None:
+            out.line(f"  {'':<42} {'':>7}  {note}", style="dim")
+        target_json.append({"target": label, "ratio": value, "must": must, "aim": aim, "note": note,
+                            "ok": None if value is None else value >= must,
+                            "aim_reached": None if value is None else value >= aim})
+    s50, r50 = m50.get(SHMQ), m50.get(RLIST)
+    label = "ping-pong p50 <= Redis (aim 100 us)"
+    if s50 is None or r50 is None:
+        why = "Redis not measured" if RLIST not in systems else "a run failed"
+        verdict, style, ok, aim_ok = f"n/a ({why})", "yellow", None, None
+        if s50 is not None:
+            aim_ok = s50 <= 100_000
+            verdict += f"; shmq p50 {fmt_us(s50)} us, aim of 100 us {'reached' if aim_ok else 'missed'}"
+    else:
+        ok, aim_ok = s50 <= r50, s50 <= 100_000
+        if not ok:
+            verdict, style = "FAIL (shmq slower than Redis)", "bold red"
+        elif not aim_ok:
+            verdict, style = "pass (<= Redis), above the aim of 100 us", "yellow"
+        else:
+            verdict, style = "pass, aim of 100 us reached", "bold green"
+    shown = f"{fmt_us(s50)} us" + (f" vs Redis {fmt_us(r50)} us" if r50 is not None else "")
+    out.line(f"  {label:<42} {shown:>7}  {verdict}", style=style)
+    target_json.append({"target": label, "shmq_p50_us": None if s50 is None else s50 / 1000,
+                        "redis_p50_us": None if r50 is None else r50 / 1000, "aim_us": 100.0,
+                        "ok": ok, "aim_reached": aim_ok})
+    out.line(f"  reference quoted for this 2-core machine: Redis ~{REF_REDIS_SINGLE / 1000:g}k msgs/s one "
+             f"at a time, {REF_REDIS_BATCH / 1000:g}k pipelined in batches of {BATCH} (lists and Streams "
+             f"alike), ping-pong {REF_REDIS_PING_P50_US:g}/{REF_REDIS_PING_P99_US:g} us; RabbitMQ via pika "
+             f"{REF_RABBIT_SINGLE / 1000:g}k with ack each (not run here)", style="dim")
+    out.line(f"  shmq measured here against those figures: one at a time "
+             f"{fmt_ratio(ratio(med.get(('single', SHMQ)), REF_REDIS_SINGLE))} of Redis, "
+             f"{fmt_ratio(ratio(med.get(('single', SHMQ)), REF_RABBIT_SINGLE))} of RabbitMQ; batched "
+             f"{fmt_ratio(ratio(med.get(('batch', SHMQ)), REF_REDIS_BATCH))}; ping-pong p50 {fmt_us(s50)} us "
+             f"vs {REF_REDIS_PING_P50_US:g}", style="dim")
+    if res.scaling:
+        out.line(f"  worker scaling (no target): 2 workers / 1 worker = {fmt_ratio(scale_ratio)} "
+                 f"on {os.cpu_count()} CPUs", style="dim")
+
+    return {
+        "config": {"n_single": res.counts.get("single"), "n_batch": res.counts.get("batch"),
+                   "n_scaling": res.counts.get("scaling"), "rounds": args.rounds, "pings": args.pings,
+                   "batch": BATCH, "size": SIZE, "workers": args.workers, "start_method": args.start_method,
+                   "systems": systems, "python": sys.version, "platform": platform.platform(),
+                   "cpus": os.cpu_count(), "shmq_version": getattr(shmq, "__version__", "?"),
+                   "redis_server_version": redis_version,
+                   "redis_py_version": getattr(redis, "__version__", None) if redis is not None else None},
+        "throughput": [
+            {"workload": w, "system": s, "messages": res.counts[w], "runs_msgs_per_s": runs,
+             "median_msgs_per_s": median(runs),
+             "shmq_workers_producer_consumer": res.placement.get((w, s)) if s == SHMQ else None,
+             "note": ("no ack (pop removes)" if s == RLIST else "XACK each" if s == RSTREAM else "ack each")}
+            for (w, s), runs in res.throughput.items()],
+        "latency": [
+            {"system": s, "round_trips": args.pings,
+             "runs_p50_us": [None if v is None else v / 1000 for v in res.p50[s]],
+             "runs_p99_us": [None if v is None else v / 1000 for v in res.p99[s]],
+             "median_p50_us": None if m50[s] is None else m50[s] / 1000,  # type: ignore[operator]
+             "median_p99_us": None if m99[s] is None else m99[s] / 1000,  # type: ignore[operator]
+             "shmq_workers_pinger_ponger": res.placement.get(("ping-pong", s)) if s == SHMQ else None}
+            for s in res.p50],
+        "scaling": {
+            "messages": res.counts.get("scaling"),
+            "runs_msgs_per_s": {f"{w}w": v for w, v in res.scaling.items()},
+            "median_msgs_per_s": {f"{w}w": v for w, v in ms.items()},
+            "placement_2w": res.scaling_placement.get(2),
+            "spread": not args.no_spread,
+            "ratio_2w_1w": scale_ratio},
+        "ratios": {
+            **{f"{w} shmq/{p}": ratio(med.get((w, SHMQ)), med.get((w, p))) for w in WORKLOADS for p in peers},
+            **{f"ping-pong p50 {p}/shmq": ratio(m50.get(p), m50.get(SHMQ)) for p in lat_peers}},
+        "targets": target_json,
+        "reference": {"redis_single": REF_REDIS_SINGLE, "redis_batch": REF_REDIS_BATCH,
+                      "redis_ping_p50_us": REF_REDIS_PING_P50_US, "redis_ping_p99_us": REF_REDIS_PING_P99_US,
+                      "rabbitmq_pika_single_ack": REF_RABBIT_SINGLE},
+    }
+
+
+def _terminate(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Out()
+    previous = signal.signal(signal.SIGTERM, _terminate)
+
+    systems = [SHMQ]
+    redis_bin: str | None = None
+    if args.no_redis:
+        out.line("--no-redis: measuring shmq alone", style="yellow")
+    else:
+        redis_bin, _installed = ensure_redis(out, not args.no_install)
+
+    ctx = mp.get_context(args.start_method)
+    children = Children(ctx)
+    servers: dict[int, ShmqServer] = {}
+    rserver: RedisServer | None = None
+    code = 0
+    try:
+        wanted = [args.workers] + ([] if args.no_scaling else [w for w in (1, 2) if w != args.workers])
+        for w in wanted:
+            srv = ShmqServer(w, f"w{w}")
+            servers[w] = srv
+            srv.start()
+        if redis_bin is not None:
+            rserver = RedisServer(redis_bin)
+            try:
+                rserver.start()
+                systems += [RLIST, RSTREAM]
+            except SetupError as e:
+                out.line(f"{e}: skipping Redis", style="yellow")
+                rserver.stop()
+                rserver = None
+        main_srv = servers[args.workers]
+        out.line(f"shmq bench_tcp: {main_srv.url} ({args.workers} worker(s), instance {main_srv.instance})"
+                 + (f", redis-server {rserver.version} on {rserver.host}:{rserver.port} "
+                    f"(redis-py {redis.__version__})" if rserver else "")
+                 + f"; {os.cpu_count()} cpus, start method {args.start_method}, n={args.n} one at a time / "
+                 f"{messages_for(args.n, BATCH)} batched, {args.rounds} round(s), {args.pings} pings",
+                 style="bold")
+        bench = Bench(ctx, children, servers, args.workers, rserver, args.timeout)
+        res = run(args, out, bench, systems)
+        data = report(args, out, res, systems, rserver.version if rserver else None)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(data, f, indent=2)
+            out.line(f"results written to {args.json}")
+    except SetupError as e:
+        out.line(f"error: {e}", style="bold red")
+        code = 1
+    except KeyboardInterrupt:
+        out.line("interrupted", style="yellow")
+        code = 130
+    finally:
+        children.stop_all()
+        if rserver is not None:
+            rserver.stop()
+            for note in rserver.notes:
+                out.line(f"warning (redis-server): {note}", style="yellow")
+        for srv in servers.values():
+            srv.stop()
+            for note in srv.notes:
+                out.line(f"warning (shmq serve, {srv.workers} worker(s)): {note}", style="bold red")
+                code = code or 1
+        signal.signal(signal.SIGTERM, previous)
+        alive = mp.active_children()
+        if alive:
+            out.line(f"warning: child processes still alive: {alive}", style="bold red")
+            code = code or 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
