@@ -102,7 +102,12 @@ class Worker:
     # ------------------------------------------------------------ life cycle
     def run(self, ready: Any = None) -> None:
         self.broker = ShmBroker(self.instance)
-        asyncio.run(self._main(ready))
+        try:  # uvloop halves the event loop's cost per request; plain asyncio works too
+            import uvloop
+        except ImportError:
+            asyncio.run(self._main(ready))
+        else:
+            uvloop.run(self._main(ready))
 
     async def _main(self, ready: Any) -> None:
         self.loop = asyncio.get_running_loop()

@@ -372,3 +372,26 @@ def test_cli_end_to_end(server: Server) -> None:
 
 
 _ = random
+
+
+def test_workers_follow_a_killed_supervisor_and_restart_reattaches() -> None:
+    srv = Server(workers=2, extra=["--keep"])
+    b = shmq.connect(srv.url)
+    b.create_queue("survive").put(b"kept")
+    b.close()
+    workers = srv.workers()
+    srv.proc.kill()  # SIGKILL: no clean-up at all
+    srv.proc.wait()
+    gone, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, "workers outlived their supervisor"
+    # the memory of the crashed broker is still there; a new broker on it re-attaches it
+    again = Server(workers=1, extra=["--instance", srv.instance])
+    try:
+        b = shmq.connect(again.url)
+        assert b.queue("survive").get(timeout=5).payload == b"kept"
+        b.close()
+    finally:
+        assert again.stop() == 0
+    for stream in (srv.proc.stdout, srv.proc.stderr):
+        if stream:
+            stream.close()
