@@ -181,11 +181,12 @@ class ShmQueue(QueueABC):
         """Would this batch fit the queue when empty?"""
         return self._ring.fits_empty(sum(len(p) for p in payloads), len(payloads))
 
-    def wait(self, timeout: float) -> bool:
-        """Sleep until the queue's tail may have moved (a hint), at most ``timeout`` s.
-        For servers that park waiting requests; True when woken before the timeout."""
+    def wait(self, timeout: float, since: int | None = None) -> bool:
+        """Sleep until the queue's tail moves past ``since`` (default: its value now), at
+        most ``timeout`` s; a hint for servers that park waiting requests.  True when
+        woken before the timeout."""
         w = self._w
-        tail = w[L.Q_NEXT_OFFSET]
+        tail = w[L.Q_NEXT_OFFSET] if since is None else since
         with self._ring.clock:
             w[L.Q_CONSUMER_WAITERS] += 1
         try:
