@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 from shmq import options
@@ -59,28 +60,26 @@ def reuseport_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+@dataclass(slots=True, eq=False)
 class Waiter:
     """A parked request: a CONSUME / CONSUME_BATCH / PRODUCE that waits for its queue."""
 
-    __slots__ = ("conn", "frame", "fields", "deadline")
-
-    def __init__(self, conn: Connection, frame: Frame, fields: dict[str, Any], deadline: float | None):
-        self.conn = conn
-        self.frame = frame
-        self.fields = fields
-        self.deadline = deadline
+    conn: Connection
+    frame: Frame
+    fields: dict[str, Any]
+    deadline: float | None
 
 
+@dataclass(slots=True, eq=False)
 class Subscription:
-    __slots__ = ("conn", "sub_id", "queue", "group", "credit", "vis")
+    """A push subscription of one connection: the broker sends up to ``credit`` ahead."""
 
-    def __init__(self, conn: Connection, sub_id: int, queue: str, group: str, credit: int, vis: int):
-        self.conn = conn
-        self.sub_id = sub_id
-        self.queue = queue
-        self.group = group
-        self.credit = credit
-        self.vis = vis
+    conn: Connection
+    sub_id: int
+    queue: str
+    group: str
+    credit: int
+    vis: int
 
 
 class Worker:

@@ -38,7 +38,6 @@ from .errors import (
     AuthError,
     ConnectionLost,
     InvalidArgument,
-    LimitExceeded,
     ProtocolError,
     ShmqError,
     StaleAck,
@@ -46,7 +45,7 @@ from .errors import (
 )
 from .names import check_queue_name
 from .queue import _as_bytes
-from .tcp import _ms, _timeout_ms, _vis, parse_tcp_url
+from .tcp import _ms, _timeout_ms, _vis, batch_payloads, parse_tcp_url
 
 __all__ = ["AsyncBroker", "AsyncMessage", "AsyncQueue", "connect"]
 
@@ -368,12 +367,9 @@ class AsyncQueue:
 
     async def put_many(self, payloads: Sequence[Payload], block: bool = True,
                        timeout: float | None = None) -> list[int]:
-        items = [bytes(_as_bytes(p)) for p in payloads]
+        items = batch_payloads(payloads)
         if not items:
             return []
-        if len(items) > options.MAX_BATCH:
-            raise LimitExceeded(f"{len(items)} messages in one batch; the limit over TCP is "
-                                f"{options.MAX_BATCH}")
         r = await self._b._request(T.PRODUCE_BATCH, T.PRODUCE_BATCH_OK, queue=self.name,
                                    timeout_ms=_timeout_ms(block, timeout), payloads=items)
         return list(range(r["first"], r["first"] + r["count"]))

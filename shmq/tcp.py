@@ -201,12 +201,9 @@ class TcpQueue(Queue):
 
     def put_many(self, payloads: Sequence[Payload], block: bool = True,
                  timeout: float | None = None) -> list[int]:
-        items = [bytes(_as_bytes(p)) for p in payloads]
+        items = batch_payloads(payloads)
         if not items:
             return []
-        if len(items) > options.MAX_BATCH:
-            raise LimitExceeded(f"{len(items)} messages in one batch; the limit over TCP is "
-                                f"{options.MAX_BATCH}")
         r = self._b._request(T.PRODUCE_BATCH, T.PRODUCE_BATCH_OK, queue=self.name,
                              timeout_ms=_timeout_ms(block, timeout), payloads=items)
         return list(range(r["first"], r["first"] + r["count"]))
@@ -308,6 +305,15 @@ class TcpQueue(Queue):
         finally:
             if not b._closed:
                 b._request(T.UNSUBSCRIBE, T.UNSUBSCRIBE_OK, subscription=sub)
+
+
+def batch_payloads(payloads: Sequence[Payload]) -> list[bytes]:
+    """The payloads of one PRODUCE_BATCH frame, checked against MAX_BATCH."""
+    items = [bytes(_as_bytes(p)) for p in payloads]
+    if len(items) > options.MAX_BATCH:
+        raise LimitExceeded(f"{len(items)} messages in one batch; the limit over TCP is "
+                            f"{options.MAX_BATCH}")
+    return items
 
 
 def _ms(seconds: float) -> int:
