@@ -48,57 +48,39 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
-import math
 import multiprocessing as mp
-import multiprocessing.connection as mpc
 import os
 import platform
 import re
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
+# bench/ is sys.path[0]; importing common puts the repository root there too
+import common
+from common import BATCH, SHMQ, WORKLOAD_LABELS, WORKLOADS, Out, TrialError, fmt_ratio, fmt_us, median, ratio
 
-import shmq  # noqa: E402
+import shmq
 
 try:
     import redis
 except ImportError:
     redis = None  # type: ignore[assignment]
 
-try:
-    from rich.console import Console
-    from rich.table import Table
-except ImportError:
-    Console = None  # type: ignore[assignment,misc]
-    Table = None  # type: ignore[assignment,misc]
 
-
-SHMQ, RLIST, RSTREAM = "shmq", "redis-lists", "redis-streams"
+RLIST, RSTREAM = "redis-lists", "redis-streams"
 SIZE = 100
-BATCH = 100
-WORKLOADS = {"single": 1, "batch": BATCH}
-WORKLOAD_LABELS = {"single": "1 msg / call", "batch": f"batch of {BATCH}"}
 
-SHMQ_CAPACITY = 65_536
-SHMQ_MAX_BYTES = 64 << 20
-READY_TIMEOUT = 60.0
 SERVER_START_TIMEOUT = 60.0
 SERVER_STOP_TIMEOUT = 30.0
-PING_WARMUP = 200
 STREAM_GROUP = "bench"
 STREAM_FIELD = b"d"
 SPREAD_TRIES = 32  # scaling: connections tried per client to land on its worker
@@ -114,23 +96,11 @@ REF_RABBIT_SINGLE = 15_000
 Handle = Any  # shmq: (url, queue name); redis: (host, port, key)
 
 
-class TrialError(RuntimeError):
-    """One measurement failed (a child crashed or timed out)."""
-
-
 class SetupError(RuntimeError):
     """A broker could not be started."""
 
 
 # =============================================================== children (hot loops)
-def _child_main(fn: Callable[..., None], args: tuple[Any, ...]) -> None:
-    # Ctrl-C goes to the parent, which stops us; SIGTERM must kill us even under fork
-    # (where we inherit the parent's handler).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    fn(*args)
-
-
 class _Client:
     """A child's own connection: a shmq queue or a redis client, and how to close it."""
 
@@ -159,11 +129,6 @@ class _Client:
             self.close = self.r.close
 
 
-def _wait_ready(ready: Any) -> None:
-    if not ready.wait(READY_TIMEOUT):
-        raise TrialError("the peer process never became ready")
-
-
 def _stream_entries(resp: Any) -> list[Any]:
     """The (id, fields) entries of an XREADGROUP reply on one stream (RESP2 or RESP3)."""
     if not resp:
@@ -181,17 +146,10 @@ def _producer(system: str, handle: Handle, n: int, size: int, batch: int, ready:
         workers[0] = c.worker
         payload = b"x" * size
         chunk = [payload] * batch
-        _wait_ready(ready)
+        common.wait_ready(ready)
         start.value = time.monotonic_ns()
         if system == SHMQ:
-            if batch == 1:
-                put = c.q.put
-                for _ in range(n):
-                    put(payload)
-            else:
-                put_many = c.q.put_many
-                for _ in range(n // batch):
-                    put_many(chunk)
+            common.shmq_produce(c.q, payload, n, batch)
         elif system == RLIST:
             key = c.key
             if batch == 1:
@@ -228,20 +186,7 @@ def _consumer(system: str, handle: Handle, n: int, batch: int, size: int, ready:
         got = 0
         last: Any = None
         if system == SHMQ:
-            if batch == 1:
-                get = c.q.get
-                for _ in range(n):
-                    m = get()
-                    m.ack()
-                last = m.payload
-                got = n
-            else:
-                get_many, ack_many = c.q.get_many, c.q.ack_many
-                while got < n:
-                    msgs = get_many(batch)
-                    ack_many(msgs)
-                    got += len(msgs)
-                last = msgs[-1].payload
+            got, last = common.shmq_consume(c.q, n, batch)
         elif system == RLIST:
             key = c.key
             if batch == 1:
@@ -290,19 +235,15 @@ def _pinger(system: str, h_ping: Handle, h_pong: Handle, size: int, total: int, 
     try:
         workers[0] = c.worker
         payload = b"p" * size
-        lat = array("q", bytes(8 * total))
-        clock = time.perf_counter_ns
         if system == SHMQ:
             put, get = c.q.put, c.broker.queue(h_pong[1]).get
-            _wait_ready(ready)
-            for i in range(total):
-                t0 = clock()
-                put(payload)
-                get().ack()
-                lat[i] = clock() - t0
+            common.wait_ready(ready)
+            lat = common.shmq_ping(put, get, payload, total)
         else:  # Redis lists: LPUSH / BRPOP
+            lat = array("q", bytes(8 * total))
+            clock = time.perf_counter_ns
             lpush, brpop, kping, kpong = c.r.lpush, c.r.brpop, h_ping[2], h_pong[2]
-            _wait_ready(ready)
+            common.wait_ready(ready)
             for i in range(total):
                 t0 = clock()
                 lpush(kping, payload)
@@ -321,10 +262,7 @@ def _ponger(system: str, h_ping: Handle, h_pong: Handle, total: int, ready: Any,
         if system == SHMQ:
             get, put = c.q.get, c.broker.queue(h_pong[1]).put
             ready.set()
-            for _ in range(total):
-                m = get()
-                m.ack()
-                put(m.payload)
+            common.shmq_pong(get, put, total)
         else:
             brpop, lpush, kping, kpong = c.r.brpop, c.r.lpush, h_ping[2], h_pong[2]
             ready.set()
@@ -341,11 +279,9 @@ def _scale_producer(handle: Handle, n: int, size: int, ready: Sequence[Any], sta
         workers[idx] = c.worker
         payload = b"x" * size
         for ev in ready:
-            _wait_ready(ev)
+            common.wait_ready(ev)
         starts[idx] = time.monotonic_ns()
-        put = c.q.put
-        for _ in range(n):
-            put(payload)
+        common.shmq_produce(c.q, payload, n, 1)
     finally:
         c.close()
 
@@ -370,72 +306,6 @@ def _scale_consumer(handle: Handle, ready: Any, ends: Any, counts: Any, workers:
         counts[idx] = got
     finally:
         c.close()
-
-
-# =============================================================== parent: process control
-class Children:
-    """Every child process this script started; all of them are stopped on the way out."""
-
-    def __init__(self, ctx: mp.context.BaseContext) -> None:
-        self.ctx = ctx
-        self.procs: list[Any] = []
-
-    def start(self, name: str, fn: Callable[..., None], *args: Any) -> Any:
-        p = self.ctx.Process(target=_child_main, args=(fn, args), name=name, daemon=True)  # type: ignore[attr-defined]
-        self.procs.append(p)
-        p.start()
-        return p
-
-    def wait(self, procs: Sequence[Any], timeout: float, conn: Any = None) -> bytes | None:
-        """Join ``procs`` (reading ``conn``'s one message on the way); stop them all on any failure."""
-        deadline = time.monotonic() + timeout
-        pending = {p.sentinel: p for p in procs}
-        waitables: list[Any] = list(pending) + ([conn] if conn is not None else [])
-        data: bytes | None = None
-        try:
-            while pending or (conn is not None and data is None):
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TrialError(f"timed out after {timeout:g} s")
-                for obj in mpc.wait(waitables, remaining):
-                    waitables.remove(obj)
-                    if obj is conn:
-                        try:
-                            data = conn.recv_bytes()  # type: ignore[union-attr]
-                        except EOFError:
-                            raise TrialError("the measuring process sent no result") from None
-                        continue
-                    p = pending.pop(obj)
-                    p.join()
-                    if p.exitcode != 0:
-                        raise TrialError(f"{p.name} exited with code {p.exitcode}")
-                if not pending and conn is not None and data is None:
-                    if not conn.poll(0):
-                        raise TrialError("the measuring process exited without a result")
-                    data = conn.recv_bytes()
-        finally:
-            for p in procs:
-                self.stop(p)
-        return data
-
-    def stop(self, p: Any) -> None:
-        if p not in self.procs:
-            return  # already stopped and closed
-        if p.is_alive():
-            p.terminate()
-            p.join(5)
-            if p.is_alive():
-                p.kill()
-        p.join()
-        self.procs.remove(p)
-        p.close()
-
-    def stop_all(self) -> None:
-        for p in list(self.procs):
-            try:
-                self.stop(p)
-            except Exception as e:  # noqa: BLE001 - keep stopping the others
-                print(f"warning: could not stop {p.name}: {e}", file=sys.stderr)
 
 
 # =============================================================== parent: the brokers
@@ -472,15 +342,6 @@ def _stop_group(proc: subprocess.Popen[bytes], timeout: float) -> list[str]:
     return notes
 
 
-def leftovers(instance: str) -> list[str]:
-    try:
-        names = os.listdir("/dev/shm")
-    except OSError:
-        return []
-    mine = (f"shmq.{instance}.", f"sem.shmq.{instance}.")
-    return sorted(n for n in names if n.startswith(mine))
-
-
 class ShmqServer:
     """``shmq serve --port 0 --workers N`` as a child process (its own session)."""
 
@@ -501,7 +362,7 @@ class ShmqServer:
                "--workers", str(self.workers), "--instance", self.instance]
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                         cwd=REPO_ROOT, start_new_session=True)
+                                         cwd=common.REPO_ROOT, start_new_session=True)
         deadline = time.monotonic() + SERVER_START_TIMEOUT
         while True:
             with open(self.out_path, "rb") as f:
@@ -540,7 +401,7 @@ class ShmqServer:
         err = self.stderr_tail()
         if err:
             self.notes.append(f"shmq serve stderr: {err}")
-        left = leftovers(self.instance)
+        left = common.leftovers(self.instance)
         if left:
             self.notes.append(f"shared memory left behind (removed now): {', '.join(left)}")
             for name in left:
@@ -663,7 +524,7 @@ def ensure_redis(out: Out, allow_install: bool) -> tuple[str | None, list[str]]:
 @dataclass
 class Bench:
     ctx: mp.context.BaseContext
-    children: Children
+    children: common.Children
     servers: dict[int, ShmqServer]  # by worker count
     main_workers: int
     redis: RedisServer | None
@@ -673,8 +534,7 @@ class Bench:
     def _setup(self, system: str, names: Sequence[str], server: ShmqServer | None = None) -> list[Handle]:
         if system == SHMQ:
             srv = server or self.servers[self.main_workers]
-            for name in names:
-                srv.broker.create_queue(name, capacity=SHMQ_CAPACITY, max_bytes=SHMQ_MAX_BYTES)
+            common.create_queues(srv.broker, names)
             return [(srv.url, name) for name in names]
         assert self.redis is not None
         r = self.redis.client
@@ -688,11 +548,7 @@ class Bench:
     def _release(self, system: str, handles: Sequence[Handle], server: ShmqServer | None = None) -> None:
         if system == SHMQ:
             srv = server or self.servers[self.main_workers]
-            for _url, name in handles:
-                try:
-                    srv.broker.delete_queue(name)
-                except shmq.QueueNotFound:
-                    pass
+            common.delete_queues(srv.broker, [name for _url, name in handles])
         elif self.redis is not None and self.redis.client is not None:
             self.redis.client.delete(*[h[2] for h in handles])
 
@@ -714,10 +570,7 @@ class Bench:
             self.children.wait([cons, prod], self.timeout)
         finally:
             self._release(system, (handle,))
-        elapsed_ns, got = result[0], result[1]
-        if got < n or elapsed_ns <= 0:
-            raise TrialError(f"consumer reported {got} of {n} messages in {elapsed_ns} ns")
-        return n / (elapsed_ns / 1e9), (workers[0], workers[1])
+        return common.rate(result, n), (workers[0], workers[1])
 
     def latency(self, system: str, pings: int) -> tuple[list[int], tuple[int, int]]:
         """One run: ``pings`` round-trip times in ns (after PING_WARMUP untimed ones), and the
@@ -727,7 +580,7 @@ class Bench:
         ready = ctx.Event()  # type: ignore[attr-defined]
         recv_conn, send_conn = ctx.Pipe(duplex=False)  # type: ignore[attr-defined]
         h_ping, h_pong = self._setup(system, ("ping", "pong"))
-        total = PING_WARMUP + pings
+        total = common.PING_WARMUP + pings
         try:
             b = self.children.start(f"{system}-ponger", _ponger, system, h_ping, h_pong, total, ready,
                                     workers)
@@ -738,11 +591,7 @@ class Bench:
         finally:
             recv_conn.close()
             self._release(system, (h_ping, h_pong))
-        lat = array("q")
-        lat.frombytes(data or b"")
-        if len(lat) != total:
-            raise TrialError(f"got {len(lat)} round trips, expected {total}")
-        return sorted(lat[PING_WARMUP:]), (workers[0], workers[1])
+        return common.round_trips(data, total), (workers[0], workers[1])
 
     def scaling(self, workers_n: int, n: int, spread: bool) -> tuple[float, list[int]]:
         """One run against the ``workers_n``-worker broker: 2 producers (n/2 each, one per call)
@@ -784,71 +633,6 @@ class Bench:
         return got / (elapsed_ns / 1e9), list(workers)
 
 
-def percentile(sorted_values: Sequence[int], q: float) -> float:
-    idx = min(len(sorted_values) - 1, max(0, math.ceil(q * len(sorted_values)) - 1))
-    return float(sorted_values[idx])
-
-
-def median(values: Sequence[float | None]) -> float | None:
-    ok = [v for v in values if v is not None]
-    return statistics.median(ok) if ok else None
-
-
-def ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a and b else None
-
-
-# =============================================================== output
-class Out:
-    def __init__(self) -> None:
-        # a pipe or a file gets rich's 80 columns by default: too narrow for the tables
-        width = None if sys.stdout.isatty() else 160
-        self.console = Console(highlight=False, width=width) if Console is not None else None
-
-    def line(self, text: str = "", style: str | None = None) -> None:
-        if self.console is not None:
-            self.console.print(text, style=style, markup=False)
-        else:
-            print(text, flush=True)
-
-    def table(self, title: str, headers: Sequence[str], rows: Sequence[Sequence[str]],
-              caption: str | None = None) -> None:
-        if self.console is not None and Table is not None:
-            t = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
-            for i, h in enumerate(headers):
-                t.add_column(h, justify="left" if i < 1 else "right", no_wrap=True)
-            for r in rows:
-                t.add_row(*r)
-            self.console.print(t)
-            return
-        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-
-        def fmt(cells: Sequence[str]) -> str:
-            return "  ".join(c.ljust(w) if i < 1 else c.rjust(w)
-                             for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
-
-        print(f"\n{title}")
-        print(fmt(headers))
-        print("  ".join("-" * w for w in widths))
-        for r in rows:
-            print(fmt(r))
-        if caption:
-            print(caption)
-        print(flush=True)
-
-
-def fmt_rate(v: float | None) -> str:
-    return "failed" if v is None else f"{v:,.0f}"
-
-
-def fmt_ratio(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:.2f}x"
-
-
-def fmt_us(ns: float | None) -> str:
-    return "failed" if ns is None else f"{ns / 1000:.1f}"
-
-
 def fmt_workers(ws: Sequence[int]) -> str:
     return "/".join("?" if w < 0 else str(w) for w in ws)
 
@@ -865,20 +649,12 @@ class Results:
     scaling_placement: dict[int, list[str]] = field(default_factory=dict)
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--n", type=int, default=None,
-                   help="messages per one-at-a-time run (also the scaling runs' total); batched runs "
-                        "move 4 * n.  Default 50000, or 5000 with --quick")
-    p.add_argument("--rounds", type=int, default=None, help="interleaved rounds per workload; "
-                   "the median is reported (default 3, or 1 with --quick)")
-    p.add_argument("--pings", type=int, default=None,
-                   help="timed round trips per ping-pong run (default 5000, or 1000 with --quick)")
+def _workers_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=2,
                    help="shmq serve workers for workloads 1-3 (default 2; scaling always runs 1 and 2)")
-    p.add_argument("--quick", action="store_true", help="small smoke run")
-    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+
+
+def _switches(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-redis", action="store_true", help="measure shmq alone")
     p.add_argument("--no-install", action="store_true",
                    help="do not install redis-server (apt-get) or redis-py (pip) when missing")
@@ -887,14 +663,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="scaling: keep whatever worker the kernel gives each client (by default each "
                         "client reconnects until producer i and consumer i are on worker i %% 2, so the "
                         "2-worker runs really use both workers)")
-    p.add_argument("--start-method", choices=("fork", "spawn", "forkserver"), default="fork",
-                   help="multiprocessing start method for the client processes (default fork)")
-    p.add_argument("--timeout", type=float, default=300.0,
-                   help="seconds one run may take before it is stopped and counted as failed")
-    a = p.parse_args(argv)
-    a.n = a.n if a.n is not None else (5_000 if a.quick else 50_000)
-    a.rounds = a.rounds if a.rounds is not None else (1 if a.quick else 3)
-    a.pings = a.pings if a.pings is not None else (1_000 if a.quick else 5_000)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p, a = common.parse_bench_args(argv, __doc__, n=(50_000, 5_000), pings=(5_000, 1_000),
+                                   processes="client processes", after_pings=_workers_option,
+                                   after_json=_switches,
+                                   n_help="messages per one-at-a-time run (also the scaling runs' total); "
+                                          "batched runs move 4 * n.  Default 50000, or 5000 with --quick")
     if a.n < BATCH or a.rounds < 1 or a.pings < 1 or a.workers < 1:
         p.error(f"--n must be >= {BATCH}, --rounds, --pings and --workers >= 1")
     return a
@@ -915,7 +691,7 @@ def run(args: argparse.Namespace, out: Out, bench: Bench, systems: list[str]) ->
                 where = ""
                 try:
                     v, ws = bench.throughput(system, n, batch)
-                    shown = f"{v:>12,.0f} msgs/s"
+                    shown = common.fmt_progress_rate(v)
                     if system == SHMQ:
                         where = f"   (producer/consumer on worker {fmt_workers(ws)})"
                         res.placement.setdefault((workload, system), []).append(fmt_workers(ws))
@@ -932,8 +708,7 @@ def run(args: argparse.Namespace, out: Out, bench: Bench, systems: list[str]) ->
             where = ""
             try:
                 lat, ws = bench.latency(system, args.pings)
-                p50, p99 = percentile(lat, 0.50), percentile(lat, 0.99)
-                shown = f"p50 {p50 / 1000:8.1f} us   p99 {p99 / 1000:8.1f} us"
+                p50, p99, shown = common.p50_p99(lat)
                 if system == SHMQ:
                     where = f"   (pinger/ponger on worker {fmt_workers(ws)})"
                     res.placement.setdefault(("ping-pong", system), []).append(fmt_workers(ws))
@@ -952,7 +727,7 @@ def run(args: argparse.Namespace, out: Out, bench: Bench, systems: list[str]) ->
                 where = ""
                 try:
                     v, sws = bench.scaling(w, n, not args.no_spread)
-                    shown = f"{v:>12,.0f} msgs/s"
+                    shown = common.fmt_progress_rate(v)
                     where = f"   (producers/consumers on worker {fmt_workers(sws)})"
                     if w > 1 and len(set(sws)) == 1:
                         where += "  <- all on one worker: the kernel's SO_REUSEPORT hash did not spread them"
@@ -971,12 +746,8 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str],
     med = {k: median(v) for k, v in res.throughput.items()}
     rows = []
     for workload in WORKLOADS:
-        row = [WORKLOAD_LABELS[workload]]
-        for s in systems:
-            row.append(fmt_rate(med.get((workload, s))))
-        for s in peers:
-            row.append(fmt_ratio(ratio(med.get((workload, SHMQ)), med.get((workload, s)))))
-        rows.append(row)
+        rows.append([WORKLOAD_LABELS[workload],
+                     *common.rate_cells(med, [(workload, s) for s in systems], (workload, SHMQ))])
     caption = (f"median of {args.rounds} interleaved round(s), {SIZE} B payloads, msgs/s timed in the "
                f"consumer; shmq over TCP with {args.workers} worker(s), acks every message")
     if RLIST in systems:
@@ -997,12 +768,7 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str],
     m99 = {k: median(v) for k, v in res.p99.items()}
     lat_systems = [s for s in systems if s != RSTREAM]
     lat_peers = [s for s in lat_systems if s != SHMQ]
-    row = ["ping-pong"]
-    for s in lat_systems:
-        row.append(f"{fmt_us(m50.get(s))} / {fmt_us(m99.get(s))}")
-    for s in lat_peers:
-        row.append(f"{fmt_ratio(ratio(m50.get(s), m50.get(SHMQ)))} / "
-                   f"{fmt_ratio(ratio(m99.get(s), m99.get(SHMQ)))}")
+    row = ["ping-pong", *common.latency_cells(m50, m99, lat_systems, SHMQ)]
     caption = f"median of {args.rounds} round(s) of each run's percentile; shmq gets + acks ping and pong"
     if lat_peers:
         caption += "; redis: LPUSH / BRPOP; ratio = peer latency / shmq latency (> 1: shmq is faster)"
@@ -1021,7 +787,7 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str],
         out.table(f"shmq worker scaling: 2 producers + 2 consumers, 1 msg / call + ack, "
                   f"n={res.counts['scaling']}",
                   ["workload", "1 worker", "2 workers", "2w/1w"],
-                  [["4 clients, total msgs/s", fmt_rate(ms.get(1)), fmt_rate(ms.get(2)),
+                  [["4 clients, total msgs/s", common.fmt_rate(ms.get(1)), common.fmt_rate(ms.get(2)),
                     fmt_ratio(scale_ratio)]],
                   f"median of {args.rounds} round(s); {os.cpu_count()} CPUs shared by the broker workers, "
                   "its supervisor and the 4 clients\n2-worker connections (producers/consumers worker) per "
@@ -1047,24 +813,14 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str],
         (f"batched (x{BATCH}) vs Redis pipelined", batched, 1.5, 2.8, batched_note),
         ("one at a time + ack vs Redis", single, 1.0, 1.6, single_note),
     ]
-    out.line()
-    out.line("Targets", style="bold")
+    out.targets_heading()
     target_json: list[dict[str, Any]] = []
     for label, value, must, aim, note in targets:
-        if value is None:
-            verdict, style = f"n/a ({note})", "yellow"
-        elif value < must:
-            verdict, style = f"FAIL (must >= {must:g}x; aim {aim:g}x)", "bold red"
-        elif value < aim:
-            verdict, style = f"pass (>= {must:g}x), below the aim of {aim:g}x", "yellow"
-        else:
-            verdict, style = f"pass, aim of {aim:g}x reached", "bold green"
+        verdict, style = common.ratio_verdict(value, must, aim, note, aim_on_fail=True)
         out.line(f"  {label:<42} {fmt_ratio(value):>7}  {verdict}", style=style)
         if value is not None:
             out.line(f"  {'':<42} {'':>7}  {note}", style="dim")
-        target_json.append({"target": label, "ratio": value, "must": must, "aim": aim, "note": note,
-                            "ok": None if value is None else value >= must,
-                            "aim_reached": None if value is None else value >= aim})
+        target_json.append(common.ratio_target_json(label, value, must, aim, note=note))
     s50, r50 = m50.get(SHMQ), m50.get(RLIST)
     label = "ping-pong p50 <= Redis (aim 100 us)"
     if s50 is None or r50 is None:
@@ -1114,11 +870,7 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str],
              "note": ("no ack (pop removes)" if s == RLIST else "XACK each" if s == RSTREAM else "ack each")}
             for (w, s), runs in res.throughput.items()],
         "latency": [
-            {"system": s, "round_trips": args.pings,
-             "runs_p50_us": [None if v is None else v / 1000 for v in res.p50[s]],
-             "runs_p99_us": [None if v is None else v / 1000 for v in res.p99[s]],
-             "median_p50_us": None if m50[s] is None else m50[s] / 1000,  # type: ignore[operator]
-             "median_p99_us": None if m99[s] is None else m99[s] / 1000,  # type: ignore[operator]
+            {"system": s, "round_trips": args.pings, **common.latency_json(res.p50[s], res.p99[s]),
              "shmq_workers_pinger_ponger": res.placement.get(("ping-pong", s)) if s == SHMQ else None}
             for s in res.p50],
         "scaling": {
@@ -1138,14 +890,10 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str],
     }
 
 
-def _terminate(signum: int, _frame: Any) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    out = Out()
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    out = Out(label_columns=1)
+    previous = signal.signal(signal.SIGTERM, common.terminate)
 
     systems = [SHMQ]
     redis_bin: str | None = None
@@ -1155,7 +903,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         redis_bin, _installed = ensure_redis(out, not args.no_install)
 
     ctx = mp.get_context(args.start_method)
-    children = Children(ctx)
+    children = common.Children(ctx)
     servers: dict[int, ShmqServer] = {}
     rserver: RedisServer | None = None
     code = 0
@@ -1185,9 +933,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         res = run(args, out, bench, systems)
         data = report(args, out, res, systems, rserver.version if rserver else None)
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(data, f, indent=2)
-            out.line(f"results written to {args.json}")
+            common.write_json(out, args.json, data)
     except SetupError as e:
         out.line(f"error: {e}", style="bold red")
         code = 1
@@ -1206,9 +952,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 out.line(f"warning (shmq serve, {srv.workers} worker(s)): {note}", style="bold red")
                 code = code or 1
         signal.signal(signal.SIGTERM, previous)
-        alive = mp.active_children()
-        if alive:
-            out.line(f"warning: child processes still alive: {alive}", style="bold red")
+        if common.warn_alive(out):
             code = code or 1
     return code
 
