@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import signal
+import socket
 import sys
 import time
 from multiprocessing.connection import wait
@@ -27,6 +28,15 @@ from shmq.shm import ShmBroker
 from .worker import reuseport_socket, worker_main
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def exclusive_port(host: str, port: int) -> int:
+    """The port (a free one for 0), checked to be unused by anyone: OSError if taken."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are fine
+        s.bind((host, port))
+        return int(s.getsockname()[1])
 
 
 class Supervisor:
@@ -60,9 +70,11 @@ class Supervisor:
         # A stop asked for during start-up is honoured once the workers are up.
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        # Reserve the port (and learn it, for port 0) before any worker binds it.
+        # Refuse a port someone already listens on (a plain bind fails even against
+        # SO_REUSEPORT sockets, so we never join another broker's port group), then
+        # reserve it with SO_REUSEPORT for our workers.
+        self.port = exclusive_port(self.host, self.port)
         probe = reuseport_socket(self.host, self.port)
-        self.port = probe.getsockname()[1]
         broker = ShmBroker(self.instance)
         broker._att.registry.take_ownership()
         for i in range(self.n):

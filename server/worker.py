@@ -258,6 +258,16 @@ class Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.close()
 
+    # A client that does not read its replies stops being read from until it does:
+    # the worker's memory per connection stays bounded by the transport's buffer limits.
+    def pause_writing(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
     def close(self) -> None:
         if self.closed:
             return

@@ -395,3 +395,10 @@ def test_workers_follow_a_killed_supervisor_and_restart_reattaches() -> None:
     for stream in (srv.proc.stdout, srv.proc.stderr):
         if stream:
             stream.close()
+
+
+def test_a_taken_port_is_refused(server: Server) -> None:
+    out = subprocess.run([sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port",
+                          str(server.port), "--instance", "taken"], capture_output=True, timeout=60)
+    assert out.returncode == 1 and b"in use" in out.stderr.lower()
+    assert not [n for n in os.listdir("/dev/shm") if "shmq.taken." in n]
