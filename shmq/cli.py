@@ -25,7 +25,7 @@ from .reclaim import reclaim, scan
 
 app = typer.Typer(help="shmq: a message broker for one host.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 160)  # pipes get whole tables
 err = Console(stderr=True, soft_wrap=True)
 
 DEFAULT_URL = f"tcp://{options.DEFAULT_HOST}:{options.DEFAULT_PORT}"

@@ -71,7 +71,8 @@ class TcpBroker(Broker):
         try:
             self._sock = socket.create_connection((self._host, self._port), timeout=connect_timeout)
         except OSError as e:
-            raise ConnectionLost(f"cannot connect to {url}: {e.strerror or e}") from None
+            raise ConnectionLost(f"cannot connect to {url}: {e.strerror or e} (is `shmq serve` running?)"
+                                 ) from None
         self._sock.settimeout(None)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         f = self._call(T.HANDSHAKE, token=self._token, client=client)
