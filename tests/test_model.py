@@ -1,6 +1,6 @@
 """A hypothesis state machine: the real queue (shared memory, injected clock) against a
 plain-Python model of what it must do -- puts, batches, gets from two groups, acks, nacks
-with delays, touches, stale settles, lease expiry, dead-lettering and ring wrap-around.
+with delays, touches, commits, stale settles, lease expiry, dead-lettering and ring wrap-around.
 The ring's invariants are asserted after every step."""
 
 from __future__ import annotations
@@ -191,6 +191,14 @@ class QueueMachine(RuleBasedStateMachine):
             except shmq.StaleAck:
                 return
             raise AssertionError("a stale touch was accepted")
+
+    @rule(group=st.sampled_from(GROUPS), back=st.integers(0, 4))
+    def commit(self, group: str, back: int) -> None:
+        offset = max(0, self.model.next_offset - back)
+        self.q.commit(group, offset)
+        for o, lease in self.model.leases[group].items():
+            if o < offset:
+                lease.state = DONE  # leases held on them turn stale
 
     @rule(seconds=st.sampled_from([0.5, 3.0, 11.0]))
     def advance(self, seconds: float) -> None:
