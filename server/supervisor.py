@@ -55,7 +55,6 @@ class Supervisor:
         self.keep = keep
         self.ctx = mp.get_context("fork")
         self.procs: dict[int, Any] = {}
-        self.restarts = 0
         self._stop = False
 
     def _start(self, i: int) -> None:
@@ -118,7 +117,6 @@ class Supervisor:
                 print(f"shmq: worker {i} (pid {p.pid}) exited with {p.exitcode}; restarting",
                       file=sys.stderr)
                 att.reap(att.now_ms(), force=True)  # its connections' leases come back now
-                self.restarts += 1
                 self._start(i)
             now = time.monotonic()
             if now >= next_maint:

@@ -9,9 +9,7 @@ gives output a script can parse.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import time
 from typing import Any, NoReturn
 
 import typer
@@ -387,8 +385,3 @@ def bench(
     console.print(table)
 
 
-def main() -> None:  # pragma: no cover
-    app()
-
-
-_ = (os, time)

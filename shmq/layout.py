@@ -151,7 +151,6 @@ Q_PLOCK_RECOVERIES = 29  # times a producer died holding plock
 # consumer side (clock)
 Q_FREE_OFFSET = 32  # every group has settled all offsets below it; their storage is free
 Q_CONSUMER_WAITERS = 33
-Q_NEXT_MAINT_MS = 34  # monotonic ms when some lease may expire / some message become ready
 Q_GROUP_GEN = 35  # bumped on every group create/delete
 Q_ORPHANS = 36  # a dead-letter copy failed (full DLQ): the next maintenance retries it
 Q_CLOCK_RECOVERIES = 37  # times a consumer died holding clock
@@ -213,12 +212,6 @@ NO_OWNER = OWNER_MASK
 
 def lease_word(state: int, deliveries: int, owner: int, time_ms: int) -> int:
     return state | (deliveries << DC_SHIFT) | (owner << OWNER_SHIFT) | ((time_ms & TIME_MASK) << TIME_SHIFT)
-
-
-def lease_fields(word: int) -> tuple[int, int, int, int]:
-    """(state, deliveries, owner, time_ms) of a lease word."""
-    return (word & STATE_MASK, (word >> DC_SHIFT) & DC_MASK,
-            (word >> OWNER_SHIFT) & OWNER_MASK, word >> TIME_SHIFT)
 
 
 def _align(n: int, a: int = 64) -> int:

@@ -65,12 +65,11 @@ class RobustLock:
     either way.  Use ``with lock:`` when the flag does not matter.
     """
 
-    __slots__ = ("_anchor", "address", "recoveries", "_counter")
+    __slots__ = ("_anchor", "address", "_counter")
 
     def __init__(self, mm: mmap.mmap, offset: int, counter: tuple[memoryview, int] | None = None) -> None:
         self._anchor = (ctypes.c_char * MUTEX_SIZE).from_buffer(mm, offset)
         self.address = ctypes.addressof(self._anchor)
-        self.recoveries = 0
         self._counter = counter  # (words, index): a shared count of recoveries, bumped under the lock
 
     def initialise(self) -> None:
@@ -94,7 +93,6 @@ class RobustLock:
     def _recover(self, rc: int) -> bool:
         if rc == EOWNERDEAD:
             _consistent(self.address)
-            self.recoveries += 1
             if self._counter is not None:
                 words, index = self._counter
                 words[index] += 1
@@ -102,15 +100,6 @@ class RobustLock:
         if rc == ENOTRECOVERABLE:
             raise InstanceError("a shared lock is unrecoverable; run `shmq doctor`")
         raise InstanceError(f"pthread_mutex_lock failed: {errno.errorcode.get(rc, rc)}")
-
-    def try_acquire(self) -> bool | None:
-        """True/False as acquire() when taken, None when busy."""
-        rc = _trylock(self.address)
-        if rc == 0:
-            return False
-        if rc == EBUSY:
-            return None
-        return self._recover(rc)
 
     def release(self) -> None:
         _unlock(self.address)

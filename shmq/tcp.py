@@ -28,7 +28,6 @@ from .errors import (
     StaleAck,
     error_for,
 )
-from .errors import Full as _Full
 from .names import check_queue_name
 from .queue import _as_bytes
 
@@ -331,4 +330,4 @@ def _tcp_queue(url: str, token: str, name: str) -> TcpQueue:
     return TcpQueue(TcpBroker(url, token), name)
 
 
-__all__ = ["TcpBroker", "TcpQueue", "parse_tcp_url", "_Full"]
+__all__ = ["TcpBroker", "TcpQueue", "batch_payloads", "parse_tcp_url"]
