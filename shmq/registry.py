@@ -154,6 +154,9 @@ class Registry:
         self._dead.add(key)
         return False
 
+    def forget_dead(self, entry: ClientEntry) -> None:
+        self._dead.discard((entry.pid, entry.start_ms))
+
     def touch_client(self, slot: int) -> None:
         self.w[self.clients_w + slot * L.C_WORDS + L.C_HEARTBEAT] = int(time.time() * 1000)
 

@@ -196,6 +196,7 @@ class Attachment:
                 cw = reg.clients_w + c.slot * L.C_WORDS
                 if reg.w[cw + L.C_PID] == c.pid and reg.w[cw + L.C_START] == c.start_ms:
                     reg.w[cw + L.C_STATE] = L.C_FREE
+            reg.forget_dead(c)  # the slot is free: no need to remember that its process died
         return n
 
     def release(self) -> None:
