@@ -132,9 +132,9 @@ class Supervisor:
         att = broker._att
         att.registry.beat()
         att.reap(att.now_ms(), force=True)
-        for info in broker.list_queues():
+        for entry in att.registry.queues():
             try:
-                broker.queue(info.name).maintain()
+                att._open(entry).maintain()
             except ShmqError:
                 pass  # deleted meanwhile
 

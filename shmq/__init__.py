@@ -46,16 +46,17 @@ __all__ = [
 ]
 
 
-def connect(url: str = "shm://default", **kwargs: Any) -> Broker:
+def connect(url: str = "shm://default", token: str | None = None, **kwargs: Any) -> Broker:
     """Open a broker handle.
 
     ``shm://NAME`` attaches the shared memory of instance NAME on this host
-    (creating it when absent).  ``tcp://HOST:PORT`` talks to ``shmq serve``.
+    (creating it when absent; ``token`` is not needed there).  ``tcp://HOST:PORT``
+    talks to ``shmq serve``, presenting ``token`` (default ``$SHMQ_TOKEN``).
     """
     if url.startswith("shm://"):
         from .shm import ShmBroker
         return ShmBroker(url[len("shm://"):] or "default", **kwargs)
     if url.startswith("tcp://"):
         from .tcp import TcpBroker
-        return TcpBroker(url, **kwargs)
+        return TcpBroker(url, token, **kwargs)
     raise InvalidArgument(f"unsupported url {url!r}: use shm://NAME or tcp://HOST:PORT")

@@ -34,10 +34,7 @@ JsonOpt = typer.Option(False, "--json", help="machine-readable output")
 
 
 def _broker(url: str | None, shm: str | None, token: str | None) -> Broker:
-    if shm:
-        return connect(f"shm://{shm}")
-    return connect(url or DEFAULT_URL, token=token) if (url or DEFAULT_URL).startswith("tcp://") \
-        else connect(url or DEFAULT_URL)
+    return connect(f"shm://{shm}" if shm else (url or DEFAULT_URL), token=token)
 
 
 def _fail(e: Exception) -> NoReturn:

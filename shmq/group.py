@@ -258,12 +258,13 @@ class Groups:
     # ------------------------------------------------------------ settling
     def settle(self, gi: int, offset: int, dc: int, action: int, owner: int, now: int,
                arg_ms: int = 0) -> int:
-        """Ack / nack / touch / dead-letter one delivery.  Returns OK, STALE or TO_DLQ.
+        """Nack / touch / dead-letter one delivery (acks go through ``ack``).
+        Returns OK, STALE or TO_DLQ.
 
         Valid only while the delivery's lease is held: the lease word is LEASED
         with the same delivery count.  TO_DLQ: the word is now DEADING (owned by
         ``owner``); the caller copies the record to the dead-letter queue and
-        then calls ``finish_dead``.  After an ACK the caller advances the floor.
+        then calls ``finish_dead``.
         """
         w = self.w
         base = self.sl + (offset % self.cap) * self.sw
@@ -271,10 +272,6 @@ class Groups:
         word = w[lw]
         if word & 0x7FF != 1 | (dc << 3) or w[base] != offset or offset >= w[24]:
             return STALE  # not LEASED, another delivery, or no longer retained
-        if action == ACK:
-            w[lw] = 3 | (dc << 3)  # DONE
-            w[self.gw + gi * 32 + 7] += 1  # G_ACKED
-            return OK
         g = self.gw + gi * L.G_WORDS
         if action == TOUCH:
             w[lw] = (word & 0xFFFFFF) | ((now + arg_ms) << 24)
@@ -295,22 +292,8 @@ class Groups:
         if word & 0x7FF != 1 | (dc << 3) or w[base] != offset or offset >= w[24]:
             return STALE
         w[base + lw] = 3 | (dc << 3)  # DONE
-        g = self.gw + gi * 32
-        w[g + 7] += 1  # G_ACKED
-        f = old = w[g + 2]  # G_FLOOR
-        cur = w[g + 1]
-        while f < cur and w[sl + (f % cap) * sw + lw] & 7 == 3:
-            f += 1
-        if f == old:
-            return OK
-        w[g + 2] = f
-        if old == w[32]:  # this group held the free offset back
-            if self._lone and w[35] == self._gen:  # and it is the only group: its floor is it
-                w[32] = f
-                return FREED
-            if self._recompute_free():
-                return FREED
-        return OK
+        w[self.gw + gi * 32 + 7] += 1  # G_ACKED
+        return FREED if self.advance_floor(gi) else OK
 
     def ack_batch(self, deliveries: Sequence[Sequence[Any]], stale: list[int]) -> bool:
         """ACK many deliveries, each a sequence whose items 1, 3, 4 are (group index, offset,
@@ -424,9 +407,12 @@ class Groups:
         if f == old:
             return False
         w[g + 2] = f
-        if old == w[32]:  # this group held the free offset back
-            return self._recompute_free()
-        return False
+        if old != w[32]:  # another group holds the free offset back
+            return False
+        if self._lone and w[35] == self._gen:  # the only group: its floor is the free offset
+            w[32] = f
+            return True
+        return self._recompute_free()
 
     def _recompute_free(self) -> bool:
         w = self.w

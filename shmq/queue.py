@@ -258,12 +258,7 @@ class ShmQueue(QueueABC):
         w = self._w
         if w[4] != 1:  # Q_STATE
             self._alive()
-        if w[35] != self._ggen:  # Q_GROUP_GEN: groups changed, drop the name cache
-            self._gcache = {}
-            self._ggen = w[35]
-        gi = self._gcache.get(group)
-        if gi is None:
-            gi = self._group(group)
+        gi = self._group(group)
         att = self._att
         owner = att._slot
         if owner is None:

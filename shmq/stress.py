@@ -17,7 +17,7 @@ from .errors import Empty, QueueNotFound
 
 def _producer(url: str, token: str | None, queue: str, n: int, size: int, batch: int,
               done: Any) -> None:
-    b = connect(url, token=token) if url.startswith("tcp://") else connect(url)
+    b = connect(url, token=token)
     q = b.queue(queue)
     payload = b"x" * size
     sent = 0
@@ -34,7 +34,7 @@ def _producer(url: str, token: str | None, queue: str, n: int, size: int, batch:
 
 
 def _consumer(url: str, token: str | None, queue: str, total: Any, got: Any, batch: int) -> None:
-    b = connect(url, token=token) if url.startswith("tcp://") else connect(url)
+    b = connect(url, token=token)
     q = b.queue(queue)
     while got.value < total:
         try:
@@ -54,7 +54,7 @@ def _consumer(url: str, token: str | None, queue: str, total: Any, got: Any, bat
 
 def run_stress(url: str, token: str | None, queue: str, messages: int, producers: int, consumers: int,
                size: int, batch: int, progress: bool = True) -> dict[str, Any]:
-    b = connect(url, token=token) if url.startswith("tcp://") else connect(url)
+    b = connect(url, token=token)
     try:
         b.queue(queue)
     except QueueNotFound:
