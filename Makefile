@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e '.[test,bench]'
+	$(PIP) install --quiet -e '.[test,bench,spark]'
 	touch $(STAMP)
 
 install: $(STAMP)

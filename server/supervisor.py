@@ -6,9 +6,15 @@ is safe), restarts a worker that dies, and runs the lease reaper: expired
 visibility timeouts, and leases of dead processes (workers and co-located
 clients alike) come back within ``REAP_INTERVAL``.
 
+Durable queues: before anything else the supervisor rebuilds, from the data
+dir, every journaled queue whose shared memory is gone; then it starts the
+journal process (``journaler``), restarted like a worker if it dies.
+
 SIGTERM / SIGINT: the workers stop accepting, finish the requests in progress,
-give their leases back and exit; then the supervisor removes the instance's
-shared memory (memory-only queues end with the broker) and exits 0.
+give their leases back and exit; the journal process writes a last round for
+every journaled queue; then the supervisor removes the instance's shared memory
+(memory-only queues end with the broker; journaled ones come back from the data
+dir on the next start) and exits 0.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from shmq import options
 from shmq.errors import InvalidArgument, ShmqError
 from shmq.shm import ShmBroker
 
+from .journaler import data_dir_for, journal_main, recover
 from .worker import reuseport_socket, worker_main
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -42,7 +49,9 @@ def exclusive_port(host: str, port: int) -> int:
 class Supervisor:
     def __init__(self, instance: str = options.DEFAULT_INSTANCE, host: str = options.DEFAULT_HOST,
                  port: int = options.DEFAULT_PORT, workers: int = 0, token: str = "",
-                 max_connections: int = options.MAX_CONNECTIONS, keep: bool = False) -> None:
+                 max_connections: int = options.MAX_CONNECTIONS, keep: bool = False,
+                 data_dir: str | None = None, sync_interval: float = options.DEFAULT_SYNC_INTERVAL,
+                 segment_bytes: int = options.JOURNAL_SEGMENT_BYTES) -> None:
         if host not in LOOPBACK and not token:
             raise InvalidArgument(f"binding {host} (not loopback) needs an auth token: "
                                   f"--token or ${options.TOKEN_ENV}")
@@ -53,6 +62,12 @@ class Supervisor:
         self.token = token
         self.max_connections = max_connections
         self.keep = keep
+        if not 0 < sync_interval <= 3600:
+            raise InvalidArgument("sync interval must be in (0, 3600] seconds")
+        self.data_dir = data_dir_for(instance, data_dir)
+        self.sync_interval = sync_interval
+        self.segment_bytes = segment_bytes
+        self.journal: Any = None
         self.ctx = mp.get_context("fork")
         self.procs: dict[int, Any] = {}
         self._stop = False
@@ -65,6 +80,16 @@ class Supervisor:
         p.start()
         self.procs[i] = (p, ready)
 
+    def _start_journal(self) -> None:
+        ready = self.ctx.Event()
+        p = self.ctx.Process(target=journal_main, name="shmq-journal", daemon=False,
+                             args=(self.instance, str(self.data_dir), self.sync_interval,
+                                   self.segment_bytes, ready))
+        p.start()
+        if not ready.wait(30):
+            raise ShmqError("the journal process did not start")
+        self.journal = p
+
     def serve(self, announce: Any = print) -> int:
         # A stop asked for during start-up is honoured once the workers are up.
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -76,9 +101,13 @@ class Supervisor:
         probe = reuseport_socket(self.host, self.port)
         broker = ShmBroker(self.instance)
         broker._att.registry.take_ownership()
-        for i in range(self.n):
-            self._start(i)
         try:
+            # queues whose shared memory is gone (a reboot, a stop) come back from their journals
+            for line in recover(broker, self.data_dir):
+                print(f"shmq: {line}", file=sys.stderr)
+            self._start_journal()
+            for i in range(self.n):
+                self._start(i)
             for p, ready in self.procs.values():
                 if not ready.wait(30):
                     raise ShmqError(f"worker {p.name} did not start")
@@ -87,7 +116,7 @@ class Supervisor:
             broker.destroy()
             raise
         announce(f"shmq: instance {self.instance!r} listening on tcp://{self.host}:{self.port} "
-                 f"with {self.n} workers")
+                 f"with {self.n} workers; journal in {self.data_dir} (pid {self.journal.pid})")
         sys.stdout.flush()
         try:
             self._watch(broker)
@@ -108,8 +137,17 @@ class Supervisor:
         next_maint = 0.0
         while not self._stop:
             sentinels = {p.sentinel: i for i, (p, _) in self.procs.items()}
+            if self.journal is not None:
+                sentinels[self.journal.sentinel] = -1
             for s in wait(list(sentinels), timeout=0.05):
                 i = sentinels[s]  # type: ignore[index]
+                if i == -1:
+                    self.journal.join()
+                    if not self._stop:
+                        print(f"shmq: the journal process exited with {self.journal.exitcode}; restarting",
+                              file=sys.stderr)
+                        self._start_journal()
+                    continue
                 p, _ = self.procs.pop(i)
                 p.join()
                 if self._stop:
@@ -149,3 +187,11 @@ class Supervisor:
                 p.kill()
                 p.join()
         self.procs.clear()
+        # the workers are gone: a last journal round for every queue, then the writer ends
+        j, self.journal = self.journal, None
+        if j is not None and j.is_alive():
+            j.terminate()
+            j.join(options.SHUTDOWN_GRACE + 5)
+            if j.is_alive():
+                j.kill()
+                j.join()

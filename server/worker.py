@@ -26,6 +26,8 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +99,8 @@ class Worker:
         self.watchers: dict[str, threading.Thread] = {}
         self._watch_lock = threading.Lock()
         self.stopping = False
+        self.pending_mark: tuple[ShmQueue, int, int] | None = None
+        self.pool: ThreadPoolExecutor | None = None
         self.loop: asyncio.AbstractEventLoop
         self.broker: ShmBroker
 
@@ -140,7 +144,34 @@ class Worker:
 
     # ------------------------------------------------------------ waking
     def queue(self, name: str) -> ShmQueue:
-        return self.broker.queue(name)
+        q = self.broker.queue(name)
+        if q._defer_marks is None:
+            q._defer_marks = self._note_mark
+        return q
+
+    # ------------------------------------------------------------ durable marks
+    # An `always` queue confirms a produce or an ack once the journal has it.  The queue
+    # tells us the mark to wait for (instead of blocking the loop); the reply that follows
+    # is held back until the mark is reached, waited for on a pool thread.
+    def _note_mark(self, q: ShmQueue, word: int, value: int) -> None:
+        self.pending_mark = (q, word, value)
+
+    def take_mark(self) -> tuple[ShmQueue, int, int] | None:
+        mark, self.pending_mark = self.pending_mark, None
+        if mark is not None and mark[0]._w[mark[1]] >= mark[2]:
+            return None
+        return mark
+
+    def after_mark(self, mark: tuple[ShmQueue, int, int], done: Callable[[ShmqError | None], None]) -> None:
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(options.DURABLE_WAIT_THREADS, thread_name_prefix="durable")
+        q, word, value = mark
+        fut = self.loop.run_in_executor(self.pool, q._wait_mark, word, value, None)
+
+        def finished(f: Any) -> None:
+            e = f.exception()
+            done(e if isinstance(e, ShmqError) or e is None else ShmqError(repr(e)))
+        fut.add_done_callback(finished)
 
     def park(self, name: str, waiter: Waiter) -> None:
         self.waiters.setdefault(name, []).append(waiter)
@@ -219,6 +250,7 @@ class Connection(asyncio.Protocol):
         self.leases: OrderedDict[tuple[str, str, int], Message] = OrderedDict()
         self.subs: dict[int, Subscription] = {}
         self._handshake_timer: asyncio.TimerHandle | None = None
+        self._out: list[bytes] | None = None  # replies held while several frames of one read are handled
 
     # ------------------------------------------------------------ asyncio
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -246,14 +278,24 @@ class Connection(asyncio.Protocol):
             self.send_error(0, e.code, str(e))
             self.close()
             return
-        for f in frames:
-            if self.closed:
-                return
-            self.busy = True
-            try:
-                self.handle(f)
-            finally:
-                self.busy = False
+        if len(frames) > 1:  # a pipelining client: its replies go out in one write
+            self._out = []
+        try:
+            for f in frames:
+                if self.closed:
+                    return
+                self.busy = True
+                try:
+                    self.handle(f)
+                finally:
+                    self.busy = False
+        finally:
+            self._flush()
+
+    def _flush(self) -> None:
+        out, self._out = self._out, None
+        if out and self.transport is not None:
+            self.transport.write(b"".join(out))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.close()
@@ -271,6 +313,7 @@ class Connection(asyncio.Protocol):
     def close(self) -> None:
         if self.closed:
             return
+        self._flush()  # the replies to the frames before the one that closes
         self.closed = True
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
@@ -299,13 +342,23 @@ class Connection(asyncio.Protocol):
     # ------------------------------------------------------------ output
     def send(self, data: bytes) -> None:
         if self.transport is not None and not self.closed:
-            self.transport.write(data)
+            if self._out is not None:
+                self._out.append(data)
+            else:
+                self.transport.write(data)
 
     def send_error(self, msg_id: int, status: int, message: str) -> None:
         self.send(encode_frame(T.ERROR, msg_id, encode_body(T.ERROR, message=message[:1000]), int(status)))
 
     def reply(self, f: Frame, type_: int, **fields: Any) -> None:
-        self.send(frame(type_, f.msg_id, **fields))
+        data = frame(type_, f.msg_id, **fields)
+        if self.w.pending_mark is not None:
+            mark = self.w.take_mark()
+            if mark is not None:  # confirmed once the journal has it
+                self.w.after_mark(mark, lambda e: self.send(data) if e is None
+                                  else self.send_error(f.msg_id, e.code, str(e)))
+                return
+        self.send(data)
 
     # ------------------------------------------------------------ dispatch
     def handle(self, f: Frame) -> None:
@@ -319,6 +372,7 @@ class Connection(asyncio.Protocol):
         if handler is None:
             self.send_error(f.msg_id, Status.INVALID_TYPE, f"type 0x{f.type:02x} is not a request")
             return
+        self.w.pending_mark = None
         try:
             fields = decode_body(f.type, f.body)
             handler(self, f, fields)
@@ -386,6 +440,18 @@ class Connection(asyncio.Protocol):
         self.reply(f, T.PRODUCE_BATCH_OK, first=offs[0] if offs else 0, count=len(offs))
         self.w.poke(d["queue"])
 
+    def produce_idempotent(self, f: Frame, d: dict[str, Any]) -> None:
+        """An idempotent producer's batch (waits for room like PRODUCE_BATCH)."""
+        q = self.w.queue(d["queue"])
+        try:
+            offs = q.put_many(d["payloads"], block=False, producer=d["producer"], seq=d["seq"])
+        except Full:
+            if not q.could_fit(d["payloads"]):
+                raise
+            return self._wait_or_fail(f, d, Full(f"queue {d['queue']!r} is full"))
+        self.reply(f, T.PRODUCE_BATCH_OK, first=offs[0] if offs else 0, count=len(offs))
+        self.w.poke(d["queue"])
+
     def consume(self, f: Frame, d: dict[str, Any]) -> None:
         if not self._try_consume(f, d):
             self._wait_or_fail(f, d, Empty(f"no message for group {d['group']!r} of {d['queue']!r}"))
@@ -432,7 +498,8 @@ class Connection(asyncio.Protocol):
                     pass
             else:
                 try:
-                    offs = self.w.queue(d["queue"]).put_many(d["payloads"], block=False)
+                    idem = {"producer": d["producer"], "seq": d["seq"]} if "producer" in d else {}
+                    offs = self.w.queue(d["queue"]).put_many(d["payloads"], block=False, **idem)
                     self.reply(f, T.PRODUCE_BATCH_OK, first=offs[0], count=len(offs))
                     return True
                 except Full:
@@ -465,13 +532,15 @@ class Connection(asyncio.Protocol):
         q = self.w.queue(d["queue"])
         mine = []
         stale = []
+        leases, qname, group = self.leases, d["queue"], d["group"]
         for off, dc in d["settles"]:
-            m = self.leases.get((d["queue"], d["group"], off))
+            key = (qname, group, off)
+            m = leases.get(key)
             if m is None or m.deliveries != dc:
                 stale.append(off)
             else:
                 mine.append(m)
-                del self.leases[(d["queue"], d["group"], off)]
+                del leases[key]
         try:
             q.ack_many(mine)
         except StaleAck as e:
@@ -604,6 +673,7 @@ class Connection(asyncio.Protocol):
 
 HANDLERS: dict[int, Any] = {
     T.PRODUCE: Connection.produce, T.PRODUCE_BATCH: Connection.produce_batch,
+    T.PRODUCE_IDEMPOTENT: Connection.produce_idempotent,
     T.CONSUME: Connection.consume, T.CONSUME_BATCH: Connection.consume,
     T.ACK: Connection.ack, T.ACK_BATCH: Connection.ack_batch, T.NACK: Connection.nack,
     T.TOUCH: Connection.touch, T.DEAD_LETTER: Connection.dead_letter,

@@ -17,6 +17,7 @@ from .api import Broker, Message, Origin, Queue, QueueConfig, QueueInfo
 from .errors import (
     AuthError,
     ConnectionLost,
+    Duplicate,
     Empty,
     Full,
     GroupNotFound,
@@ -31,6 +32,7 @@ from .errors import (
     ShmqError,
     StaleAck,
     Status,
+    StorageError,
     Timeout,
 )
 from .reclaim import InstanceReport, reclaim, scan
@@ -38,11 +40,11 @@ from .reclaim import InstanceReport, reclaim, scan
 __version__ = "0.1.0"
 
 __all__ = [
-    "AuthError", "Broker", "ConnectionLost", "Empty", "Full", "GroupNotFound", "InstanceError",
+    "AuthError", "Broker", "ConnectionLost", "Duplicate", "Empty", "Full", "GroupNotFound", "InstanceError",
     "InstanceReport", "InvalidArgument",
     "InvalidName", "LimitExceeded", "Message", "MessageTooLarge", "Origin", "ProtocolError", "Queue",
     "QueueConfig", "QueueExists", "QueueInfo", "QueueNotFound", "ShmqError", "StaleAck", "Status",
-    "Timeout", "connect", "reclaim", "scan",
+    "StorageError", "Timeout", "connect", "reclaim", "scan",
 ]
 
 

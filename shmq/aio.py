@@ -44,7 +44,7 @@ from .errors import (
     error_for,
 )
 from .names import check_queue_name
-from .queue import _as_bytes
+from .queue import _as_bytes, check_producer
 from .tcp import _ms, _timeout_ms, _vis, batch_payloads, parse_tcp_url
 
 __all__ = ["AsyncBroker", "AsyncMessage", "AsyncQueue", "connect"]
@@ -366,12 +366,19 @@ class AsyncQueue:
         return int(r["offset"])
 
     async def put_many(self, payloads: Sequence[Payload], block: bool = True,
-                       timeout: float | None = None) -> list[int]:
+                       timeout: float | None = None, *, producer: str | None = None,
+                       seq: int | None = None) -> list[int]:
         items = batch_payloads(payloads)
         if not items:
             return []
-        r = await self._b._request(T.PRODUCE_BATCH, T.PRODUCE_BATCH_OK, queue=self.name,
-                                   timeout_ms=_timeout_ms(block, timeout), payloads=items)
+        if producer is not None or seq is not None:
+            check_producer(producer, seq)
+            r = await self._b._request(T.PRODUCE_IDEMPOTENT, T.PRODUCE_BATCH_OK, queue=self.name,
+                                       producer=producer, seq=seq, timeout_ms=_timeout_ms(block, timeout),
+                                       payloads=items)
+        else:
+            r = await self._b._request(T.PRODUCE_BATCH, T.PRODUCE_BATCH_OK, queue=self.name,
+                                       timeout_ms=_timeout_ms(block, timeout), payloads=items)
         return list(range(r["first"], r["first"] + r["count"]))
 
     async def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,

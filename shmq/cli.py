@@ -82,6 +82,12 @@ def serve(
     token: str = typer.Option("", envvar=options.TOKEN_ENV, help="auth token clients must present"),
     max_connections: int = typer.Option(options.MAX_CONNECTIONS, help="connections per worker"),
     keep: bool = typer.Option(False, help="keep the shared memory when stopping"),
+    data_dir: str = typer.Option("", envvar=options.DATA_DIR_ENV,
+                                 help="journal of durable queues (default: ~/.local/share/shmq/INSTANCE)"),
+    sync_interval: float = typer.Option(options.DEFAULT_SYNC_INTERVAL,
+                                        help="longest time an `interval` queue goes without fsync (s)"),
+    journal_segment_bytes: int = typer.Option(options.JOURNAL_SEGMENT_BYTES,
+                                              help="journal segment file size before it rolls"),
 ) -> None:
     """Run the broker: a supervisor and N workers on one SO_REUSEPORT port.
 
@@ -90,7 +96,8 @@ def serve(
     from .server.supervisor import Supervisor
 
     try:
-        sup = Supervisor(instance, host, port, workers, token, max_connections, keep)
+        sup = Supervisor(instance, host, port, workers, token, max_connections, keep,
+                         data_dir or None, sync_interval, journal_segment_bytes)
         raise typer.Exit(sup.serve())
     except ShmqError as e:
         _fail(e)
@@ -107,13 +114,21 @@ def create(
     visibility_timeout: float = typer.Option(options.DEFAULT_VISIBILITY_TIMEOUT, help="lease seconds"),
     max_deliveries: int = typer.Option(options.DEFAULT_MAX_DELIVERIES, help="before dead-lettering"),
     max_groups: int = typer.Option(options.DEFAULT_MAX_GROUPS, help="consumer groups"),
-    durability: str = typer.Option(options.DEFAULT_DURABILITY,
-                                   help="memory: in shared memory only, lost at reboot or broker stop"),
+    durability: str = typer.Option(
+        options.DEFAULT_DURABILITY,
+        help="memory (default): shared memory only; survives a broker crash, lost at reboot or "
+             "`shmq serve` stop. interval: journaled, fsynced every --sync-interval (1 s): a host "
+             "crash loses at most that window. always: a produce or ack returns once fsynced: "
+             "nothing confirmed is lost"),
     url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
 ) -> None:
     """Create a queue.
 
-    Example: shmq create orders --capacity 100000 --max-deliveries 10
+    Example: shmq create orders --capacity 100000 --max-deliveries 10 --durability always
+
+    Durability (loss window): memory = lost at reboot or broker stop (survives a broker
+    crash); interval = at most the last --sync-interval of `shmq serve` (1 s);
+    always = none (group commit: concurrent producers share each fsync).
     """
     limits: dict[str, Any] = dict(capacity=capacity, max_bytes=max_bytes,
                                   visibility_timeout=visibility_timeout, max_deliveries=max_deliveries,

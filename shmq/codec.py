@@ -31,9 +31,8 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import options
 from .errors import ProtocolError, Status
@@ -68,6 +67,7 @@ class T(IntEnum):
     PRODUCE_OK = 0x22
     PRODUCE_BATCH = 0x23
     PRODUCE_BATCH_OK = 0x24
+    PRODUCE_IDEMPOTENT = 0x25
     CONSUME = 0x31
     DELIVER = 0x34
     CONSUME_BATCH = 0x35
@@ -129,6 +129,8 @@ SCHEMAS: dict[T, Schema] = {
     T.PRODUCE_OK: (("offset", "u64"),),
     T.PRODUCE_BATCH: (("queue", "str"), ("timeout_ms", "u32"), ("payloads", "blobs")),
     T.PRODUCE_BATCH_OK: (("first", "u64"), ("count", "u32")),
+    T.PRODUCE_IDEMPOTENT: (("queue", "str"), ("producer", "str"), ("seq", "u64"), ("timeout_ms", "u32"),
+                           ("payloads", "blobs")),
     T.CONSUME: _QG + (("timeout_ms", "u32"), ("visibility_ms", "u32")),
     T.DELIVER: (("offset", "u64"), ("deliveries", "u16"), ("timestamp_ns", "u64"), ("meta", "blob"),
                 ("payload", "rest")),
@@ -172,8 +174,7 @@ assert set(SCHEMAS) == set(T)
 _TYPES: dict[int, T] = {int(t): t for t in T}
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
+class Frame(NamedTuple):  # immutable, and 3x quicker to make than a frozen dataclass (one per frame)
     """One frame: ``type`` (a :class:`T` when decoded), the requester's ``msg_id``,
     ``status`` (0 in requests and successful responses) and the raw ``body``
     (decode it with :func:`decode_body`)."""

@@ -31,6 +31,8 @@ class Status(IntEnum):
     GROUP_NOT_FOUND = 37
     INSTANCE_ERROR = 38
     AUTH_FAILED = 39
+    DUPLICATE = 40
+    STORAGE = 41
 
 
 class ShmqError(Exception):
@@ -143,6 +145,19 @@ class AuthError(ShmqError):
     code = Status.AUTH_FAILED
 
 
+class Duplicate(ShmqError):
+    """An idempotent producer already wrote this sequence (or a later one): nothing was written."""
+
+    code = Status.DUPLICATE
+
+
+class StorageError(ShmqError, OSError):
+    """The journal could not be written (full disk, unwritable data dir, I/O error).
+    Nothing already stored is affected; the produce was not accepted."""
+
+    code = Status.STORAGE
+
+
 class ConnectionLost(ShmqError, ConnectionError):
     """The connection to the broker was lost."""
 
@@ -152,7 +167,7 @@ class ConnectionLost(ShmqError, ConnectionError):
 _BY_CODE: dict[int, type[ShmqError]] = {}
 for _cls in (Full, Empty, Timeout, QueueNotFound, QueueExists, MessageTooLarge, StaleAck,
              InvalidName, InvalidArgument, LimitExceeded, GroupNotFound, InstanceError,
-             ProtocolError, AuthError):
+             ProtocolError, AuthError, Duplicate, StorageError):
     _BY_CODE.setdefault(int(_cls.code), _cls)
 
 

@@ -23,8 +23,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import layout as L
+from . import options
 from .errors import GroupNotFound, InvalidArgument, LimitExceeded, QueueExists
 from .ring import Ring
+
+_ALWAYS = options.DURABILITY_MODES.index("always")
 
 OK = 0
 STALE = 1
@@ -61,6 +64,11 @@ class Groups:
         self._gen = -1  # Q_GROUP_GEN that _active_bases was computed for
         self._active_bases: list[int] = []
         self._lone = False
+        # ``always`` queues deliver only what is journaled (Q_DURABLE_OFFSET); the others
+        # everything published (Q_NEXT_OFFSET)
+        self.tail_word = L.Q_DURABLE_OFFSET if ring.durability == _ALWAYS else L.Q_NEXT_OFFSET
+        # journaled queues keep messages in memory until the journal has them
+        self.journaled = ring.durability != 0
 
     # ------------------------------------------------------------ group table
     def _name(self, gi: int) -> str:
@@ -113,6 +121,80 @@ class Groups:
         self.w[L.Q_GROUP_GEN] += 1
         return self._recompute_free()
 
+    # ------------------------------------------------------------ journal snapshot
+    _COUNTERS = (L.G_ACKED, L.G_NACKED, L.G_REDELIVERED, L.G_DEAD_LETTERED, L.G_EXPIRED, L.G_CREATED_NS)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Every active group's state, for the journal; call under the consumer lock.
+
+        ``words`` holds, for each offset in [floor, cursor), its lease state and
+        delivery count (``state | deliveries << 3``); owners and deadlines are not
+        kept: after a recovery every lease is given back."""
+        w = self.w
+        out = []
+        for gi, name in self.active():
+            g = self.gw + gi * L.G_WORDS
+            floor, cursor = w[g + L.G_FLOOR], w[g + L.G_CURSOR]
+            words: list[int] = []
+            o = floor
+            while o < cursor:  # one strided run per stretch that does not wrap the slot table
+                i0 = o % self.cap
+                k = min(cursor - o, self.cap - i0)
+                b = self.sl + i0 * self.sw + L.S_GROUPS + gi
+                words.extend(x & 0x7FF for x in w[b:b + k * self.sw:self.sw].tolist())
+                o += k
+            out.append({"name": name, "floor": floor, "cursor": cursor, "words": words,
+                        "counters": [w[g + c] for c in self._COUNTERS]})
+        return out
+
+    def restore(self, groups: list[dict[str, Any]], first: int, tail: int) -> None:
+        """Rebuild the group table from a snapshot (recovery, before the queue is
+        published).  Offsets below a group's floor are DONE for it; leased ones come
+        back READY with their delivery counts; cursors and floors are clamped into
+        [first, tail]."""
+        w = self.w
+        for gi in range(self.max_groups):
+            w[self.gw + gi * L.G_WORDS + L.G_STATE] = L.GS_FREE
+        for gi, st in enumerate(groups[:self.max_groups]):
+            g = self.gw + gi * L.G_WORDS
+            self.mm[g * 8:(g + L.G_WORDS) * 8] = bytes(L.G_WORDS * 8)
+            floor = min(max(int(st["floor"]), first), tail)
+            cursor = min(max(int(st["cursor"]), floor), tail)
+            lw = L.S_GROUPS + gi
+            for o in range(first, floor):
+                w[self.sl + (o % self.cap) * self.sw + lw] = L.DONE
+            ready = 0
+            words = st["words"]
+            base = int(st["floor"])
+            for o in range(floor, cursor):
+                i = o - base
+                word = words[i] if 0 <= i < len(words) else L.NEW
+                state, dc = word & L.STATE_MASK, (word >> L.DC_SHIFT) & L.DC_MASK
+                if state == L.DONE:
+                    new = L.DONE
+                elif state == L.NEW:
+                    new = L.NEW
+                else:  # LEASED, READY, DEADING: given back, deliverable now
+                    new = L.lease_word(L.READY, dc, L.NO_OWNER, 0)
+                    ready += 1
+                slot = self.sl + (o % self.cap) * self.sw
+                if w[slot + L.S_GROUPS + gi] != L.DONE:  # a hole (never journaled) stays DONE
+                    w[slot + lw] = new
+            for c, v in zip(self._COUNTERS, st.get("counters", ()), strict=False):
+                w[g + c] = int(v)
+            w[g + L.G_CURSOR] = cursor
+            w[g + L.G_FLOOR] = floor
+            w[g + L.G_REDELIVER] = ready
+            w[g + L.G_READY_LO] = floor
+            raw = str(st["name"]).encode()
+            w[g + L.G_NAME_LEN] = len(raw)
+            self.mm[(g + L.G_NAME) * 8:(g + L.G_NAME) * 8 + len(raw)] = raw
+            w[g + L.G_STATE] = L.GS_ACTIVE
+        w[L.Q_GROUP_GEN] += 1
+        self._recompute_free()
+        for g in range(len(groups[:self.max_groups])):
+            self.advance_floor(g)
+
     # ------------------------------------------------------------ delivery
     def deliver(self, gi: int, owner: int, now: int, max_n: int, vis_ms: int,
                 out: list[Any], dead: list[DeadItem], cls: type = tuple,
@@ -133,7 +215,7 @@ class Groups:
         if w[g + 3] and now >= w[g + 4]:  # G_REDELIVER, G_NEXT_READY
             self._redeliver(gi, owner, now, max_n, vis_ms, out, cls, prefix)
         cur = w[g + 1]
-        tail = w[24]  # Q_NEXT_OFFSET
+        tail = w[self.tail_word]  # Q_NEXT_OFFSET, or Q_DURABLE_OFFSET of an `always` queue
         got = len(out)
         if cur >= tail or got >= max_n:
             return
@@ -187,7 +269,7 @@ class Groups:
         g = self.gw + gi * 32
         ne = w[g + 5]  # G_NEXT_EXPIRY
         cur = w[g + 1]  # G_CURSOR
-        if (ne and now >= ne) or w[g + 3] or cur >= w[24]:
+        if (ne and now >= ne) or w[g + 3] or cur >= w[self.tail_word]:
             return None
         base = self.sl + (cur % self.cap) * self.sw
         if w[base + 4 + gi]:
@@ -407,6 +489,8 @@ class Groups:
         if f == old:
             return False
         w[g + 2] = f
+        if self.journaled:  # the journal writer's mark may hold the free offset back
+            return self._recompute_free()
         if old != w[32]:  # another group holds the free offset back
             return False
         if self._lone and w[35] == self._gen:  # the only group: its floor is the free offset
@@ -422,6 +506,8 @@ class Groups:
                                   if w[self.gw + gi * 32] == L.GS_ACTIVE]
             self._lone = len(self._active_bases) == 1
         low = w[24]
+        if w[28] < low:  # Q_DURABLE_OFFSET: journaled queues free only what the journal has
+            low = w[28]
         for g in self._active_bases:
             if w[g] == L.GS_ACTIVE and w[g + 2] < low:
                 low = w[g + 2]

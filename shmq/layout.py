@@ -27,12 +27,12 @@ Queue segment  ``/shmq.<instance>.q<id>``  (one per queue, dead-letter queues in
 ::
 
     byte 0          768     832     896   1024
-    +---------------+-------+-------+-----+-------------+------------------+--------------+
-    | queue header  | plock | clock | pad | group table | slot table       | byte ring    |
-    | Q_* words     |       |       |     | G x 32 w    | N x (4 + G) w    | max_bytes B  |
-    +---------------+-------+-------+-----+-------------+------------------+--------------+
+    +---------------+-------+-------+-----+-------------+----------------+------------------+--------------+
+    | queue header  | plock | clock | pad | group table | producer table | slot table       | byte ring    |
+    | Q_* words     |       |       |     | G x 32 w    | P x 4 w        | N x (4 + G) w    | max_bytes B  |
+    +---------------+-------+-------+-----+-------------+----------------+------------------+--------------+
 
-    G = max_groups, N = capacity.
+    G = max_groups, N = capacity, P = options.MAX_PRODUCERS (idempotent producers remembered).
 
 ``plock`` (producer lock) guards the producer fields (``Q_NEXT_OFFSET`` ..)
 and the slots at or beyond ``Q_NEXT_OFFSET``.  ``clock`` (consumer lock)
@@ -47,6 +47,19 @@ Slot of offset ``o`` is entry ``o % N``::
     word 2  S_LENS       payload length (low 32 bits) | metadata length (high 32 bits)
     word 3  S_TIMESTAMP  producer's wall clock, ns since the epoch
     word 4+g             lease word of group g (below)
+
+Producer entry (idempotent producers, guarded by plock)::
+
+    word 0  P_KEY       64-bit hash of the producer id (0: free entry)
+    word 1  P_SEQ       last sequence accepted from this producer
+    word 2  P_PREV      the sequence before P_SEQ, while a put is being written
+    word 3  P_COMMIT    P_SEQ counts only once Q_NEXT_OFFSET >= P_COMMIT
+
+A put with (producer, seq) names the entry in ``Q_PENDING_PRODUCER``, then writes
+P_PREV, P_COMMIT, P_SEQ, P_KEY in that order, commits ``Q_NEXT_OFFSET`` and clears
+``Q_PENDING_PRODUCER``.  The next plock
+holder that finds ``Q_PENDING_PRODUCER`` set knows its writer died: it keeps
+P_SEQ if the commit happened (Q_NEXT_OFFSET >= P_COMMIT), else restores P_PREV.
 
 Record in the byte ring at the physical position: ``metadata || payload``,
 never split at the end of the ring (the producer pads to the start instead).
@@ -78,7 +91,7 @@ def _magic(tag: bytes) -> int:
 
 REGISTRY_MAGIC = _magic(b"SHMQREG1")
 QUEUE_MAGIC = _magic(b"SHMQQUE1")
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
 MUTEX_SIZE = 64  # room for a pthread_mutex_t (40 B on x86-64 glibc, 48 B on aarch64)
 
 # ---------------------------------------------------------------- registry
@@ -97,6 +110,11 @@ R_CLIENTS_OFF = 11
 R_QUEUES_OFF = 12
 R_TOTAL_SIZE = 13
 R_GENERATION = 14  # bumped on every queue create/delete
+R_JOURNAL_PID = 15  # the journal writer process (0: none), for durable queues
+R_JOURNAL_START = 16  # its start time, ms since the epoch
+R_DATA_DIR_LEN = 17
+R_DATA_DIR = 32  # byte 256 .. 511: the journal's data dir (UTF-8), so any process can find it
+R_DATA_DIR_BYTES = 256
 R_LOCK_OFF = 512  # byte offset of the registry lock
 R_HEADER_SIZE = 1024
 
@@ -138,23 +156,31 @@ Q_DURABILITY = 12  # index into options.DURABILITY_MODES
 Q_FLAGS = 13  # F_DLQ
 Q_CREATED_NS = 14
 Q_GROUPS_OFF = 15
+Q_PRODUCERS_OFF = 16
 Q_SLOTS_OFF = 17
 Q_DATA_OFF = 18
 Q_TOTAL_SIZE = 19
 Q_SLOT_WORDS = 20
+Q_MAX_PRODUCERS = 21
+Q_JOURNAL_ERRNO = 22  # journal writer: errno of its failing write (0: writing fine); producers refuse
 # producer side (plock)
 Q_NEXT_OFFSET = 24  # the commit word of every put: offsets below it are published (= messages produced)
 Q_TAIL_BYTES = 25  # virtual byte position after the last record
+Q_PENDING_PRODUCER = 26  # 1 + index of the producer entry of the put being written, else 0
 Q_PRODUCER_WAITERS = 27
-Q_DURABLE_OFFSET = 28  # reserved for the journal writer
+Q_DURABLE_OFFSET = 28  # journal writer: offsets below it are on disk (NO_MARK for memory queues)
 Q_PLOCK_RECOVERIES = 29  # times a producer died holding plock
+Q_JOURNAL_WAITING = 30  # journal writer: 1 while it sleeps on the .j semaphore
+Q_DURABLE_WAITERS = 31  # processes sleeping on the .d semaphore for a durable mark
 # consumer side (clock)
 Q_FREE_OFFSET = 32  # every group has settled all offsets below it; their storage is free
 Q_CONSUMER_WAITERS = 33
+Q_SETTLE_SEQ = 34  # bumped by every change of group state (ack, nack, commit, ...)
 Q_GROUP_GEN = 35  # bumped on every group create/delete
 Q_ORPHANS = 36  # a dead-letter copy failed (full DLQ): the next maintenance retries it
 Q_CLOCK_RECOVERIES = 37  # times a consumer died holding clock
 Q_NAME_LEN = 38
+Q_DURABLE_SETTLE = 39  # journal writer: group state up to this Q_SETTLE_SEQ is on disk
 Q_NAME = 40  # 26 words
 Q_LOCK_P = 768  # byte offsets
 Q_LOCK_C = 832
@@ -182,6 +208,15 @@ G_NAME = 14  # 8 words = 64 bytes
 G_WORDS = 32
 GS_FREE = 0
 GS_ACTIVE = 1
+
+# producer entry (4 words)
+P_KEY = 0
+P_SEQ = 1
+P_PREV = 2
+P_COMMIT = 3
+P_WORDS = 4
+
+NO_MARK = (1 << 64) - 1  # Q_DURABLE_OFFSET / Q_DURABLE_SETTLE of a memory-only queue
 
 # slot entry
 S_OFFSET = 0
@@ -226,12 +261,13 @@ def registry_size(max_queues: int, max_clients: int) -> tuple[int, int, int]:
     return clients_off, queues_off, total
 
 
-def queue_size(capacity: int, max_bytes: int, max_groups: int) -> dict[str, int]:
+def queue_size(capacity: int, max_bytes: int, max_groups: int, max_producers: int) -> dict[str, int]:
     """Byte offsets of a queue segment's regions, and its total size."""
     groups_off = Q_HEADER_SIZE
-    slots_off = _align(groups_off + max_groups * G_WORDS * WORD)
+    producers_off = _align(groups_off + max_groups * G_WORDS * WORD)
+    slots_off = _align(producers_off + max_producers * P_WORDS * WORD)
     slot_words = S_FIXED_WORDS + max_groups
     data_off = _align(slots_off + capacity * slot_words * WORD, 4096)
     total = _align(data_off + max_bytes, 4096)
-    return {"groups_off": groups_off, "slots_off": slots_off,
+    return {"groups_off": groups_off, "producers_off": producers_off, "slots_off": slots_off,
             "data_off": data_off, "total": total, "slot_words": slot_words}

@@ -33,8 +33,17 @@ MAX_DELIVERIES_LIMIT = 255  # the lease word keeps the count in 8 bits
 DEFAULT_MAX_GROUPS = 8  # consumer groups per queue (default group included)
 MAX_GROUPS_LIMIT = 64
 MAX_META_SIZE = 1024  # bytes of per-message metadata (dead-letter origin, keys)
+MAX_PRODUCERS = 256  # idempotent producers remembered per queue; the oldest is forgotten first
+PRODUCER_ID_MAX = 256  # chars of an idempotent producer's id
+
+# --- durability (see docs/operations.md "Durability") -------------------------
 DURABILITY_MODES = ("memory", "interval", "always")
 DEFAULT_DURABILITY = "memory"
+DEFAULT_SYNC_INTERVAL = 1.0  # s: the longest an `interval` queue's journal goes without fsync
+DATA_DIR_ENV = "SHMQ_DATA_DIR"
+DEFAULT_DATA_DIR = "~/.local/share/shmq"  # $XDG_DATA_HOME/shmq when set; one sub-folder per instance
+DURABLE_WAIT_THREADS = 64  # per worker: `always` replies waiting for the journal at the same time
+JOURNAL_ADOPT_TIMEOUT = 10.0  # s creating a journaled queue waits for the journal writer to take it on
 
 # --- timing -------------------------------------------------------------------
 SPIN_CHECKS = 200  # header re-reads (about 20-60 us) before a consumer sleeps
@@ -55,3 +64,12 @@ HANDSHAKE_TIMEOUT = 5.0  # seconds a new connection has to send its handshake
 WORKER_RESTART_DELAY = 0.1
 SHUTDOWN_GRACE = 5.0  # seconds a worker has to finish requests in progress at shutdown
 TOKEN_ENV = "SHMQ_TOKEN"
+
+# --- journal (durable queues: one directory of segment files per queue, shmq/journal.py) ---
+JOURNAL_SEGMENT_BYTES = 64 * 1024 * 1024  # a segment file rolls once the next record would take it past this
+JOURNAL_MAX_RECORD_BYTES = 256 << 20  # one record's body: a bigger batch is split, a bigger payload refused
+JOURNAL_MAX_META_BYTES = 64 * 1024  # the queue's meta.json
+JOURNAL_MAX_OPEN_SEGMENTS = 64  # rolled segments left open awaiting sync(); one more and append syncs first
+JOURNAL_STATE_ROLL_FACTOR = 4  # a segment holding only state snapshots rolls at max(segment, this x snapshot)
+JOURNAL_DIR_MODE = 0o700  # the data directory (when we create it) and every queue directory
+JOURNAL_FILE_MODE = 0o600  # every journal file

@@ -10,9 +10,11 @@ never a lost wake-up.
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import posix_ipc
@@ -22,17 +24,23 @@ from . import options
 from .api import Message, Payload, QueueConfig
 from .api import Queue as QueueABC
 from .errors import (
+    Duplicate,
     Empty,
     Full,
     InvalidArgument,
     MessageTooLarge,
     QueueNotFound,
+    ShmqError,
     StaleAck,
+    StorageError,
+    Timeout,
 )
 from .group import ACK, DEAD, FREED, NACK, STALE, TO_DLQ, TOUCH, DeadItem, Groups
 from .lock import trylock, unlock
 from .names import check_group_name as _check_group_name
-from .ring import Ring
+from .ring import DUPLICATE, Ring, producer_key
+
+_ALWAYS = options.DURABILITY_MODES.index("always")
 
 if TYPE_CHECKING:
     from .shm import Attachment
@@ -58,13 +66,21 @@ class ShmQueue(QueueABC):
     """One queue of a co-located instance."""
 
     def __init__(self, att: Attachment, ring: Ring, not_empty: posix_ipc.Semaphore,
-                 not_full: posix_ipc.Semaphore) -> None:
+                 not_full: posix_ipc.Semaphore, journal: posix_ipc.Semaphore,
+                 durable: posix_ipc.Semaphore) -> None:
         self._att = att
         self._ring = ring
         self._groups = Groups(ring)
         self._w = ring.w
         self._ne = not_empty
         self._nf = not_full
+        self._js = journal
+        self._ds = durable
+        self._durable = ring.durability != 0
+        self._always = ring.durability == _ALWAYS
+        # A server sets this to be told of a durable mark to wait for, instead of waiting
+        # (its event loop must not block): called with (queue, header word, value).
+        self._defer_marks: Callable[[ShmQueue, int, int], None] | None = None
         self.name = ring.name
         self._max = ring.max_message_size
         self._gcache: dict[str, int] = {}
@@ -97,7 +113,8 @@ class ShmQueue(QueueABC):
             raise QueueNotFound(f"queue {self.name!r} was deleted")
 
     # ------------------------------------------------------------ produce
-    def put(self, payload: Payload, block: bool = True, timeout: float | None = None) -> int:
+    def put(self, payload: Payload, block: bool = True, timeout: float | None = None,
+            *, wait_durable: bool = True) -> int:
         if type(payload) is not bytes:
             payload = _as_bytes(payload)
         if len(payload) > self._max:
@@ -105,6 +122,8 @@ class ShmQueue(QueueABC):
                                   f"{self._max} of queue {self.name!r}")
         if self._w[4] != 1:  # Q_STATE
             self._alive()
+        if self._durable:
+            return self._put_durable([payload], block, timeout, wait_durable, 0, 0)
         off = self._ring.try_put(payload, time.time_ns())
         if off < 0:
             off = self._put_wait([payload], None, block, timeout)
@@ -113,7 +132,12 @@ class ShmQueue(QueueABC):
         return off
 
     def put_many(self, payloads: Sequence[Payload], block: bool = True,
-                 timeout: float | None = None) -> list[int]:
+                 timeout: float | None = None, *, producer: str | None = None,
+                 seq: int | None = None, wait_durable: bool = True) -> list[int]:
+        """Append a batch atomically.  With ``producer`` and ``seq`` (an idempotent
+        producer): raise :class:`Duplicate` and write nothing when this producer already
+        wrote ``seq`` or a later sequence to this queue."""
+        key = check_producer(producer, seq)
         items = [p if type(p) is bytes else _as_bytes(p) for p in payloads]
         if not items:
             return []
@@ -122,21 +146,122 @@ class ShmQueue(QueueABC):
         if big > self._max:
             raise MessageTooLarge(f"a payload of {big} bytes exceeds max_message_size {self._max} "
                                   f"of queue {self.name!r}")
-        first = self._put_wait(items, None, block, timeout, first_try=True)
-        if self._w[33]:
-            self._wake(self._ne, self._w[33], len(items))
+        if self._durable:
+            first = self._put_durable(items, block, timeout, wait_durable, key, seq or 0)
+        else:
+            first = self._put_wait(items, None, block, timeout, first_try=True, producer=key, seq=seq or 0)
+            if self._w[33]:
+                self._wake(self._ne, self._w[33], len(items))
         return list(range(first, first + len(items)))
 
+    def _put_durable(self, items: list[Any], block: bool, timeout: float | None, wait_durable: bool,
+                     key: int, seq: int) -> int:
+        """put / put_many on a journaled queue: refused while the journal cannot be written;
+        with ``always`` (and ``wait_durable``) it returns once the journal has the batch."""
+        self._journal_ok()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        first = self._put_wait(items, None, block, timeout, first_try=True, producer=key, seq=seq)
+        w = self._w
+        if w[33]:
+            self._wake(self._ne, w[33], len(items))
+        if self._always:
+            if w[L.Q_JOURNAL_WAITING]:
+                self._js.release()
+            if not wait_durable:
+                pass
+            elif self._defer_marks is not None:
+                self._defer_marks(self, L.Q_DURABLE_OFFSET, first + len(items))
+            else:
+                self.wait_durable(first + len(items), deadline)
+        return first
+
+    def _journal_ok(self) -> None:
+        err = self._w[L.Q_JOURNAL_ERRNO]
+        if err:
+            raise StorageError(f"queue {self.name!r} cannot take messages: its journal cannot be written "
+                               f"({errno.errorcode.get(err, err)}: {os.strerror(err)}); consumers are "
+                               "still served")
+
+    def durable_offset(self) -> int:
+        """Offsets below this are as durable as the queue's policy makes them."""
+        return min(self._w[L.Q_DURABLE_OFFSET], self._w[L.Q_NEXT_OFFSET])
+
+    def wait_durable(self, end: int, deadline: float | None = None) -> None:
+        """Wait until every offset below ``end`` is in the journal (fsynced).  Raises
+        :class:`Timeout` at ``deadline`` (monotonic s), :class:`StorageError` when the
+        journal writer reports a write error."""
+        self._wait_mark(L.Q_DURABLE_OFFSET, end, deadline)
+
+    def _settled(self) -> None:
+        """After a change of group state on a journaled queue: tell the journal writer;
+        on an ``always`` queue, return once the change is on disk."""
+        w = self._w
+        with self._ring.clock:
+            w[L.Q_SETTLE_SEQ] += 1
+            seq = w[L.Q_SETTLE_SEQ]
+        if w[L.Q_JOURNAL_WAITING]:
+            self._js.release()
+        if not self._always:
+            pass
+        elif self._defer_marks is not None:
+            self._defer_marks(self, L.Q_DURABLE_SETTLE, seq)
+        else:
+            self._wait_mark(L.Q_DURABLE_SETTLE, seq, None)
+
+    def _wait_mark(self, word: int, end: int, deadline: float | None) -> None:
+        w = self._w
+        if w[word] >= end:
+            return
+        for _ in range(options.SPIN_CHECKS):
+            if w[word] >= end:
+                return
+        registered = False
+        try:
+            while True:
+                if w[word] >= end:
+                    return
+                self._journal_ok()
+                self._alive()
+                wait = options.WAIT_SLICE
+                if deadline is not None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise Timeout(f"{self.name!r} was not journaled in time (the change is in "
+                                      "shared memory and may still take effect)")
+                    wait = min(wait, remaining)
+                if not registered:
+                    with self._ring.plock:
+                        w[L.Q_DURABLE_WAITERS] += 1
+                    registered = True
+                    if w[L.Q_JOURNAL_WAITING]:
+                        self._js.release()
+                    continue
+                try:
+                    self._ds.acquire(wait)
+                except _BusyError:
+                    pass
+        finally:
+            if registered:
+                with self._ring.plock:
+                    w[L.Q_DURABLE_WAITERS] -= 1 if w[L.Q_DURABLE_WAITERS] else 0
+
     def _put_meta(self, payload: bytes, meta: bytes, timeout: float) -> int:
-        """Internal: append with metadata (dead-letter origin)."""
+        """Internal: append with metadata (dead-letter origin); on an ``always`` queue,
+        returns once the copy is journaled, so the original can be settled safely."""
         self._alive()
+        if self._durable:
+            self._journal_ok()
         off = self._put_wait([payload], [meta], True, timeout, first_try=True)
         if self._w[33]:
             self._wake(self._ne, self._w[33], 1)
+        if self._always:
+            if self._w[L.Q_JOURNAL_WAITING]:
+                self._js.release()
+            self.wait_durable(off + 1, time.monotonic() + timeout)
         return off
 
     def _put_wait(self, items: list[Any], metas: list[bytes] | None, block: bool,
-                  timeout: float | None, first_try: bool = False) -> int:
+                  timeout: float | None, first_try: bool = False, producer: int = 0, seq: int = 0) -> int:
         ring = self._ring
         nbytes = sum(len(p) for p in items) + (sum(len(m) for m in metas) if metas else 0)
         if not ring.fits_empty(nbytes, len(items)):
@@ -150,9 +275,12 @@ class ShmQueue(QueueABC):
         try:
             while True:
                 if first_try:
-                    off = ring.try_put_many(items, metas, time.time_ns())
+                    off = ring.try_put_many(items, metas, time.time_ns(), producer, seq)
                     if off >= 0:
                         return off
+                    if off == DUPLICATE:
+                        raise Duplicate(f"producer already wrote sequence {seq} (or a later one) to "
+                                        f"{self.name!r}: nothing was written")
                 first_try = True
                 self._alive()
                 if not block:
@@ -256,6 +384,7 @@ class ShmQueue(QueueABC):
     def _take(self, group: str, max_n: int, block: bool, timeout: float | None,
               visibility_timeout: float | None) -> list[Message]:
         w = self._w
+        tw = self._groups.tail_word
         if w[4] != 1:  # Q_STATE
             self._alive()
         gi = self._group(group)
@@ -306,7 +435,7 @@ class ShmQueue(QueueABC):
             if not announce:
                 # A producer is likely mid-put: look again for a moment before sleeping.
                 for _ in range(options.SPIN_CHECKS):
-                    if w[24] > w[g + 1]:  # Q_NEXT_OFFSET > G_CURSOR
+                    if w[tw] > w[g + 1]:  # Q_NEXT_OFFSET (Q_DURABLE_OFFSET if `always`) > G_CURSOR
                         break
                 announce = True
                 continue
@@ -320,7 +449,7 @@ class ShmQueue(QueueABC):
                     raise Empty(f"no message for group {group!r} of queue {self.name!r} "
                                 f"within {timeout} s")
                 wait = min(wait, remaining)
-            if w[24] > w[g + L.G_CURSOR]:
+            if w[tw] > w[g + L.G_CURSOR]:
                 continue  # published while we announced ourselves
             if w[g + L.G_REDELIVER]:
                 wait = max(0.0, min(wait, (w[g + L.G_NEXT_READY] - now) / 1000))
@@ -353,6 +482,8 @@ class ShmQueue(QueueABC):
                 self._wake(self._nf, self._w[27], 1)
         elif result == STALE:
             raise self._stale(msg)
+        if self._durable:
+            self._settled()
 
     def _not_ours(self, msg: Message) -> StaleAck:
         return StaleAck(f"message {msg[3]} is not a delivery of {self.name!r} (read() results "
@@ -382,6 +513,8 @@ class ShmQueue(QueueABC):
             result = self._groups.settle(gi, msg[3], msg[4], action, owner, self._now(), arg_ms)
         if result == STALE:
             raise self._stale(msg)
+        if self._durable and action != TOUCH:
+            self._settled()
         if result == TO_DLQ:
             self._dead_letter([(gi, msg[3], msg[4], "nack" if action == NACK else "dead_letter")])
 
@@ -402,6 +535,8 @@ class ShmQueue(QueueABC):
             clock.release()
         if freed and self._w[27]:
             self._wake(self._nf, self._w[27], len(msgs))
+        if self._durable:
+            self._settled()
         if stale:
             err = StaleAck(f"{len(stale)} of {len(msgs) + len(foreign)} acks were stale "
                            f"(offsets {stale[:10]}); the others were applied")
@@ -412,7 +547,10 @@ class ShmQueue(QueueABC):
     def _dead_letter(self, items: list[DeadItem]) -> None:
         """Copy DEADING messages (owned by us, pinned) to the dead-letter queue, then mark DONE."""
         ring = self._ring
-        dlq = self._att.dead_letter_queue(self)
+        try:
+            dlq = self._att.dead_letter_queue(self)
+        except ShmqError:  # e.g. a journaled DLQ while no journal writer runs: retried later
+            dlq = None
         names = dict(self._groups.active())
         for gi, off, dc, reason in items:
             payload, _meta, ts = ring.record(off)
@@ -465,6 +603,8 @@ class ShmQueue(QueueABC):
         _check_group_name(name)
         with self._ring.clock:
             self._groups.create(name, start)
+        if self._durable:
+            self._settled()
 
     def delete_group(self, name: str) -> None:
         self._alive()
@@ -474,6 +614,8 @@ class ShmQueue(QueueABC):
             freed = self._groups.delete(self._groups.require(name))
         if freed and self._w[L.Q_PRODUCER_WAITERS]:
             self._wake(self._nf, self._w[L.Q_PRODUCER_WAITERS], 1)
+        if self._durable:
+            self._settled()
 
     def groups(self) -> list[str]:
         return [name for _, name in self._groups.active()]
@@ -487,6 +629,8 @@ class ShmQueue(QueueABC):
             freed = self._groups.commit(self._groups.require(group), offset)
         if freed and self._w[L.Q_PRODUCER_WAITERS]:
             self._wake(self._nf, self._w[L.Q_PRODUCER_WAITERS], 1)
+        if self._durable:
+            self._settled()
 
     def purge(self) -> int:
         """Drop every retained message for every group; the number dropped."""
@@ -497,6 +641,8 @@ class ShmQueue(QueueABC):
                 self._groups.commit(gi, nxt)
         if self._w[L.Q_PRODUCER_WAITERS]:
             self._wake(self._nf, self._w[L.Q_PRODUCER_WAITERS], self._w[L.Q_PRODUCER_WAITERS])
+        if self._durable:
+            self._settled()
         return int(nxt - first)
 
     def read(self, offset: int, max_messages: int = 1) -> list[Message]:
@@ -508,15 +654,16 @@ class ShmQueue(QueueABC):
         out = []
         with ring.clock:
             start = max(offset, self._w[L.Q_FREE_OFFSET])
-            end = min(self._w[L.Q_NEXT_OFFSET], start + max_messages)
+            end = min(self._w[self._groups.tail_word], start + max_messages)
             for off in range(start, end):
                 payload, meta, ts = ring.record(off)
                 out.append(Message((self, -1, None, off, 0, payload, meta, ts)))
         return out
 
     def offsets(self) -> tuple[int, int]:
-        """(first retained offset, next offset to be written)."""
-        return self._w[L.Q_FREE_OFFSET], self._w[L.Q_NEXT_OFFSET]
+        """(first retained offset, next offset to be delivered: on an ``always`` queue, the
+        next one not yet journaled)."""
+        return self._w[L.Q_FREE_OFFSET], self._w[self._groups.tail_word]
 
     def stats(self) -> dict[str, Any]:
         self.maintain()
@@ -534,7 +681,24 @@ class ShmQueue(QueueABC):
             "produced": nxt, "fill": max((nxt - free) / ring.capacity, used / ring.size),
             "groups": groups, "lock_recoveries": w[L.Q_PLOCK_RECOVERIES] + w[L.Q_CLOCK_RECOVERIES],
             "config": self.config.__dict__,
+            # journaled queues: offsets below durable_offset are on disk; journal_error is the
+            # errno of a failing journal write (produce is refused meanwhile), else null
+            "durable_offset": self.durable_offset(),
+            "journal_error": (errno.errorcode.get(w[L.Q_JOURNAL_ERRNO], w[L.Q_JOURNAL_ERRNO])
+                              if w[L.Q_JOURNAL_ERRNO] else None),
         }
+
+
+def check_producer(producer: str | None, seq: int | None) -> int:
+    """Check an idempotent producer's (id, sequence); its table key (0: not idempotent)."""
+    if producer is None and seq is None:
+        return 0
+    if not isinstance(producer, str) or not 1 <= len(producer) <= options.PRODUCER_ID_MAX:
+        raise InvalidArgument(f"producer must be a string of 1-{options.PRODUCER_ID_MAX} chars "
+                              "(and goes with seq)")
+    if type(seq) is not int or not 1 <= seq < 1 << 63:
+        raise InvalidArgument("seq must be an int in 1 .. 2**63-1 (and goes with producer)")
+    return producer_key(producer)
 
 
 def _ms(seconds: float, what: str) -> int:

@@ -21,7 +21,7 @@ from .segment import SHM_DIR, Mapping, unlink_semaphore, unlink_shm
 
 _NAME = re.compile(
     r"^(?P<sem>sem\.)?shmq\.(?P<inst>[A-Za-z0-9_-]+)\."
-    r"(?:(?P<reg>reg)(?:\.tmp(?P<tmppid>\d+)\.[0-9a-f]+)?|q(?P<qid>\d+)(?:\.(?:ne|nf))?)$")
+    r"(?:(?P<reg>reg)(?:\.tmp(?P<tmppid>\d+)\.[0-9a-f]+)?|q(?P<qid>\d+)(?:\.(?:ne|nf|j|d))?)$")
 
 
 @dataclass

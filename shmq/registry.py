@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from . import layout as L
 from . import options, process
-from .errors import InstanceError, LimitExceeded
+from .errors import InstanceError, InvalidArgument, LimitExceeded
 from .lock import RobustLock
 from .segment import Mapping, link_into_place, registry_name, unlink_shm
 
@@ -113,6 +113,32 @@ class Registry:
             self.w[L.R_OWNER_PID] = pid
             self.w[L.R_OWNER_START] = start
             self.beat()
+
+    def set_journal(self, data_dir: str | None) -> None:
+        """Announce (or, with None, withdraw) this process as the journal writer."""
+        raw = (data_dir or "").encode()
+        if len(raw) > L.R_DATA_DIR_BYTES:
+            raise InvalidArgument(f"data dir path longer than {L.R_DATA_DIR_BYTES} bytes: {data_dir}")
+        pid, start = process.me() if data_dir else (0, 0)
+        with self.lock:
+            self.w[L.R_JOURNAL_PID] = 0
+            self.mm[L.R_DATA_DIR * 8:L.R_DATA_DIR * 8 + len(raw)] = raw
+            self.w[L.R_DATA_DIR_LEN] = len(raw)
+            self.w[L.R_JOURNAL_START] = start
+            self.w[L.R_JOURNAL_PID] = pid
+
+    def journal(self) -> str | None:
+        """The data dir of a live journal writer, else None."""
+        w = self.w
+        pid, start = w[L.R_JOURNAL_PID], w[L.R_JOURNAL_START]
+        if not pid or not process.is_alive(pid, start):
+            return None
+        return bytes(self.mm[L.R_DATA_DIR * 8:L.R_DATA_DIR * 8 + w[L.R_DATA_DIR_LEN]]).decode()
+
+    def data_dir(self) -> str | None:
+        """The data dir last announced (the writer may be dead), else None."""
+        n = self.w[L.R_DATA_DIR_LEN]
+        return bytes(self.mm[L.R_DATA_DIR * 8:L.R_DATA_DIR * 8 + n]).decode() if n else None
 
     def beat(self) -> None:
         self.w[L.R_HEARTBEAT] = int(time.time() * 1000)

@@ -18,13 +18,23 @@ no message or a whole one.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from array import array
 
 from . import layout as L
+from . import options
 from .errors import InstanceError
 from .lock import RobustLock, trylock, unlock
 from .segment import Mapping
+
+DUPLICATE = -2  # try_put_many: this producer already wrote that sequence
+
+
+def producer_key(producer: str) -> int:
+    """The nonzero 64-bit key of an idempotent producer's id."""
+    key = int.from_bytes(hashlib.blake2b(producer.encode(), digest_size=8).digest(), "little")
+    return key or 1
 
 
 class Ring:
@@ -53,6 +63,8 @@ class Ring:
         self.slot_words = w[L.Q_SLOT_WORDS]
         self.slots_w = w[L.Q_SLOTS_OFF] // L.WORD
         self.groups_w = w[L.Q_GROUPS_OFF] // L.WORD
+        self.producers_w = w[L.Q_PRODUCERS_OFF] // L.WORD
+        self.max_producers = w[L.Q_MAX_PRODUCERS]
         self.data_off = w[L.Q_DATA_OFF]
         self.name = bytes(self.mm[L.Q_NAME * 8: L.Q_NAME * 8 + w[L.Q_NAME_LEN]]).decode()
         self.plock = RobustLock(self.mm, L.Q_LOCK_P, (w, L.Q_PLOCK_RECOVERIES))
@@ -65,7 +77,7 @@ class Ring:
                max_bytes: int, max_message_size: int, visibility_ms: int, max_deliveries: int,
                max_groups: int, max_clients: int, durability: int, flags: int,
                default_group: str) -> Ring:
-        sizes = L.queue_size(capacity, max_bytes, max_groups)
+        sizes = L.queue_size(capacity, max_bytes, max_groups, options.MAX_PRODUCERS)
         mapping = Mapping.create(shm_name, sizes["total"])
         w = mapping.words
         w[L.Q_VERSION] = L.LAYOUT_VERSION
@@ -83,6 +95,12 @@ class Ring:
         w[L.Q_FLAGS] = flags
         w[L.Q_CREATED_NS] = time.time_ns()
         w[L.Q_GROUPS_OFF] = sizes["groups_off"]
+        w[L.Q_PRODUCERS_OFF] = sizes["producers_off"]
+        w[L.Q_MAX_PRODUCERS] = options.MAX_PRODUCERS
+        # memory-only queues have no journal: nothing waits for its marks
+        mark = L.NO_MARK if durability == 0 else 0
+        w[L.Q_DURABLE_OFFSET] = mark
+        w[L.Q_DURABLE_SETTLE] = mark
         w[L.Q_SLOTS_OFF] = sizes["slots_off"]
         w[L.Q_DATA_OFF] = sizes["data_off"]
         w[L.Q_TOTAL_SIZE] = sizes["total"]
@@ -140,6 +158,8 @@ class Ring:
         if rc:
             self.plock.acquire_slow(rc)
         try:
+            if w[26]:  # Q_PENDING_PRODUCER: the last idempotent put's writer died
+                self._settle_pending()
             off = w[24]  # Q_NEXT_OFFSET
             free = w[32]  # Q_FREE_OFFSET
             if off - free >= self.capacity:
@@ -167,16 +187,25 @@ class Ring:
         finally:
             unlock(addr)
 
-    def try_put_many(self, payloads: list[bytes], metas: list[bytes] | None, ts: int) -> int:
-        """Append a batch atomically (all or none); the first offset, or -1 when it does not fit now."""
+    def try_put_many(self, payloads: list[bytes], metas: list[bytes] | None, ts: int,
+                     producer: int = 0, seq: int = 0) -> int:
+        """Append a batch atomically (all or none); the first offset, -1 when it does not
+        fit now, or DUPLICATE when ``producer`` (a key from ``producer_key``) already
+        wrote ``seq`` or a later sequence."""
         w = self.w
         size = self.size
         cap = self.capacity
         count = len(payloads)
         self.plock.acquire()
         try:
+            if w[26]:
+                self._settle_pending()
             off = w[24]
             free = w[32]
+            if producer:
+                pe = self._producer_entry(producer)
+                if w[pe + L.P_KEY] == producer and seq <= w[pe + L.P_SEQ]:
+                    return DUPLICATE
             if off - free + count > cap:
                 return -1
             tb = w[25]
@@ -230,10 +259,111 @@ class Ring:
                 mm[start:start + end - positions[i]] = b"".join(parts)
                 i = j
             w[25] = p
-            w[24] = off + count  # commit
+            if producer:  # the order matters: see "Producer entry" in layout
+                w[26] = (pe - self.producers_w) // L.P_WORDS + 1
+                if w[pe + L.P_KEY] == producer:
+                    prev = w[pe + L.P_SEQ]
+                else:
+                    prev = 0
+                    w[pe + L.P_KEY] = 0  # an entry half rewritten for a new key matches nobody
+                w[pe + L.P_PREV] = prev
+                w[pe + L.P_COMMIT] = off + count
+                w[pe + L.P_SEQ] = seq
+                w[pe + L.P_KEY] = producer
+                w[24] = off + count  # commit
+                w[26] = 0
+            else:
+                w[24] = off + count  # commit
             return off
         finally:
             self.plock.release()
+
+    # ------------------------------------------------------------ idempotent producers
+    def _producer_entry(self, key: int) -> int:
+        """The word index of ``key``'s entry; else of a free entry; else of the one
+        written longest ago (its memory is lost: documented in options.MAX_PRODUCERS)."""
+        w = self.w
+        base = self.producers_w
+        free = -1
+        oldest, oldest_commit = base, None
+        for i in range(self.max_producers):
+            e = base + i * L.P_WORDS
+            k = w[e]
+            if k == key:
+                return e
+            if k == 0:
+                if free < 0:
+                    free = e
+            elif oldest_commit is None or w[e + L.P_COMMIT] < oldest_commit:
+                oldest, oldest_commit = e, w[e + L.P_COMMIT]
+        return free if free >= 0 else oldest
+
+    def _settle_pending(self) -> None:
+        """Under plock: an idempotent put's writer died; keep its sequence only if it committed."""
+        w = self.w
+        e = self.producers_w + (w[26] - 1) * L.P_WORDS
+        if w[24] < w[e + L.P_COMMIT]:
+            w[e + L.P_SEQ] = w[e + L.P_PREV]
+        w[26] = 0
+
+    def producer_table(self) -> list[tuple[int, int]]:
+        """(key, last sequence) of every remembered producer; call under plock."""
+        w = self.w
+        if w[26]:
+            self._settle_pending()
+        out = []
+        for i in range(self.max_producers):
+            e = self.producers_w + i * L.P_WORDS
+            if w[e]:
+                out.append((w[e], w[e + L.P_SEQ]))
+        return out
+
+    def restore_producers(self, table: list[tuple[int, int]], commit: int) -> None:
+        """Fill the producer table (recovery); call under plock."""
+        w = self.w
+        for i, (key, seq) in enumerate(table[:self.max_producers]):
+            e = self.producers_w + i * L.P_WORDS
+            w[e + L.P_SEQ] = seq
+            w[e + L.P_PREV] = seq
+            w[e + L.P_COMMIT] = commit
+            w[e + L.P_KEY] = key
+
+    # ------------------------------------------------------------ recovery
+    def restore(self, records: dict[int, tuple[int, bytes]], first: int, tail: int) -> None:
+        """Fill a new, unpublished segment (recovery): ``records`` maps offset to
+        (timestamp_ns, payload); every offset of [first, tail) not in it becomes a
+        tombstone, empty and DONE for every group (lost in a crash window, or never
+        handed out), so offsets keep their meaning and are never reused."""
+        w = self.w
+        size, cap = self.size, self.capacity
+        if tail - first > cap:
+            raise InstanceError(f"cannot restore {tail - first} offsets into capacity {cap}")
+        done_all = b"".join(L.DONE.to_bytes(8, "little") for _ in range(self.max_groups))
+        mm = self.mm
+        p = 0
+        for o in range(first, tail):
+            base = self.slots_w + (o % cap) * self.slot_words
+            rec = records.get(o)
+            b = (base + L.S_FIXED_WORDS) * 8
+            if rec is None:
+                mm[base * 8:b] = L.SLOT_HEAD.pack(o, p, 0, 0)
+                mm[b:b + len(done_all)] = done_all
+                continue
+            ts, payload = rec
+            n = len(payload)
+            phys = p % size
+            if phys + n > size:
+                p += size - phys
+            if p + n > size:
+                raise InstanceError(f"cannot restore {p + n} bytes into max_bytes {size}")
+            start = self.data_off + p % size
+            mm[start:start + n] = payload
+            mm[base * 8:b] = L.SLOT_HEAD.pack(o, p, n, ts)
+            mm[b:b + len(self._zero_leases)] = self._zero_leases
+            p += n
+        w[L.Q_TAIL_BYTES] = p
+        w[L.Q_FREE_OFFSET] = first
+        w[L.Q_NEXT_OFFSET] = tail
 
     # ------------------------------------------------------------ checks
     def check_invariants(self) -> None:

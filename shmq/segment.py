@@ -37,10 +37,11 @@ def queue_segment_name(instance: str, queue_id: int) -> str:
     return f"/{PREFIX}{instance}.q{queue_id}"
 
 
-def semaphore_names(instance: str, queue_id: int) -> tuple[str, str]:
-    """(not_empty, not_full) semaphore names of a queue."""
+def semaphore_names(instance: str, queue_id: int) -> tuple[str, str, str, str]:
+    """The semaphore names of a queue: not_empty, not_full, journal (wakes the journal
+    writer) and durable (wakes those waiting for a durable mark)."""
     base = queue_segment_name(instance, queue_id)
-    return base + ".ne", base + ".nf"
+    return base + ".ne", base + ".nf", base + ".j", base + ".d"
 
 
 class Mapping:

@@ -14,6 +14,7 @@ import atexit
 import multiprocessing.util as mp_util
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -96,11 +97,11 @@ class Attachment:
             if q is None:
                 try:  # deleted under our feet: the segment or a semaphore may be gone already
                     ring = Ring(Mapping.attach(queue_segment_name(self.instance, entry.queue_id)))
-                    ne, nf = (open_semaphore(n, create=False)
-                              for n in semaphore_names(self.instance, entry.queue_id))
+                    sems = [open_semaphore(n, create=False)
+                            for n in semaphore_names(self.instance, entry.queue_id)]
                 except (FileNotFoundError, posix_ipc.ExistentialError):
                     raise QueueNotFound(f"queue {entry.name!r} was deleted") from None
-                q = ShmQueue(self, ring, ne, nf)
+                q = ShmQueue(self, ring, *sems)
                 self._queues[entry.queue_id] = q
             return q
 
@@ -111,10 +112,16 @@ class Attachment:
             q = self._queues.pop(queue_id, None)
             self._names = {k: v for k, v in self._names.items() if v is not q}
 
-    def create_queue(self, name: str, config: QueueConfig, is_dlq: bool = False) -> ShmQueue:
+    def create_queue(self, name: str, config: QueueConfig, is_dlq: bool = False,
+                     restore: Callable[[Ring], None] | None = None) -> ShmQueue:
+        """Create a queue; ``restore`` (recovery) fills its segment before it is published."""
         reg = self.registry
         cap, mb, mms = config.capacity, config.max_bytes, config.max_message_size
         vis = int(config.visibility_timeout * 1000)
+        if config.durability != "memory" and restore is None and reg.journal() is None:
+            raise InvalidArgument(
+                f"durability {config.durability!r} needs a running broker to write the journal "
+                f"(shmq serve --instance {self.instance}); no journal writer is attached to this instance")
         with reg.lock:
             if reg.find(name) is not None:
                 raise QueueExists(f"queue {name!r} exists in instance {self.instance!r}")
@@ -136,6 +143,8 @@ class Attachment:
                     max_groups=config.max_groups, max_clients=reg.max_clients,
                     durability=options.DURABILITY_MODES.index(config.durability),
                     flags=L.F_DLQ if is_dlq else 0, default_group=options.DEFAULT_GROUP)
+                if restore is not None:
+                    restore(ring)
                 ring.close()
                 reg.add_queue(name, qid, is_dlq)
             except BaseException:
@@ -143,7 +152,15 @@ class Attachment:
                 for s in sems:
                     unlink_semaphore(s)
                 raise
-        return self.queue(name)
+        q = self.queue(name)
+        if config.durability != "memory" and restore is None:
+            # return once the journal writer has taken the queue on (its meta file is on disk)
+            w = q._w
+            with q._ring.clock:
+                w[L.Q_SETTLE_SEQ] += 1
+                seq = w[L.Q_SETTLE_SEQ]
+            q._wait_mark(L.Q_DURABLE_SETTLE, seq, time.monotonic() + options.JOURNAL_ADOPT_TIMEOUT)
+        return q
 
     def delete_queue(self, name: str) -> None:
         reg = self.registry
@@ -153,7 +170,7 @@ class Attachment:
                 raise QueueNotFound(f"no queue named {name!r} in instance {self.instance!r}")
             q = self._open(entry)
             q._w[L.Q_STATE] = L.QS_DELETED  # other handles see this on their next call
-            for sem in (q._ne, q._nf):  # wake sleepers so they notice at once
+            for sem in (q._ne, q._nf, q._js, q._ds):  # wake sleepers so they notice at once
                 for _ in range(8):
                     sem.release()
             reg.remove_queue(entry.queue_id)
@@ -161,6 +178,10 @@ class Attachment:
             for s in semaphore_names(self.instance, entry.queue_id):
                 unlink_semaphore(s)
         self.forget(entry.queue_id)
+        if q._durable:  # the journal goes with the queue
+            data_dir = reg.data_dir()
+            if data_dir:
+                retire_journal(data_dir, name)
 
     def dead_letter_queue(self, q: ShmQueue) -> ShmQueue | None:
         if q.is_dlq:
@@ -266,6 +287,23 @@ def _exit_hooks() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def retire_journal(data_dir: str, name: str) -> None:
+    """Move a deleted queue's journal out of the way, atomically: recovery never brings it
+    back, and its writer (which notices the deletion and stops) writes on into the moved
+    directory.  The journal process removes retired journals (``.deleted-*``)."""
+    from .journal import queue_dir
+    path = queue_dir(data_dir, name)
+    try:
+        os.rename(path, path.parent / f".deleted-{time.time_ns()}-{name}")
+        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except FileNotFoundError:
+        pass
+
+
 def _config(limits: dict[str, Any]) -> QueueConfig:
     unknown = set(limits) - set(QueueConfig.__dataclass_fields__)
     if unknown:
@@ -294,9 +332,6 @@ def _config(limits: dict[str, Any]) -> QueueConfig:
          f"max_groups must be 1..{options.MAX_GROUPS_LIMIT}")
     need(c.durability in options.DURABILITY_MODES,
          f"durability must be one of {', '.join(options.DURABILITY_MODES)}")
-    need(c.durability == "memory",
-         f"durability {c.durability!r} needs the journal, which this build does not have yet; "
-         "only 'memory' is available")
     return c
 
 

@@ -106,16 +106,21 @@ __all__ = ["FakeClock", "shmq", "unique_instance", "wait_until", "leftovers"]
 class Server:
     """``shmq serve`` as a real subprocess on an ephemeral port."""
 
-    def __init__(self, workers: int = 2, token: str = "", extra: list[str] | None = None) -> None:
+    def __init__(self, workers: int = 2, token: str = "", extra: list[str] | None = None,
+                 instance: str | None = None, data_dir: str | None = None) -> None:
         import re
         import selectors
         import subprocess
         import sys
+        import tempfile
 
-        self.instance = unique_instance()
+        self.instance = instance or unique_instance()
         self.keep = "--keep" in (extra or [])
+        self.own_data_dir = data_dir is None
+        self.data_dir = data_dir or tempfile.mkdtemp(prefix=f"shmq-{self.instance}-")
         args = [sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
-                "--workers", str(workers), "--instance", self.instance, *(extra or [])]
+                "--workers", str(workers), "--instance", self.instance, "--data-dir", self.data_dir,
+                *(extra or [])]
         if token:
             args += ["--token", token]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -125,8 +130,11 @@ class Server:
         deadline = time.monotonic() + 60
         while b"\n" not in line:
             if time.monotonic() > deadline or self.proc.poll() is not None:
+                if self.proc.poll() is None:
+                    self.proc.kill()
+                err = self.proc.stderr.read()  # type: ignore[union-attr]
                 self.stop()
-                raise RuntimeError(f"shmq serve did not start: {line!r} {self.proc.stderr.read()!r}")  # type: ignore[union-attr]
+                raise RuntimeError(f"shmq serve did not start: {line!r} {err!r}")
             if sel.select(0.5):
                 line += os.read(self.proc.stdout.fileno(), 4096)  # type: ignore[union-attr]
         sel.close()
@@ -135,9 +143,27 @@ class Server:
         self.port = int(m.group(1))
         self.url = f"tcp://127.0.0.1:{self.port}"
         self.token = token
+        m = re.search(rb"\(pid (\d+)\)", line)
+        assert m, line
+        self.journal_pid = int(m.group(1))
+
+    def stderr_so_far(self) -> str:
+        """What the broker wrote to stderr until now (without waiting for more)."""
+        import selectors
+        out = b""
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stderr, selectors.EVENT_READ)  # type: ignore[arg-type]
+            while sel.select(0):
+                chunk = os.read(self.proc.stderr.fileno(), 65536)  # type: ignore[union-attr]
+                if not chunk:
+                    break
+                out += chunk
+        return out.decode(errors="replace")
 
     def workers(self) -> list[psutil.Process]:
-        return [p for p in psutil.Process(self.proc.pid).children() if p.is_running()]
+        """The worker processes (not the journal process)."""
+        return [p for p in psutil.Process(self.proc.pid).children()
+                if p.is_running() and p.pid != self.journal_pid]
 
     def stop(self, timeout: float = 20) -> int:
         import signal
@@ -159,6 +185,9 @@ class Server:
                     stream.close()
             if not self.keep and os.path.exists(f"/dev/shm/shmq.{self.instance}.reg"):
                 ShmBroker(self.instance).destroy()  # only if the broker failed to clean up
+            if self.own_data_dir and not self.keep:
+                import shutil
+                shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -420,3 +420,16 @@ def test_bad_token_is_an_auth_error() -> None:
         run(main)
     finally:
         assert srv.stop() == 0
+
+
+def test_idempotent_producer_and_always_queue(server: Server, request: pytest.FixtureRequest) -> None:
+    async def main() -> None:
+        async with fresh_queue(server, qname(request), durability="always") as (_b, q):
+            assert await q.put_many([b"a", b"b"], producer="p", seq=1) == [0, 1]
+            with pytest.raises(shmq.Duplicate):
+                await q.put_many([b"a", b"b"], producer="p", seq=1)
+            assert await q.put(b"c") == 2  # confirmed once journaled
+            m = await q.get(timeout=5)
+            await m.ack()
+            assert (await q.stats())["durable_offset"] == 3
+    run(main)

@@ -67,6 +67,8 @@ VECTORS: dict[str, tuple[T, int, int, dict[str, Any]]] = {
                                                            (2, 2, TS + 1, b"m", b"bc")]}),
     "ack_batch": (T.ACK_BATCH, 12, 0, {"queue": "q", "group": "default", "settles": [(1, 1), (2, 3)]}),
     "error": (T.ERROR, 13, int(Status.QUEUE_NOT_FOUND), {"message": "no queue named 'x'"}),
+    "produce_idempotent": (T.PRODUCE_IDEMPOTENT, 14, 0, {"queue": "q", "producer": "p1", "seq": 7,
+                                                         "timeout_ms": 0, "payloads": [b"a"]}),
 }
 
 # Sample values per field kind: "full" exercises every byte, "min" the empty and zero cases.

@@ -1,0 +1,232 @@
+"""Durability benchmark: what each policy costs, beside Redis's AOF policies, in one run.
+
+Producers (1 and 4 processes) send 100-byte messages for a fixed time, one per
+call and in batches of 100, into a fresh queue of each policy -- ``always``
+(a put returns once fsynced; concurrent producers share fsyncs), ``interval``
+(fsync every second) and ``memory`` -- through shared memory (co-located) and
+over TCP.  Beside them, Redis via redis-py with ``appendfsync always`` /
+``everysec`` / no AOF, LPUSH one per call or pipelined by 100.  Ratios are
+computed within this run only: the machine is shared and noisy.
+
+    python bench/bench_durability.py [--seconds 2] [--rounds 1] [--json out.json]
+
+Starts ``shmq serve`` (2 workers, a temporary data dir on the repository's
+disk) and ``redis-server`` (installed with apt-get if missing; skipped with a
+message if that is impossible).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+import shmq  # noqa: E402
+
+POLICIES = ("always", "interval", "memory")
+REDIS_POLICY = {"always": "always", "interval": "everysec", "memory": None}
+RABBITMQ_CONFIRMS = 5_700  # msgs/s: RabbitMQ with publisher confirms here (issue 4's figure, not measured)
+SIZE = 100
+MAX_PER_PRODUCER = 400_000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _produce(kind: str, target: str, batch: int, seconds: float, start: Any, out: Any) -> None:
+    payload = b"x" * SIZE
+    if kind == "redis":
+        import redis
+        r = redis.Redis(port=int(target), protocol=2)
+        start.wait()
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds and n < MAX_PER_PRODUCER:
+            if batch == 1:
+                r.lpush("bench", payload)
+            else:
+                p = r.pipeline(transaction=False)
+                for _ in range(batch):
+                    p.lpush("bench", payload)
+                p.execute()
+            n += batch
+        out.put((n, time.perf_counter() - t0))
+        return
+    b = shmq.connect(target)
+    q = b.queue("bench")
+    items = [payload] * batch
+    start.wait()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds and n < MAX_PER_PRODUCER:
+        if batch == 1:
+            q.put(payload)
+        else:
+            q.put_many(items)
+        n += batch
+    out.put((n, time.perf_counter() - t0))
+    b.close()
+
+
+def run(kind: str, target: str, producers: int, batch: int, seconds: float) -> float:
+    ctx = mp.get_context("fork")
+    start, out = ctx.Event(), ctx.Queue()
+    ps = [ctx.Process(target=_produce, args=(kind, target, batch, seconds, start, out))
+          for _ in range(producers)]
+    for p in ps:
+        p.start()
+    time.sleep(0.3)  # let the children connect; only the timed loop counts
+    start.set()
+    results = [out.get(timeout=seconds * 10 + 60) for _ in ps]
+    for p in ps:
+        p.join()
+    total = sum(n for n, _ in results)
+    return total / max(dt for _, dt in results)
+
+
+class Shmq:
+    def __init__(self, data_dir: str) -> None:
+        self.instance = f"bench{os.getpid()}"
+        cmd = [sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
+               "--workers", "2", "--instance", self.instance, "--data-dir", data_dir]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        line = self.proc.stdout.readline().decode()  # type: ignore[union-attr]
+        m = re.search(r"tcp://[0-9.]+:(\d+)", line)
+        if not m:
+            raise SystemExit(f"shmq serve did not start: {line!r}")
+        self.url = f"tcp://127.0.0.1:{m.group(1)}"
+        self.admin = shmq.connect(self.url)
+
+    def fresh(self, policy: str) -> None:
+        try:
+            self.admin.delete_queue("bench")
+        except shmq.QueueNotFound:
+            pass
+        self.admin.create_queue("bench", durability=policy, capacity=1 << 21, max_bytes=512 << 20)
+
+    def stop(self) -> None:
+        self.admin.close()
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(60)
+
+
+class Redis:
+    def __init__(self, binary: str, policy: str | None, workdir: str) -> None:
+        self.port = free_port()
+        d = tempfile.mkdtemp(dir=workdir)
+        aof = ["--appendonly", "yes", "--appendfsync", policy] if policy else ["--appendonly", "no"]
+        self.proc = subprocess.Popen([binary, "--port", str(self.port), "--save", "", "--dir", d, *aof],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import redis
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                redis.Redis(port=self.port).ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def redis_binary() -> str | None:
+    binary = shutil.which("redis-server")
+    if binary is None and shutil.which("apt-get") and os.geteuid() == 0:
+        print("redis-server is missing: installing Debian's redis-server with apt-get")
+        subprocess.run(["apt-get", "install", "-y", "-q", "redis-server"], capture_output=True)
+        binary = shutil.which("redis-server")
+    try:
+        import redis  # noqa: F401
+    except ImportError:
+        print("redis-py is missing: skipping Redis (pip install redis)")
+        return None
+    if binary is None:
+        print("redis-server is not available: skipping Redis")
+    return binary
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seconds", type=float, default=2.0, help="timed seconds per run (default 2)")
+    ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds; the median is kept")
+    ap.add_argument("--json", help="also write the results here")
+    a = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="shmq-bench-", dir=REPO)  # the repository's disk, not tmpfs
+    binary = redis_binary()
+    res: dict[tuple[str, str, int, int], list[float]] = {}
+    srv = Shmq(os.path.join(work, "data"))
+    try:
+        for _ in range(a.rounds):
+            for policy in POLICIES:
+                for transport in ("shm", "tcp"):
+                    target = srv.url if transport == "tcp" else f"shm://{srv.instance}"
+                    for producers in (1, 4):
+                        for batch in (1, 100):
+                            srv.fresh(policy)
+                            r = run("shmq", target, producers, batch, a.seconds)
+                            res.setdefault((f"shmq {transport}", policy, producers, batch), []).append(r)
+                            print(f"shmq {transport:3} {policy:8} producers={producers} batch={batch:3}: "
+                                  f"{r:10,.0f} msgs/s", flush=True)
+                if binary is None:
+                    continue
+                red = Redis(binary, REDIS_POLICY[policy], work)
+                try:
+                    for producers in (1, 4):
+                        for batch in (1, 100):
+                            r = run("redis", str(red.port), producers, batch, a.seconds)
+                            res.setdefault(("redis", policy, producers, batch), []).append(r)
+                            print(f"redis     {policy:8} producers={producers} batch={batch:3}: "
+                                  f"{r:10,.0f} msgs/s", flush=True)
+                finally:
+                    red.stop()
+    finally:
+        srv.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    med = {k: statistics.median(v) for k, v in res.items()}
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=f"durability: msgs/s, {SIZE} B, {a.seconds:g} s per run, median of {a.rounds} "
+                    f"(Redis: appendfsync always / everysec / no AOF)")
+    for col in ("policy", "producers", "per call", "shmq shm", "shmq tcp", "redis", "shm/redis", "tcp/redis"):
+        t.add_column(col, justify="right")
+    for policy in POLICIES:
+        for producers in (1, 4):
+            for batch in (1, 100):
+                s = med[("shmq shm", policy, producers, batch)]
+                c = med[("shmq tcp", policy, producers, batch)]
+                r = med.get(("redis", policy, producers, batch))
+                t.add_row(policy, str(producers), "1" if batch == 1 else "batch 100",
+                          f"{s:,.0f}", f"{c:,.0f}", f"{r:,.0f}" if r else "-", f"{s / r:.2f}x" if r else "-",
+                          f"{c / r:.2f}x" if r else "-")
+    Console().print(t)
+    a4s, a4t = med[("shmq shm", "always", 4, 1)], med[("shmq tcp", "always", 4, 1)]
+    print(f"`always`, 4 producers, 1 msg per call: shm {a4s:,.0f} msgs/s = {a4s / RABBITMQ_CONFIRMS:.2f}x, "
+          f"tcp {a4t:,.0f} msgs/s = {a4t / RABBITMQ_CONFIRMS:.2f}x the issue's RabbitMQ figure "
+          f"({RABBITMQ_CONFIRMS:,} msgs/s with publisher confirms; must 3x, aim 5x)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump([{"system": k[0], "policy": k[1], "producers": k[2], "batch": k[3], "msgs_per_s": v}
+                       for k, v in med.items()], f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,425 @@
+"""The journal writer: makes `interval` and `always` queues durable, and rebuilds them.
+
+One process per broker (started and restarted by the supervisor), one thread per
+journaled queue.  Each thread tails its queue's ring and repeats a *round*:
+
+1. take a snapshot of the group state (under the consumer lock), then read
+   ``Q_NEXT_OFFSET`` and the idempotent-producer table (under the producer lock):
+   the snapshot never mentions an offset the round does not journal;
+2. append the new messages and the snapshot to the queue's journal
+   (``shmq.journal``) and fsync it;
+3. publish ``Q_DURABLE_OFFSET`` / ``Q_DURABLE_SETTLE`` and wake whoever waits on
+   them: `always` producers and ackers, `always` consumers (they are only shown
+   journaled messages), and producers waiting for room (memory is freed only
+   below ``Q_DURABLE_OFFSET``, so nothing leaves the ring before it is on disk).
+
+An `always` queue runs a round as soon as anything changes (producers and
+ackers post the queue's ``.j`` semaphore), so every producer waiting at that
+moment shares one fsync (group commit).  An `interval` queue runs one at least
+every ``sync_interval`` seconds, and sooner when producers wait for room.
+
+A failing write (ENOSPC, EIO, ...) puts the errno into ``Q_JOURNAL_ERRNO``: new
+produces are refused with ``StorageError`` while consumers carry on; the round
+is retried every ``RETRY_INTERVAL`` and the error clears once a write succeeds.
+
+:func:`recover` runs in the supervisor before anything else: every queue with
+a journal but no shared memory (a reboot, or a stop that removed it) is rebuilt
+with its messages at their offsets and its groups as last journaled.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from shmq import layout as L
+from shmq import options
+from shmq.api import QueueConfig
+from shmq.errors import QueueNotFound, ShmqError, StorageError
+from shmq.journal import Journal, JournalError, list_queues
+from shmq.queue import ShmQueue
+from shmq.ring import Ring
+from shmq.shm import Attachment, ShmBroker
+
+log = logging.getLogger("shmq.journal")
+
+RETRY_INTERVAL = 0.5  # s between attempts while the journal cannot be written
+DROP_EVERY = 1.0  # s between looks for segment files every group has passed
+_ALWAYS = options.DURABILITY_MODES.index("always")
+
+
+def data_dir_for(instance: str, data_dir: str | None = None) -> Path:
+    """The data dir of an instance: ``data_dir``, else ``$SHMQ_DATA_DIR``, else
+    ``$XDG_DATA_HOME/shmq/<instance>`` (``~/.local/share/shmq/<instance>``)."""
+    if data_dir:
+        return Path(data_dir).expanduser().resolve()
+    env = os.environ.get(options.DATA_DIR_ENV)
+    if env:
+        return Path(env).expanduser().resolve()
+    xdg = os.environ.get("XDG_DATA_HOME")
+    base = Path(xdg) / "shmq" if xdg else Path(options.DEFAULT_DATA_DIR).expanduser()
+    return (base / instance).resolve()
+
+
+def _meta(q: ShmQueue) -> dict[str, Any]:
+    return {"name": q.name, "is_dlq": q.is_dlq, "config": asdict(q.config),
+            "created_ns": q._w[L.Q_CREATED_NS]}
+
+
+class QueueWriter(threading.Thread):
+    """The journal of one queue, written by one thread."""
+
+    def __init__(self, q: ShmQueue, root: Path, interval: float,
+                 segment_bytes: int = options.JOURNAL_SEGMENT_BYTES) -> None:
+        super().__init__(name=f"journal-{q.name}", daemon=True)
+        self.q = q
+        self.root = root
+        self.interval = interval
+        self.always = q._ring.durability == _ALWAYS
+        self.stopping = threading.Event()
+        self.segment_bytes = segment_bytes
+        self.journal = Journal(root, q.name, log=log, segment_bytes=segment_bytes)
+        meta = self.journal.read_meta()
+        if meta is not None and meta.get("created_ns") != q._w[L.Q_CREATED_NS]:
+            # an earlier queue of the same name whose journal outlived it
+            log.warning("journal of %r belongs to an earlier queue of that name: replaced", q.name)
+            self.journal.destroy()
+            self.journal = Journal(root, q.name, log=log, segment_bytes=segment_bytes)
+            meta = None
+        if meta is None:
+            self.journal.write_meta(_meta(q))
+            self.journal.recover()
+        else:
+            rec = self.journal.recover(floor=1 << 63)  # only the end matters here
+            for p in rec.problems:
+                log.error("journal of %r: %s", q.name, p)
+        w = q._w
+        # resume after what the journal holds, or after a rebuilt queue's tombstones
+        start = max(self.journal.next_offset, w[L.Q_FREE_OFFSET])
+        if w[L.Q_DURABLE_OFFSET] != L.NO_MARK:
+            start = max(start, min(w[L.Q_DURABLE_OFFSET], w[L.Q_NEXT_OFFSET]))
+        self.next = start
+        self.settled = -1  # Q_SETTLE_SEQ of the last snapshot written
+        self.last_sync = 0.0
+        self.last_drop = 0.0
+        self.error_at = 0.0
+
+    # ------------------------------------------------------------ the loop
+    def run(self) -> None:
+        q, w = self.q, self.q._w
+        while True:
+            stopping = self.stopping.is_set()
+            try:
+                deleted = w[L.Q_STATE] != L.QS_ACTIVE
+                if deleted:
+                    break
+                self.round(force=stopping)
+                self.drop()
+            except (JournalError, OSError) as e:
+                self._failed(e)
+            except Exception:  # noqa: BLE001 - report, then keep the queue's journal going
+                log.exception("journal of %r: round failed", q.name)
+                self._failed(OSError(5, "internal error"))
+            if stopping:
+                break
+            self._sleep()
+        self.journal.close()
+
+    def _sleep(self) -> None:
+        q, w = self.q, self.q._w
+        if w[L.Q_JOURNAL_ERRNO]:
+            timeout = RETRY_INTERVAL
+        elif self.always:
+            timeout = options.WAIT_SLICE
+        else:
+            timeout = min(options.WAIT_SLICE, max(0.0, self.last_sync + self.interval - time.monotonic()))
+        if self._pending() or self.stopping.is_set():
+            return
+        w[L.Q_JOURNAL_WAITING] = 1
+        try:
+            if not self._pending():
+                try:
+                    q._js.acquire(timeout)
+                except Exception:  # noqa: BLE001 - BusyError: the timeout passed
+                    pass
+        finally:
+            w[L.Q_JOURNAL_WAITING] = 0
+
+    def _pending(self) -> bool:
+        """Is a round due now?"""
+        w = self.q._w
+        if w[L.Q_JOURNAL_ERRNO]:
+            return time.monotonic() - self.error_at >= RETRY_INTERVAL
+        changed = w[L.Q_NEXT_OFFSET] != self.next or w[L.Q_SETTLE_SEQ] != self.settled
+        if not changed:
+            return False
+        if self.always:
+            return True
+        return (time.monotonic() - self.last_sync >= self.interval or w[L.Q_PRODUCER_WAITERS] > 0)
+
+    def round(self, force: bool = False) -> bool:
+        """Journal what changed since the last round; True when something was written."""
+        if not force and not self._pending():
+            return False
+        q, w, ring = self.q, self.q._w, self.q._ring
+        settle = w[L.Q_SETTLE_SEQ]
+        with ring.clock:
+            groups = q._groups.snapshot()
+        with ring.plock:
+            nxt = w[L.Q_NEXT_OFFSET]
+            producers = ring.producer_table()
+        if nxt == self.next and settle == self.settled and not w[L.Q_JOURNAL_ERRNO]:
+            return False
+        items = []
+        for o in range(self.next, nxt):  # published and not yet freed (free <= durable <= next)
+            payload, _meta, ts = ring.record(o)
+            items.append((o, ts, payload))
+        state = json.dumps({"groups": groups, "producers": producers, "next": nxt},
+                           separators=(",", ":")).encode()
+        self.journal.append(items, state)  # both or neither
+        self.journal.sync()
+        self.next = nxt
+        self.settled = settle
+        self.last_sync = time.monotonic()
+        w[L.Q_DURABLE_OFFSET] = nxt
+        w[L.Q_DURABLE_SETTLE] = settle
+        if w[L.Q_JOURNAL_ERRNO]:
+            log.warning("journal of %r is writable again", q.name)
+            w[L.Q_JOURNAL_ERRNO] = 0
+        with ring.clock:
+            freed = q._groups._recompute_free()
+        if freed and w[L.Q_PRODUCER_WAITERS]:
+            q._wake(q._nf, w[L.Q_PRODUCER_WAITERS], w[L.Q_PRODUCER_WAITERS])
+        if w[L.Q_DURABLE_WAITERS]:
+            q._wake(q._ds, w[L.Q_DURABLE_WAITERS], w[L.Q_DURABLE_WAITERS])
+        if self.always and items and w[L.Q_CONSUMER_WAITERS]:
+            q._wake(q._ne, w[L.Q_CONSUMER_WAITERS], len(items))
+        return True
+
+    def drop(self) -> None:
+        """Now and then: delete the segment files every group has passed."""
+        now = time.monotonic()
+        if now - self.last_drop >= DROP_EVERY and not self.q._w[L.Q_JOURNAL_ERRNO]:
+            self.last_drop = now
+            self.journal.drop_below(min(self.q._w[L.Q_FREE_OFFSET], self.next))
+
+    def _failed(self, e: BaseException) -> None:
+        q, w = self.q, self.q._w
+        err = getattr(e, "errno", None) or 5  # EIO when unknown
+        if not w[L.Q_JOURNAL_ERRNO]:
+            log.error("journal of %r cannot be written: %s; produce is refused until it can", q.name, e)
+        w[L.Q_JOURNAL_ERRNO] = err
+        self.error_at = time.monotonic()
+        if w[L.Q_DURABLE_WAITERS]:  # they raise StorageError
+            q._wake(q._ds, w[L.Q_DURABLE_WAITERS], w[L.Q_DURABLE_WAITERS])
+        if self.journal.failed:  # an fsync failed: what reached the disk is unknown
+            try:
+                self.journal.close()
+                self.journal = Journal(self.root, q.name, log=log, segment_bytes=self.segment_bytes)
+                self.journal.recover(floor=1 << 63)
+                self.next = min(self.next, max(self.journal.next_offset, w[L.Q_FREE_OFFSET]))
+            except (JournalError, OSError) as e2:
+                log.error("journal of %r cannot be reopened: %s", q.name, e2)
+
+
+class JournalService:
+    """Every journaled queue of an instance, each with its writer thread."""
+
+    def __init__(self, instance: str, root: Path, interval: float,
+                 segment_bytes: int = options.JOURNAL_SEGMENT_BYTES) -> None:
+        self.segment_bytes = segment_bytes
+        self.broker = ShmBroker(instance)
+        self.att: Attachment = self.broker._att
+        self.root = root
+        self.interval = interval
+        self.writers: dict[int, QueueWriter] = {}
+        self.stop = threading.Event()
+
+    def scan(self) -> None:
+        """Start a writer for every journaled queue that has none; forget deleted ones."""
+        entries = {e.queue_id: e for e in self.att.registry.queues()}
+        gone = [qid for qid, wr in self.writers.items() if qid not in entries or not wr.is_alive()]
+        for qid in gone:
+            wr = self.writers.pop(qid)
+            wr.stopping.set()
+            wr.join()
+        if gone:
+            remove_retired(self.root)
+        for qid, entry in entries.items():
+            if qid in self.writers:
+                continue
+            try:
+                q = self.att._open(entry)
+            except QueueNotFound:
+                continue
+            if not q._durable:
+                continue
+            try:
+                wr = QueueWriter(q, self.root, self.interval, self.segment_bytes)
+            except (JournalError, OSError) as e:
+                log.error("cannot open the journal of %r: %s", entry.name, e)
+                q._w[L.Q_JOURNAL_ERRNO] = getattr(e, "errno", None) or 5
+                continue
+            wr.start()
+            self.writers[qid] = wr
+
+    def run(self, ready: Any = None) -> None:
+        self.att.registry.set_journal(str(self.root))
+        gen = -1
+        if ready is not None:
+            ready.set()
+        while not self.stop.wait(0.05):
+            g = self.att.registry.generation
+            if g != gen or any(not wr.is_alive() for wr in self.writers.values()):
+                gen = g
+                self.scan()
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """A last round for every queue, then the writers end."""
+        for wr in self.writers.values():
+            wr.stopping.set()
+            try:
+                wr.q._js.release()
+            except Exception:  # noqa: BLE001 - the semaphore may be gone with its queue
+                pass
+        for wr in self.writers.values():
+            wr.join()
+        self.writers.clear()
+        try:
+            self.att.registry.set_journal(None)
+        except ShmqError:
+            pass
+        self.broker.close()
+
+
+def journal_main(instance: str, root: str, interval: float, segment_bytes: int, ready: Any) -> None:
+    """The journal process (forked by the supervisor)."""
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="shmq journal: %(message)s")
+    svc = JournalService(instance, Path(root), interval, segment_bytes)
+    signal.signal(signal.SIGTERM, lambda *_: svc.stop.set())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the supervisor
+    except (OSError, AttributeError):
+        pass
+    svc.run(ready)
+
+
+# ---------------------------------------------------------------------------- recovery
+
+
+def remove_retired(root: Path) -> None:
+    """Remove the journals of deleted queues (see ``shm.retire_journal``)."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return
+    for n in names:
+        if n.startswith(".deleted-"):
+            shutil.rmtree(root / n, ignore_errors=True)
+
+
+def check_data_dir(root: Path) -> None:
+    """Create the data dir (0700) if needed and prove it writable: a clear error at start."""
+    try:
+        root.mkdir(mode=options.JOURNAL_DIR_MODE, parents=True, exist_ok=True)
+        probe = root / f".probe-{os.getpid()}"
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, b"ok")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            probe.unlink(missing_ok=True)
+    except OSError as e:
+        raise StorageError(f"data dir {root} is not usable: {e.strerror or e}") from None
+
+
+def recover(broker: ShmBroker, root: Path) -> list[str]:
+    """Rebuild every journaled queue whose shared memory is gone; lines for the log."""
+    att = broker._att
+    report = []
+    check_data_dir(root)
+    remove_retired(root)
+    for name in list_queues(root):
+        j = Journal(root, name, log=log)
+        try:
+            meta = j.read_meta()
+            if meta is None:
+                report.append(f"{name}: no meta file; left alone")
+                continue
+            existing = att.registry.find(name)
+            if existing is not None:
+                try:
+                    q = att._open(existing)
+                    if q._w[L.Q_CREATED_NS] == meta.get("created_ns"):
+                        continue  # the shared memory survived: the writer resumes
+                except QueueNotFound:
+                    pass
+                report.append(f"{name}: a different queue of that name exists; journal left alone")
+                continue
+            report.append(_rebuild(att, j, meta))
+        finally:
+            j.close()
+    return report
+
+
+def _rebuild(att: Attachment, j: Journal, meta: dict[str, Any]) -> str:
+    name = meta["name"]
+    config = QueueConfig(**meta["config"])
+    rec = j.recover()
+    for p in rec.problems:
+        log.error("journal of %r: %s", name, p)
+    state = json.loads(rec.state) if rec.state else {"groups": [], "producers": []}
+    groups = state["groups"]
+    records = {o: (ts, payload) for o, ts, payload in rec.messages}
+    tail = rec.next_offset
+    if config.durability != "always":
+        # An `interval` queue may have confirmed (and delivered) offsets the journal never
+        # got: at most a ring's worth past the journal (memory is freed only below the
+        # durable mark). Skip them, so no offset is ever reused.
+        tail += config.capacity
+    floors = [int(g["floor"]) for g in groups]
+    first = min(floors) if floors else (min(records) if records else rec.next_offset)
+    first = min(first, tail)
+    records = {o: r for o, r in records.items() if o >= first}
+    # room for what is restored (and the skipped offsets), plus the configured room for producers
+    cap = max(config.capacity, tail - first) if config.durability == "always" else (
+        tail - first + config.capacity)
+    cap = min(cap, options.MAX_CAPACITY)
+    need = sum(len(p) for _, p in records.values())
+    max_bytes = max(config.max_bytes, -(-need // 4096) * 4096)
+    if (cap, max_bytes) != (config.capacity, config.max_bytes):
+        log.warning("queue %r is rebuilt with capacity %d and max_bytes %d to hold what it had",
+                    name, cap, max_bytes)
+        config = QueueConfig(**{**asdict(config), "capacity": cap, "max_bytes": max_bytes})
+
+    def fill(ring: Ring) -> None:
+        w = ring.w
+        ring.restore(records, first, tail)
+        from shmq.group import Groups
+        if groups:
+            Groups(ring).restore(groups, first, tail)
+        else:
+            g = ring.groups_w
+            w[g + L.G_CURSOR] = w[g + L.G_FLOOR] = first
+        ring.restore_producers([(int(k), int(s)) for k, s in state.get("producers", [])], tail)
+        w[L.Q_CREATED_NS] = int(meta["created_ns"])
+        w[L.Q_DURABLE_OFFSET] = tail
+        w[L.Q_DURABLE_SETTLE] = 0
+
+    att.create_queue(name, config, is_dlq=bool(meta.get("is_dlq")), restore=fill)
+    live = sum(1 for o in records if o >= first)
+    return (f"{name}: rebuilt from the journal: offsets {first}..{tail - 1}, {live} messages retained, "
+            f"{len(groups)} groups" + (f", {len(rec.problems)} problems (see above)" if rec.problems else ""))

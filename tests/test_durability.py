@@ -1,0 +1,388 @@
+"""Durability: real kill -9 of the whole broker, real files, recovery, loss windows.
+
+The Jepsen-style check: producers send uniquely numbered messages while the
+broker is SIGKILLed at random moments and restarted (optionally with its shared
+memory removed, as a reboot would); then everything is drained and compared
+with what was confirmed.  *lost* (confirmed, never delivered) must be empty --
+for ``interval`` only messages confirmed within the sync window before a kill
+may be missing -- *unexpected* (delivered, never sent) must be empty, and
+duplicates are counted and reported, not forbidden (at-least-once).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+import shmq
+from shmq import layout as L
+from shmq.journal import Journal, queue_dir
+
+from .conftest import Server, leftovers, unique_instance, wait_until
+
+SYNC = 0.2  # --sync-interval of the `interval` runs (s)
+
+
+def kill_broker(srv: Server) -> None:
+    """SIGKILL the supervisor, its journal process and its workers, all at once."""
+    procs = [psutil.Process(srv.proc.pid), *psutil.Process(srv.proc.pid).children(recursive=True)]
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+    srv.proc.wait()
+    for stream in (srv.proc.stdout, srv.proc.stderr):
+        if stream:
+            stream.close()
+
+
+def remove_shm(instance: str) -> None:
+    """What a reboot does to our shared memory."""
+    for n in leftovers(instance):
+        os.unlink(f"/dev/shm/{n}")
+
+
+class Producer(threading.Thread):
+    """Sends 0, 1, 2, ... through whatever broker is up, reconnecting after kills; keeps
+    the confirmation time of every message it was told was stored."""
+
+    def __init__(self, url: list[str], queue: str, batch: int = 1) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.queue = queue
+        self.batch = batch
+        self.confirmed: dict[int, float] = {}
+        self.sent = 0
+        self.stop = threading.Event()
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        b: Any = None
+        while not self.stop.is_set():
+            try:
+                if b is None:
+                    b = shmq.connect(self.url[0], connect_timeout=1)
+                    q = b.queue(self.queue)
+                nums = list(range(self.sent, self.sent + self.batch))
+                q.put_many([str(i).encode() for i in nums], timeout=5)
+                now = time.monotonic()
+                for i in nums:
+                    self.confirmed[i] = now
+                self.sent += self.batch
+            except (shmq.ConnectionLost, OSError, shmq.QueueNotFound, shmq.Full, shmq.Timeout):
+                # not confirmed: resent under the same numbers (a duplicate if it was stored)
+                if b is not None:
+                    try:
+                        b.close()
+                    except Exception:  # noqa: BLE001
+                        pass
+                b = None
+                time.sleep(0.02)  # back-off while the broker restarts; not a synchronisation
+            except shmq.ShmqError as e:
+                self.errors.append(repr(e))
+                break
+        if b is not None:
+            b.close()
+
+
+def drain(url: str, queue: str) -> list[int]:
+    with shmq.connect(url) as b:
+        q = b.queue(queue)
+        out: list[int] = []
+        while True:
+            try:
+                msgs = q.get_many(1000, timeout=0.5)
+            except shmq.Empty:
+                return out
+            out.extend(int(m.payload) for m in msgs)
+            q.ack_many(msgs)
+
+
+def jepsen(tmp_path: Path, policy: str, lose_shm: bool, kills: int = 3, batch: int = 1) -> dict[str, Any]:
+    data = str(tmp_path / "data")
+    inst = unique_instance()
+    extra = ["--sync-interval", str(SYNC)]
+    srv = Server(workers=1, instance=inst, data_dir=data, extra=extra)
+    url = [srv.url]
+    with shmq.connect(srv.url) as b:
+        b.create_queue("jep", durability=policy, capacity=100_000, max_bytes=32 << 20)
+    prod = Producer(url, "jep", batch)
+    prod.start()
+    kill_times = []
+    rng = random.Random(policy + str(lose_shm))
+    try:
+        for _ in range(kills):
+            target = len(prod.confirmed) + 50
+            wait_until(lambda t=target: len(prod.confirmed) >= t, timeout=30)  # type: ignore[misc]
+            time.sleep(rng.uniform(0.0, 0.15))  # a random moment to kill at (not a synchronisation)
+            start = time.monotonic()
+            kill_broker(srv)
+            kill_times.append((start, time.monotonic()))
+            if lose_shm:
+                remove_shm(inst)
+            srv = Server(workers=1, instance=inst, data_dir=data, extra=extra)
+            url[0] = srv.url
+        target = len(prod.confirmed) + 50
+        wait_until(lambda: len(prod.confirmed) >= target, timeout=30)
+    finally:
+        prod.stop.set()
+        prod.join(30)
+    assert not prod.errors, prod.errors
+    got = drain(srv.url, "jep")
+    assert srv.stop() == 0
+    confirmed = set(prod.confirmed)
+    seen = set(got)
+    lost = confirmed - seen
+    unexpected = seen - set(range(prod.sent + batch))
+    dupes = len(got) - len(seen)
+    return {"lost": lost, "unexpected": unexpected, "dupes": dupes, "confirmed": prod.confirmed,
+            "kills": kill_times, "delivered": len(got)}
+
+
+@pytest.mark.parametrize("policy,lose_shm", [("always", False), ("always", True), ("interval", False),
+                                             ("interval", True), ("memory", False)])
+def test_kill9_the_whole_broker_while_producing(tmp_path: Path, policy: str, lose_shm: bool) -> None:
+    r = jepsen(tmp_path, policy, lose_shm)
+    print(f"{policy} lose_shm={lose_shm}: confirmed {len(r['confirmed'])}, delivered {r['delivered']}, "
+          f"lost {len(r['lost'])}, duplicates {r['dupes']}")
+    assert not r["unexpected"], sorted(r["unexpected"])[:20]
+    assert len(r["confirmed"]) > 200
+    if policy == "interval" and lose_shm:
+        # only what was confirmed within the sync window before a kill may be gone
+        window = SYNC + 0.5  # the window, plus one round's write and fsync on a loaded machine
+        outside = [i for i in r["lost"]
+                   if not any(k0 - window <= r["confirmed"][i] <= k1 for k0, k1 in r["kills"])]
+        assert not outside, sorted(outside)[:20]
+    else:
+        assert not r["lost"], sorted(r["lost"])[:20]
+
+
+def test_kill9_with_batches_and_lost_shared_memory(tmp_path: Path) -> None:
+    r = jepsen(tmp_path, "always", True, kills=2, batch=50)
+    assert not r["unexpected"] and not r["lost"]
+
+
+# ---------------------------------------------------------------- one broker, restarts
+
+
+class Durable:
+    """A broker with a data dir, and a way to crash it (optionally 'rebooting') and restart."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.data = str(tmp_path / "data")
+        self.inst = unique_instance()
+        self.srv = Server(workers=1, instance=self.inst, data_dir=self.data)
+
+    def crash(self, reboot: bool = True) -> None:
+        kill_broker(self.srv)
+        if reboot:
+            remove_shm(self.inst)
+
+    def start(self) -> str:
+        """Start again; what the broker logged while starting."""
+        self.srv = Server(workers=1, instance=self.inst, data_dir=self.data)
+        return self.srv.stderr_so_far()
+
+
+@pytest.fixture
+def durable(tmp_path: Path) -> Any:
+    d = Durable(tmp_path)
+    yield d
+    if d.srv.proc.poll() is None:
+        assert d.srv.stop() == 0
+
+
+def test_recovery_keeps_offsets_groups_acks_and_never_reuses_an_offset(durable: Any) -> None:
+    with shmq.connect(durable.srv.url) as b:
+        q = b.create_queue("keep", durability="always")
+        q.put_many([f"m{i}".encode() for i in range(10)])
+        q.create_group("audit")
+        a = q.get_many(3, timeout=1)
+        q.ack_many(a)  # 0..2 acknowledged by the default group
+        leased = q.get(timeout=1)  # 3 leased, never settled
+        q.commit("audit", 5)  # the audit group is past 0..4
+        q.put_many([b"x"], producer="p", seq=7)
+        assert leased.offset == 3
+    durable.crash(reboot=True)
+    durable.start()
+    with shmq.connect(durable.srv.url) as b:
+        q = b.queue("keep")
+        assert sorted(q.groups()) == ["audit", "default"]
+        again = q.get_many(100, timeout=1)
+        assert [m.offset for m in again] == list(range(3, 11))  # acked ones do not come back
+        assert again[0].deliveries == 2  # the lease was given back, its delivery counted
+        assert [m.offset for m in q.get_many(100, group="audit", timeout=1)] == list(range(5, 11))
+        with pytest.raises(shmq.Duplicate):  # the idempotent producer's memory survived
+            q.put_many([b"x"], producer="p", seq=7)
+        assert q.put(b"new") == 11  # offsets continue, never reused
+
+
+def test_interval_skips_the_offsets_it_may_have_lost(durable: Any) -> None:
+    with shmq.connect(durable.srv.url) as b:
+        q = b.create_queue("iv", durability="interval", capacity=64)
+        q.put_many([b"a", b"b"])
+        wait_until(lambda: q.stats()["durable_offset"] >= 2, timeout=5)
+    durable.crash(reboot=True)
+    durable.start()
+    with shmq.connect(durable.srv.url) as b:
+        q = b.queue("iv")
+        assert [m.payload for m in q.get_many(10, timeout=1)] == [b"a", b"b"]
+        assert q.put(b"c") >= 2 + 64  # past anything the lost window could have handed out
+        assert q.get(timeout=1).payload == b"c"
+
+
+def test_colocated_always_producer_returns_once_journaled(durable: Any) -> None:
+    b = shmq.connect(f"shm://{durable.inst}")
+    try:
+        q = b.create_queue("co", durability="always")
+        for i in range(20):
+            off = q.put(f"{i}".encode())
+            assert q._w[L.Q_DURABLE_OFFSET] > off  # type: ignore[attr-defined]
+        assert q.put_many([b"x", b"y"]) == [20, 21]
+        assert q._w[L.Q_DURABLE_OFFSET] >= 22  # type: ignore[attr-defined]
+    finally:
+        b.close()
+    durable.crash(reboot=True)
+    durable.start()
+    with shmq.connect(durable.srv.url) as tb:
+        assert len(tb.queue("co").get_many(100, timeout=1)) == 22
+
+
+def test_torn_tail_and_bit_flip_are_cut_and_the_broker_starts(durable: Any) -> None:
+    with shmq.connect(durable.srv.url) as b:
+        q = b.create_queue("torn", durability="always")
+        for i in range(5):
+            q.put(f"{i}".encode())
+    durable.crash(reboot=True)
+    seg = sorted(queue_dir(durable.data, "torn").glob("*.log"))[-1]
+    raw = seg.read_bytes()
+    seg.write_bytes(raw[:-3])  # a torn last record
+    log = durable.start()
+    with shmq.connect(durable.srv.url) as b:
+        got = [m.payload for m in b.queue("torn").get_many(10, timeout=1)]
+        assert got and got == [f"{i}".encode() for i in range(len(got))]
+    assert "torn" in log or "truncat" in log.lower()
+    durable.crash(reboot=True)
+    seg = sorted(queue_dir(durable.data, "torn").glob("*.log"))[0]
+    raw = bytearray(seg.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # a bit flip in the middle
+    seg.write_bytes(bytes(raw))
+    log = durable.start()
+    assert "corrupt" in log.lower() or "quarantin" in log.lower()
+    with shmq.connect(durable.srv.url) as b:
+        b.queue("torn").put(b"still works")  # the broker started and serves
+
+
+def test_segments_roll_and_are_removed_once_every_group_passed(tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    srv = Server(workers=1, data_dir=data, extra=["--journal-segment-bytes", "4096"])
+    try:
+        with shmq.connect(srv.url) as b:
+            q = b.create_queue("roll", durability="always")
+            for _ in range(10):
+                q.put_many([b"x" * 100] * 20)
+            segs = lambda: sorted(queue_dir(data, "roll").glob("*.log"))  # noqa: E731
+            assert len(segs()) >= 4
+            while True:
+                try:
+                    q.ack_many(q.get_many(1000, timeout=0.2))
+                except shmq.Empty:
+                    break
+            q.put(b"tail")  # a round after the acks
+            wait_until(lambda: len(segs()) <= 2, timeout=5)
+    finally:
+        assert srv.stop() == 0
+
+
+def test_deleted_queue_does_not_come_back(durable: Any) -> None:
+    with shmq.connect(durable.srv.url) as b:
+        b.create_queue("gone", durability="always").put(b"x")
+        b.delete_queue("gone")
+        b.create_queue("gone", durability="always").put(b"y")
+    durable.crash(reboot=True)
+    durable.start()
+    with shmq.connect(durable.srv.url) as b:
+        assert [m.payload for m in b.queue("gone").get_many(10, timeout=1)] == [b"y"]
+
+
+def test_graceful_stop_and_start_keeps_journaled_queues(durable: Any) -> None:
+    with shmq.connect(durable.srv.url) as b:
+        b.create_queue("stay", durability="interval").put_many([b"1", b"2"])
+        b.create_queue("mem").put(b"m")
+    assert durable.srv.stop() == 0
+    assert not leftovers(durable.inst)
+    durable.start()
+    with shmq.connect(durable.srv.url) as b:
+        assert [m.payload for m in b.queue("stay").get_many(10, timeout=1)] == [b"1", b"2"]
+        with pytest.raises(shmq.QueueNotFound):  # memory-only queues end with the broker
+            b.queue("mem")
+
+
+def test_unwritable_data_dir_is_a_clear_error_at_start(tmp_path: Path) -> None:
+    f = tmp_path / "a-file"
+    f.write_text("")
+    with pytest.raises(RuntimeError, match="not usable"):
+        Server(workers=1, data_dir=str(f / "data"))
+
+
+def _mount_tmpfs(path: Path, size: str) -> bool:
+    path.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],
+                       capture_output=True)
+    return r.returncode == 0
+
+
+def test_full_disk_refuses_produce_keeps_consumers_and_recovers(tmp_path: Path) -> None:
+    data = tmp_path / "small"
+    assert _mount_tmpfs(data, "256k"), "cannot mount a tmpfs here"
+    srv = None
+    try:
+        srv = Server(workers=1, data_dir=str(data))
+        with shmq.connect(srv.url) as b:
+            q = b.create_queue("fill", durability="always", max_bytes=4 << 20)
+            stored = 0
+            with pytest.raises(shmq.StorageError, match="ENOSPC|No space"):
+                for _ in range(1000):
+                    q.put_many([b"z" * 1000] * 10)
+                    stored += 10
+            with pytest.raises(shmq.StorageError):
+                q.put(b"refused while the disk is full")
+            got = q.get_many(stored, timeout=1)  # consumers are still served
+            assert len(got) >= stored
+            assert {m.payload for m in got} == {b"z" * 1000}
+            subprocess.run(["mount", "-o", "remount,size=8m", str(data)], check=True)
+            wait_until(lambda: _accepts(q), timeout=10)
+    finally:
+        if srv is not None:
+            assert srv.stop() == 0
+        subprocess.run(["umount", "-l", str(data)], check=False)
+
+
+def _accepts(q: Any) -> bool:
+    try:
+        q.put(b"room again")
+        return True
+    except shmq.StorageError:
+        return False
+
+
+def test_journal_files_are_private(durable: Any) -> None:
+    with shmq.connect(durable.srv.url) as b:
+        b.create_queue("priv", durability="always").put(b"x")
+    d = queue_dir(durable.data, "priv")
+    assert d.stat().st_mode & 0o777 == 0o700
+    for f in d.iterdir():
+        assert f.stat().st_mode & 0o777 == 0o600, f
+    with pytest.raises(shmq.ShmqError, match="in use"):  # the live writer holds the journal
+        Journal(durable.data, "priv", create=False).recover()
