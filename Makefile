@@ -28,6 +28,7 @@ test: lint
 bench: $(STAMP)
 	$(PY) bench/bench_local.py
 	$(PY) bench/bench_tcp.py
+	$(PY) bench/bench_durability.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

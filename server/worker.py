@@ -605,8 +605,15 @@ class Connection(asyncio.Protocol):
     def read(self, f: Frame, d: dict[str, Any]) -> None:
         n = min(d["max"], options.MAX_BATCH)
         msgs = self.w.queue(d["queue"]).read(d["offset"], max(1, n))
-        self.reply(f, T.READ_OK, records=[(m.offset, m.deliveries, m.timestamp_ns, bytes(m.meta), m.payload)
-                                          for m in msgs])
+        # a reply never outgrows a frame: the reader asks again from where this one stops
+        budget = options.MAX_FRAME - 4096
+        records: list[tuple[Any, ...]] = []
+        for m in msgs:
+            budget -= len(m.payload) + len(m.meta) + 32
+            if budget < 0 and records:
+                break
+            records.append((m.offset, m.deliveries, m.timestamp_ns, bytes(m.meta), m.payload))
+        self.reply(f, T.READ_OK, records=records)
 
     def stats(self, f: Frame, d: dict[str, Any]) -> None:
         self.reply(f, T.STATS_OK, stats=self.w.queue(d["queue"]).stats())

@@ -132,7 +132,10 @@ class Queue(ABC):
 
     @abstractmethod
     def put_many(self, payloads: Sequence[Payload], block: bool = True,
-                 timeout: float | None = None) -> list[int]: ...
+                 timeout: float | None = None, *, producer: str | None = None,
+                 seq: int | None = None) -> list[int]:
+        """Append a batch atomically; with ``producer`` and ``seq``, at most once per
+        (producer, seq): a sequence not above the last one written raises ``Duplicate``."""
 
     @abstractmethod
     def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,

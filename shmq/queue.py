@@ -233,9 +233,7 @@ class ShmQueue(QueueABC):
                     with self._ring.plock:
                         w[L.Q_DURABLE_WAITERS] += 1
                     registered = True
-                    if w[L.Q_JOURNAL_WAITING]:
-                        self._js.release()
-                    continue
+                    continue  # re-check after announcing ourselves: no lost wake-up
                 try:
                     self._ds.acquire(wait)
                 except _BusyError:
@@ -560,7 +558,7 @@ class ShmQueue(QueueABC):
                 if dlq is None:
                     raise Full("no dead-letter queue")
                 dlq._put_meta(payload, origin, options.WAIT_SLICE * 20)
-            except (Full, QueueNotFound):
+            except (Full, QueueNotFound, Timeout, StorageError):  # retried by maintenance
                 with ring.clock:
                     self._groups.orphan_dead(gi, off, dc)
                     self._w[L.Q_ORPHANS] = 1

@@ -402,3 +402,16 @@ def test_a_taken_port_is_refused(server: Server) -> None:
                           str(server.port), "--instance", "taken"], capture_output=True, timeout=60)
     assert out.returncode == 1 and b"in use" in out.stderr.lower()
     assert not [n for n in os.listdir("/dev/shm") if "shmq.taken." in n]
+
+
+def test_read_reply_never_outgrows_a_frame(server: Server) -> None:
+    with shmq.connect(server.url) as b:
+        q = b.create_queue("bigread", max_bytes=64 << 20, max_message_size=1 << 20)
+        for i in range(20):  # 20 MiB retained
+            q.put(bytes([i]) * (1 << 20))
+        first = q.read(0, 20)
+        assert 0 < len(first) < 20  # capped below the 16 MiB frame limit, connection intact
+        rest = q.read(first[-1].offset + 1, 20)
+        assert [m.offset for m in first + rest] == list(range(20))
+        assert all(m.payload == bytes([m.offset]) * (1 << 20) for m in first + rest)
+        b.delete_queue("bigread")
