@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import time
 from array import array
+from itertools import compress
 
 from . import layout as L
 from . import options
@@ -284,19 +285,14 @@ class Ring:
         written longest ago (its memory is lost: documented in options.MAX_PRODUCERS)."""
         w = self.w
         base = self.producers_w
-        free = -1
-        oldest, oldest_commit = base, None
-        for i in range(self.max_producers):
-            e = base + i * L.P_WORDS
-            k = w[e]
-            if k == key:
-                return e
-            if k == 0:
-                if free < 0:
-                    free = e
-            elif oldest_commit is None or w[e + L.P_COMMIT] < oldest_commit:
-                oldest, oldest_commit = e, w[e + L.P_COMMIT]
-        return free if free >= 0 else oldest
+        end = base + self.max_producers * L.P_WORDS
+        keys = w[base + L.P_KEY:end:L.P_WORDS].tolist()
+        if key in keys:
+            return base + keys.index(key) * L.P_WORDS
+        if 0 in keys:
+            return base + keys.index(0) * L.P_WORDS
+        commits = w[base + L.P_COMMIT:end:L.P_WORDS].tolist()
+        return base + commits.index(min(commits)) * L.P_WORDS
 
     def _settle_pending(self) -> None:
         """Under plock: an idempotent put's writer died; keep its sequence only if it committed."""
@@ -311,12 +307,13 @@ class Ring:
         w = self.w
         if w[26]:
             self._settle_pending()
-        out = []
-        for i in range(self.max_producers):
-            e = self.producers_w + i * L.P_WORDS
-            if w[e]:
-                out.append((w[e], w[e + L.P_SEQ]))
-        return out
+        base = self.producers_w
+        end = base + self.max_producers * L.P_WORDS
+        keys = w[base + L.P_KEY:end:L.P_WORDS].tolist()
+        if not any(keys):
+            return []
+        seqs = w[base + L.P_SEQ:end:L.P_WORDS].tolist()
+        return list(compress(zip(keys, seqs, strict=True), keys))
 
     def restore_producers(self, table: list[tuple[int, int]], commit: int) -> None:
         """Fill the producer table (recovery); call under plock."""
