@@ -254,6 +254,7 @@ class JournalService:
             wr.join()
         if gone:
             remove_retired(self.root)
+            self.att.prune()
         for qid, entry in entries.items():
             if qid in self.writers:
                 continue

@@ -169,6 +169,7 @@ class Supervisor:
         """The lease reaper: dead processes' leases, expired visibility timeouts, heartbeat."""
         att = broker._att
         att.registry.beat()
+        att.prune()
         att.reap(att.now_ms(), force=True)
         for entry in att.registry.queues():
             try:

@@ -54,6 +54,7 @@ class Attachment:
         self._queues: dict[int, ShmQueue] = {}
         self._names: dict[str, ShmQueue] = {}
         self._gen = -1
+        self._pruned_gen = -1  # registry generation the queue cache was last pruned at
         self._lock = threading.RLock()
         self.refs = 0
 
@@ -82,6 +83,7 @@ class Attachment:
             with self._lock:
                 self._names = {}
                 self._gen = gen
+            self.prune()
         q = self._names.get(name)
         if q is None:
             entry = self.registry.find(name)
@@ -104,6 +106,17 @@ class Attachment:
                 q = ShmQueue(self, ring, *sems)
                 self._queues[entry.queue_id] = q
             return q
+
+    def prune(self) -> None:
+        """Forget the cached handles of queues deleted by anyone, so that a long-lived
+        process (worker, supervisor, journal writer) does not keep their memory mapped."""
+        gen = self.registry.generation
+        if gen == self._pruned_gen:
+            return
+        self._pruned_gen = gen
+        live = {e.queue_id for e in self.registry.queues()}
+        for qid in [qid for qid in self._queues if qid not in live]:
+            self.forget(qid)
 
     def forget(self, queue_id: int) -> None:
         """Drop a queue from the cache.  Handles still held keep their mapping (it is

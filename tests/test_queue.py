@@ -555,3 +555,22 @@ def test_journaled_queue_needs_a_journal_writer(shm_broker: shmq.Broker, durabil
     with pytest.raises(shmq.InvalidArgument, match="journal"):
         shm_broker.create_queue("q", durability=durability)
     assert shm_broker.list_queues() == []
+
+
+def _delete_in_child(instance: str, name: str) -> None:
+    ShmBroker(instance).delete_queue(name)
+
+
+def test_a_long_lived_process_lets_go_of_deleted_queues(shm_broker: ShmBroker) -> None:
+    q = shm_broker.create_queue("doomed")
+    shm_broker.create_queue("other")
+    att = shm_broker._att
+    qid = q._ring.queue_id  # type: ignore[attr-defined]
+    del q
+    assert qid in att._queues
+    p = mp.get_context("spawn").Process(target=_delete_in_child, args=(shm_broker.instance, "doomed"))
+    p.start()
+    p.join(30)
+    assert p.exitcode == 0
+    shm_broker.queue("other")  # any lookup after the registry changed prunes the cache
+    assert qid not in att._queues  # its mapping goes once no handle is left
