@@ -359,7 +359,8 @@ class ShmqServer:
 
     def start(self) -> None:
         cmd = [sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
-               "--workers", str(self.workers), "--instance", self.instance]
+               "--workers", str(self.workers), "--instance", self.instance,
+               "--data-dir", os.path.join(self.tmp, "data")]
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                          cwd=common.REPO_ROOT, start_new_session=True)

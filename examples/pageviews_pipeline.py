@@ -57,7 +57,8 @@ def broker(url: str | None, tmp: str) -> Iterator[str]:
     log = os.path.join(tmp, "broker.log")
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-c", "from shmq.cli import app; app()", "serve",
-                                 "--port", "0", "--workers", "2", "--instance", f"pageviews{os.getpid()}"],
+                                 "--port", "0", "--workers", "2", "--instance", f"pageviews{os.getpid()}",
+                                 "--data-dir", os.path.join(tmp, "data")],
                                 stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
