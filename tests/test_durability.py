@@ -386,3 +386,41 @@ def test_journal_files_are_private(durable: Any) -> None:
         assert f.stat().st_mode & 0o777 == 0o600, f
     with pytest.raises(shmq.ShmqError, match="in use"):  # the live writer holds the journal
         Journal(durable.data, "priv", create=False).recover()
+
+
+def test_kill9_of_the_journal_process_alone(durable: Any) -> None:
+    """The supervisor restarts it; `always` producers wait meanwhile and lose nothing."""
+    with shmq.connect(durable.srv.url) as b:
+        b.create_queue("jk", durability="always")
+    prod = Producer([durable.srv.url], "jk")
+    prod.start()
+    try:
+        for _ in range(2):
+            target = len(prod.confirmed) + 50
+            wait_until(lambda t=target: len(prod.confirmed) >= t, timeout=30)  # type: ignore[misc]
+            old = durable.srv.journal_pid
+            os.kill(old, signal.SIGKILL)
+            wait_until(lambda o=old: _journal_pid(durable.srv) not in (0, o), timeout=10)  # type: ignore[misc]
+            durable.srv.journal_pid = _journal_pid(durable.srv)
+        target = len(prod.confirmed) + 50
+        wait_until(lambda: len(prod.confirmed) >= target, timeout=30)
+    finally:
+        prod.stop.set()
+        prod.join(30)
+    assert not prod.errors, prod.errors
+    durable.crash(reboot=True)  # and what was confirmed is on disk
+    durable.start()
+    got = set(drain(durable.srv.url, "jk"))
+    assert set(prod.confirmed) <= got
+    assert got <= set(range(prod.sent + 1))
+
+
+def _journal_pid(srv: Server) -> int:
+    """The live journal writer's pid, as it announced itself in the registry (0: none)."""
+    from shmq.shm import ShmBroker
+    b = ShmBroker(srv.instance)
+    try:
+        reg = b._att.registry
+        return reg.w[L.R_JOURNAL_PID] if reg.journal() is not None else 0
+    finally:
+        b.close()
