@@ -45,6 +45,7 @@ from shmq import layout as L
 from shmq import options
 from shmq.api import QueueConfig
 from shmq.errors import QueueNotFound, ShmqError, StorageError
+from shmq.group import Groups
 from shmq.journal import Journal, JournalError, list_queues
 from shmq.queue import ShmQueue
 from shmq.ring import Ring
@@ -102,12 +103,8 @@ class QueueWriter(threading.Thread):
             rec = self.journal.recover(floor=1 << 63)  # only the end matters here
             for p in rec.problems:
                 log.error("journal of %r: %s", q.name, p)
-        w = q._w
         # resume after what the journal holds, or after a rebuilt queue's tombstones
-        start = max(self.journal.next_offset, w[L.Q_FREE_OFFSET])
-        if w[L.Q_DURABLE_OFFSET] != L.NO_MARK:
-            start = max(start, min(w[L.Q_DURABLE_OFFSET], w[L.Q_NEXT_OFFSET]))
-        self.next = start
+        self.next = max(self.journal.next_offset, q._w[L.Q_FREE_OFFSET], q.durable_offset())
         self.settled = -1  # Q_SETTLE_SEQ of the last snapshot written
         self.last_sync = 0.0
         self.last_drop = 0.0
@@ -409,7 +406,6 @@ def _rebuild(att: Attachment, j: Journal, meta: dict[str, Any]) -> str:
     def fill(ring: Ring) -> None:
         w = ring.w
         ring.restore(records, first, tail)
-        from shmq.group import Groups
         if groups:
             Groups(ring).restore(groups, first, tail)
         else:

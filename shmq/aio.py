@@ -44,8 +44,8 @@ from .errors import (
     error_for,
 )
 from .names import check_queue_name
-from .queue import _as_bytes, check_producer
-from .tcp import _ms, _timeout_ms, _vis, batch_payloads, parse_tcp_url
+from .queue import _as_bytes
+from .tcp import _ms, _timeout_ms, _vis, parse_tcp_url, produce_request
 
 __all__ = ["AsyncBroker", "AsyncMessage", "AsyncQueue", "connect"]
 
@@ -368,17 +368,10 @@ class AsyncQueue:
     async def put_many(self, payloads: Sequence[Payload], block: bool = True,
                        timeout: float | None = None, *, producer: str | None = None,
                        seq: int | None = None) -> list[int]:
-        items = batch_payloads(payloads)
-        if not items:
+        req = produce_request(self.name, payloads, block, timeout, producer, seq)
+        if req is None:
             return []
-        if producer is not None or seq is not None:
-            check_producer(producer, seq)
-            r = await self._b._request(T.PRODUCE_IDEMPOTENT, T.PRODUCE_BATCH_OK, queue=self.name,
-                                       producer=producer, seq=seq, timeout_ms=_timeout_ms(block, timeout),
-                                       payloads=items)
-        else:
-            r = await self._b._request(T.PRODUCE_BATCH, T.PRODUCE_BATCH_OK, queue=self.name,
-                                       timeout_ms=_timeout_ms(block, timeout), payloads=items)
+        r = await self._b._request(req[0], T.PRODUCE_BATCH_OK, **req[1])
         return list(range(r["first"], r["first"] + r["count"]))
 
     async def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,

@@ -88,6 +88,8 @@ class Groups:
         return -1
 
     def create(self, name: str, start: str) -> int:
+        if self.journaled:  # the journal writer snapshots the groups once this moves
+            self.w[L.Q_SETTLE_SEQ] += 1
         if start not in ("earliest", "latest"):
             raise InvalidArgument("start must be 'earliest' or 'latest'")
         if self.index(name) >= 0:
@@ -117,6 +119,8 @@ class Groups:
 
     def delete(self, gi: int) -> bool:
         """Remove a group; True when storage was freed."""
+        if self.journaled:  # the journal writer snapshots the groups once this moves
+            self.w[L.Q_SETTLE_SEQ] += 1
         self.w[self.gw + gi * L.G_WORDS + L.G_STATE] = L.GS_FREE
         self.w[L.Q_GROUP_GEN] += 1
         return self._recompute_free()
@@ -348,6 +352,8 @@ class Groups:
         ``owner``); the caller copies the record to the dead-letter queue and
         then calls ``finish_dead``.
         """
+        if self.journaled:  # the journal writer snapshots the groups once this moves
+            self.w[L.Q_SETTLE_SEQ] += 1
         w = self.w
         base = self.sl + (offset % self.cap) * self.sw
         lw = base + 4 + gi
@@ -366,6 +372,8 @@ class Groups:
 
     def ack(self, gi: int, offset: int, dc: int) -> int:
         """settle(ACK) and advance_floor in one step (the hot path): STALE, OK or FREED."""
+        if self.journaled:  # the journal writer snapshots the groups once this moves
+            self.w[L.Q_SETTLE_SEQ] += 1
         w = self.w
         sl, cap, sw = self.sl, self.cap, self.sw
         base = sl + (offset % cap) * sw
@@ -381,6 +389,8 @@ class Groups:
         """ACK many deliveries, each a sequence whose items 1, 3, 4 are (group index, offset,
         deliveries) -- the API's Message is one.  Offsets of stale ones go to ``stale``.
         True when queue storage was freed."""
+        if self.journaled:  # the journal writer snapshots the groups once this moves
+            self.w[L.Q_SETTLE_SEQ] += 1
         w = self.w
         sl, cap, sw = self.sl, self.cap, self.sw
         tail = w[24]
@@ -464,6 +474,8 @@ class Groups:
         """Settle everything of this group below ``offset`` (a consumer-managed position, as
         Kafka's commit): those messages become DONE whatever their state (a lease on one of
         them turns stale), and the cursor moves past them.  True when storage was freed."""
+        if self.journaled:  # the journal writer snapshots the groups once this moves
+            self.w[L.Q_SETTLE_SEQ] += 1
         w = self.w
         g = self.gw + gi * L.G_WORDS
         end = min(offset, w[L.Q_NEXT_OFFSET])

@@ -165,8 +165,7 @@ class ShmQueue(QueueABC):
         if w[33]:
             self._wake(self._ne, w[33], len(items))
         if self._always:
-            if w[L.Q_JOURNAL_WAITING]:
-                self._js.release()
+            self._poke_journal()
             if not wait_durable:
                 pass
             elif self._defer_marks is not None:
@@ -174,6 +173,11 @@ class ShmQueue(QueueABC):
             else:
                 self.wait_durable(first + len(items), deadline)
         return first
+
+    def _poke_journal(self) -> None:
+        """Wake the journal writer if it sleeps (an `always` round starts at once)."""
+        if self._w[L.Q_JOURNAL_WAITING]:
+            self._js.release()
 
     def _journal_ok(self) -> None:
         err = self._w[L.Q_JOURNAL_ERRNO]
@@ -195,12 +199,8 @@ class ShmQueue(QueueABC):
     def _settled(self) -> None:
         """After a change of group state on a journaled queue: tell the journal writer;
         on an ``always`` queue, return once the change is on disk."""
-        w = self._w
-        with self._ring.clock:
-            w[L.Q_SETTLE_SEQ] += 1
-            seq = w[L.Q_SETTLE_SEQ]
-        if w[L.Q_JOURNAL_WAITING]:
-            self._js.release()
+        seq = self._w[L.Q_SETTLE_SEQ]  # the group operation moved it, under the consumer lock
+        self._poke_journal()
         if not self._always:
             pass
         elif self._defer_marks is not None:
@@ -215,33 +215,49 @@ class ShmQueue(QueueABC):
         for _ in range(options.SPIN_CHECKS):
             if w[word] >= end:
                 return
+
+        def reached() -> int | None:
+            if w[word] >= end:
+                return end
+            self._journal_ok()
+            return None
+
+        self._sleep_until(reached, self._ds, L.Q_DURABLE_WAITERS, deadline,
+                          lambda: Timeout(f"{self.name!r} was not journaled in time (the change is in "
+                                          "shared memory and may still take effect)"))
+
+    def _sleep_until(self, attempt: Callable[[], int | None], sem: posix_ipc.Semaphore, waiters: int,
+                     deadline: float | None, expired: Callable[[], Exception]) -> int:
+        """Call ``attempt`` until it returns a value.  Between tries, sleep on ``sem`` (a
+        wake-up hint, at most ``WAIT_SLICE``), announced in the header word ``waiters`` so
+        that wakers post it; raise ``expired()`` at ``deadline`` (monotonic s)."""
+        w = self._w
         registered = False
         try:
             while True:
-                if w[word] >= end:
-                    return
-                self._journal_ok()
+                r = attempt()
+                if r is not None:
+                    return r
                 self._alive()
                 wait = options.WAIT_SLICE
                 if deadline is not None:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
-                        raise Timeout(f"{self.name!r} was not journaled in time (the change is in "
-                                      "shared memory and may still take effect)")
+                        raise expired()
                     wait = min(wait, remaining)
                 if not registered:
                     with self._ring.plock:
-                        w[L.Q_DURABLE_WAITERS] += 1
+                        w[waiters] += 1
                     registered = True
-                    continue  # re-check after announcing ourselves: no lost wake-up
+                    continue  # try again after announcing ourselves: no lost wake-up
                 try:
-                    self._ds.acquire(wait)
+                    sem.acquire(wait)
                 except _BusyError:
                     pass
         finally:
             if registered:
                 with self._ring.plock:
-                    w[L.Q_DURABLE_WAITERS] -= 1 if w[L.Q_DURABLE_WAITERS] else 0
+                    w[waiters] -= 1 if w[waiters] else 0
 
     def _put_meta(self, payload: bytes, meta: bytes, timeout: float) -> int:
         """Internal: append with metadata (dead-letter origin); on an ``always`` queue,
@@ -253,8 +269,7 @@ class ShmQueue(QueueABC):
         if self._w[33]:
             self._wake(self._ne, self._w[33], 1)
         if self._always:
-            if self._w[L.Q_JOURNAL_WAITING]:
-                self._js.release()
+            self._poke_journal()
             self.wait_durable(off + 1, time.monotonic() + timeout)
         return off
 
@@ -268,40 +283,23 @@ class ShmQueue(QueueABC):
         if timeout is not None and timeout < 0:
             raise InvalidArgument("timeout must be >= 0")
         deadline = None if timeout is None else time.monotonic() + timeout
-        w = self._w
-        registered = False
-        try:
-            while True:
-                if first_try:
-                    off = ring.try_put_many(items, metas, time.time_ns(), producer, seq)
-                    if off >= 0:
-                        return off
-                    if off == DUPLICATE:
-                        raise Duplicate(f"producer already wrote sequence {seq} (or a later one) to "
-                                        f"{self.name!r}: nothing was written")
-                first_try = True
-                self._alive()
-                if not block:
-                    raise Full(f"queue {self.name!r} is full")
-                wait = options.WAIT_SLICE
-                if deadline is not None:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise Full(f"queue {self.name!r} is full (timed out after {timeout} s)")
-                    wait = min(wait, remaining)
-                if not registered:
-                    with ring.plock:
-                        w[L.Q_PRODUCER_WAITERS] += 1
-                    registered = True
-                    continue  # re-check after announcing ourselves: no lost wake-up
-                try:
-                    self._nf.acquire(wait)
-                except _BusyError:
-                    pass
-        finally:
-            if registered:
-                with ring.plock:
-                    w[L.Q_PRODUCER_WAITERS] -= 1 if w[L.Q_PRODUCER_WAITERS] else 0
+
+        def attempt() -> int | None:
+            off = ring.try_put_many(items, metas, time.time_ns(), producer, seq)
+            if off == DUPLICATE:
+                raise Duplicate(f"producer already wrote sequence {seq} (or a later one) to "
+                                f"{self.name!r}: nothing was written")
+            return off if off >= 0 else None
+
+        if first_try:
+            off = attempt()
+            if off is not None:
+                return off
+        self._alive()
+        if not block:
+            raise Full(f"queue {self.name!r} is full")
+        return self._sleep_until(attempt, self._nf, L.Q_PRODUCER_WAITERS, deadline,
+                                 lambda: Full(f"queue {self.name!r} is full (timed out after {timeout} s)"))
 
     def could_fit(self, payloads: Sequence[Payload]) -> bool:
         """Would this batch fit the queue when empty?"""

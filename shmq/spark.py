@@ -70,6 +70,7 @@ from .errors import (
     QueueExists,
     ShmqError,
 )
+from .segment import registry_name, shm_path
 
 FORMAT = "shmq"
 DEFAULT_URL = f"tcp://{options.DEFAULT_HOST}:{options.DEFAULT_PORT}"
@@ -239,7 +240,7 @@ def _connect(url: str, token: str | None) -> Broker:
     would otherwise create an empty one, here, on an executor that is not the broker's host)."""
     if url.startswith("shm://"):
         instance = url[len("shm://"):] or options.DEFAULT_INSTANCE
-        if not os.path.exists(f"/dev/shm/shmq.{instance}.reg"):
+        if not os.path.exists(shm_path(registry_name(instance))):
             raise InstanceError(f"no shmq instance {instance!r} on this host ({socket.gethostname()}): "
                                 "shm:// works where the broker runs; use tcp://HOST:PORT elsewhere")
     return connect(url, token=token)

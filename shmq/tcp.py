@@ -211,17 +211,10 @@ class TcpQueue(Queue):
     def put_many(self, payloads: Sequence[Payload], block: bool = True,
                  timeout: float | None = None, *, producer: str | None = None,
                  seq: int | None = None) -> list[int]:
-        items = batch_payloads(payloads)
-        if not items:
+        req = produce_request(self.name, payloads, block, timeout, producer, seq)
+        if req is None:
             return []
-        if producer is not None or seq is not None:
-            check_producer(producer, seq)
-            r = self._b._request(T.PRODUCE_IDEMPOTENT, T.PRODUCE_BATCH_OK, queue=self.name,
-                                 producer=producer, seq=seq, timeout_ms=_timeout_ms(block, timeout),
-                                 payloads=items)
-        else:
-            r = self._b._request(T.PRODUCE_BATCH, T.PRODUCE_BATCH_OK, queue=self.name,
-                                 timeout_ms=_timeout_ms(block, timeout), payloads=items)
+        r = self._b._request(req[0], T.PRODUCE_BATCH_OK, **req[1])
         return list(range(r["first"], r["first"] + r["count"]))
 
     def _msg(self, group: str, rec: Sequence[Any]) -> Message:
@@ -322,6 +315,19 @@ class TcpQueue(Queue):
         finally:
             if not b._closed:
                 b._request(T.UNSUBSCRIBE, T.UNSUBSCRIBE_OK, subscription=sub)
+
+
+def produce_request(queue: str, payloads: Sequence[Payload], block: bool, timeout: float | None,
+                    producer: str | None, seq: int | None) -> tuple[T, dict[str, Any]] | None:
+    """The frame type and fields of a batch produce (both clients); None for no payloads."""
+    items = batch_payloads(payloads)
+    if not items:
+        return None
+    fields: dict[str, Any] = {"queue": queue, "timeout_ms": _timeout_ms(block, timeout), "payloads": items}
+    if producer is None and seq is None:
+        return T.PRODUCE_BATCH, fields
+    check_producer(producer, seq)
+    return T.PRODUCE_IDEMPOTENT, {**fields, "producer": producer, "seq": seq}
 
 
 def batch_payloads(payloads: Sequence[Payload]) -> list[bytes]:

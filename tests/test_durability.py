@@ -67,6 +67,15 @@ class Producer(threading.Thread):
         self.stop = threading.Event()
         self.errors: list[str] = []
 
+    def confirm_more(self, n: int = 50) -> None:
+        """Wait until ``n`` more messages are confirmed."""
+        target = len(self.confirmed) + n
+        wait_until(lambda: len(self.confirmed) >= target, timeout=30)
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.join(30)
+
     def run(self) -> None:
         b: Any = None
         while not self.stop.is_set():
@@ -123,8 +132,7 @@ def jepsen(tmp_path: Path, policy: str, lose_shm: bool, kills: int = 3, batch: i
     rng = random.Random(policy + str(lose_shm))
     try:
         for _ in range(kills):
-            target = len(prod.confirmed) + 50
-            wait_until(lambda t=target: len(prod.confirmed) >= t, timeout=30)  # type: ignore[misc]
+            prod.confirm_more()
             time.sleep(rng.uniform(0.0, 0.15))  # a random moment to kill at (not a synchronisation)
             start = time.monotonic()
             kill_broker(srv)
@@ -133,11 +141,9 @@ def jepsen(tmp_path: Path, policy: str, lose_shm: bool, kills: int = 3, batch: i
                 remove_shm(inst)
             srv = Server(workers=1, instance=inst, data_dir=data, extra=extra)
             url[0] = srv.url
-        target = len(prod.confirmed) + 50
-        wait_until(lambda: len(prod.confirmed) >= target, timeout=30)
+        prod.confirm_more()
     finally:
-        prod.stop.set()
-        prod.join(30)
+        prod.finish()
     assert not prod.errors, prod.errors
     got = drain(srv.url, "jep")
     assert srv.stop() == 0
@@ -396,17 +402,14 @@ def test_kill9_of_the_journal_process_alone(durable: Any) -> None:
     prod.start()
     try:
         for _ in range(2):
-            target = len(prod.confirmed) + 50
-            wait_until(lambda t=target: len(prod.confirmed) >= t, timeout=30)  # type: ignore[misc]
+            prod.confirm_more()
             old = durable.srv.journal_pid
             os.kill(old, signal.SIGKILL)
             wait_until(lambda o=old: _journal_pid(durable.srv) not in (0, o), timeout=10)  # type: ignore[misc]
             durable.srv.journal_pid = _journal_pid(durable.srv)
-        target = len(prod.confirmed) + 50
-        wait_until(lambda: len(prod.confirmed) >= target, timeout=30)
+        prod.confirm_more()
     finally:
-        prod.stop.set()
-        prod.join(30)
+        prod.finish()
     assert not prod.errors, prod.errors
     durable.crash(reboot=True)  # and what was confirmed is on disk
     durable.start()
