@@ -69,6 +69,9 @@ class Groups:
         self.tail_word = L.Q_DURABLE_OFFSET if ring.durability == _ALWAYS else L.Q_NEXT_OFFSET
         # journaled queues keep messages in memory until the journal has them
         self.journaled = ring.durability != 0
+        # A consumer killed inside the consumer lock may have moved a floor but not the free
+        # offset (advance_floor stores them one after the other); the next holder re-derives it.
+        ring.clock.on_recover = self._recompute_free
 
     # ------------------------------------------------------------ group table
     def _name(self, gi: int) -> str:

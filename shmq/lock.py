@@ -19,6 +19,7 @@ import ctypes
 import ctypes.util
 import errno
 import mmap
+from collections.abc import Callable
 
 from .errors import InstanceError
 from .layout import MUTEX_SIZE
@@ -65,12 +66,14 @@ class RobustLock:
     either way.  Use ``with lock:`` when the flag does not matter.
     """
 
-    __slots__ = ("_anchor", "address", "_counter")
+    __slots__ = ("_anchor", "address", "_counter", "on_recover")
 
     def __init__(self, mm: mmap.mmap, offset: int, counter: tuple[memoryview, int] | None = None) -> None:
         self._anchor = (ctypes.c_char * MUTEX_SIZE).from_buffer(mm, offset)
         self.address = ctypes.addressof(self._anchor)
         self._counter = counter  # (words, index): a shared count of recoveries, bumped under the lock
+        # called (lock held) when the previous holder died inside: re-derive what it may have left stale
+        self.on_recover: Callable[[], object] | None = None
 
     def initialise(self) -> None:
         init_mutex(self.address)
@@ -96,6 +99,8 @@ class RobustLock:
             if self._counter is not None:
                 words, index = self._counter
                 words[index] += 1
+            if self.on_recover is not None:
+                self.on_recover()
             return True
         if rc == ENOTRECOVERABLE:
             raise InstanceError("a shared lock is unrecoverable; run `shmq doctor`")
@@ -116,3 +121,4 @@ class RobustLock:
         """Drop the export of the mapping so that it can be closed."""
         self._anchor = None  # type: ignore[assignment]
         self._counter = None
+        self.on_recover = None

@@ -389,3 +389,29 @@ def test_doctor_cli_lists_and_cleans(instance: str) -> None:
     out = runner.invoke(app, ["doctor", "--clean", "--instance", dead])
     assert out.exit_code == 0
     wait_until(lambda: not [n for n in os.listdir("/dev/shm") if f"shmq.{dead}." in n], 2)
+
+
+def _die_between_floor_and_free(url: str) -> None:
+    """What advance_floor does for a lone group, killed between its two stores."""
+    q = shmq.connect(url).queue("floorfree")
+    ring = q._ring
+    w = ring.w
+    ring.clock.acquire()
+    for o in range(3):
+        w[ring.slot_base(o) + L.S_GROUPS] = L.DONE
+    w[ring.groups_w + L.G_FLOOR] = 3  # the floor moved; Q_FREE_OFFSET did not
+    os._exit(0)  # dies holding the consumer lock
+
+
+def test_consumer_killed_between_floor_and_free_offset(shm_broker: ShmBroker) -> None:
+    q = shm_broker.create_queue("floorfree", capacity=3)
+    q.put_many([b"a", b"b", b"c"])
+    q.get_many(3, timeout=1)
+    p = CTX.Process(target=_die_between_floor_and_free, args=(shm_broker.url,))
+    p.start()
+    p.join(30)
+    assert p.exitcode == 0
+    with pytest.raises(shmq.Empty):  # the next holder of the consumer lock repairs the free offset
+        q.get(block=False)
+    assert q.stats()["lock_recoveries"] == 1
+    assert q.put(b"d", block=False) == 3  # room again: nothing leaked
