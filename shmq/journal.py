@@ -14,9 +14,15 @@ their first offset (``00000000000000000000.log``), each a run of records::
 all integers little-endian.  A MESSAGES record's body is ``count`` entries of
 ``offset u64, timestamp_ns u64, length u32, payload``; a STATE record's body is
 the snapshot.  The header has its own CRC, so a torn tail (a valid header whose
-body runs past the end of the file, or less than a header) is told apart from
-corruption (a bad CRC, an impossible length), which is quarantined, never
-silently dropped.
+body runs past the end of the file, less than a header, or a record cut short
+by the zeros after it) is told apart from corruption (a bad CRC, an impossible
+length), which is quarantined, never silently dropped.
+
+The active segment is *preallocated*: real zeros are written ahead of its
+logical end (``JOURNAL_PREALLOC_BYTES`` at a time, never past ``segment_bytes``)
+and records are ``pwrite``-n over them, so most syncs do not change the file's
+size (an fdatasync that must also commit a new size costs more: see the docs).
+Zeros after the last record are a segment's normal end.
 
 One Journal per queue directory at a time (an flock on ``lock`` enforces it);
 a Journal is not thread-safe: one writer thread owns it.
@@ -226,6 +232,8 @@ class Journal:
         self._segments: list[int] = []  # first offsets, ascending; the last one is the active segment
         self._active = -1  # fd of the active segment, -1 if there is none yet
         self._active_size = 0  # its length up to the end of the last complete record
+        self._active_alloc = 0  # its file's length: zeros from _active_size on (preallocated)
+        self._prealloc_after = 0  # no preallocation for records ending below this (it failed)
         self._unsynced: dict[int, Path] = {}  # fds written since the last sync()
         self._retired: list[int] = []  # rolled segments' fds, closed once synced
         self._dir_dirty = False  # a file was created, renamed or removed since the last sync()
@@ -319,6 +327,13 @@ class Journal:
         """One past the last message offset appended or recovered; 0 if none."""
         self._check_ready()
         return self._next
+
+    @property
+    def active_size(self) -> int:
+        """The active segment's length up to the end of its last complete record (its file
+        may be longer: zeros preallocated for the next records); 0 if there is none."""
+        self._check_ready()
+        return self._active_size
 
     @property
     def failed(self) -> bool:
@@ -427,11 +442,12 @@ class Journal:
     def recover(self, floor: int = 0) -> Recovery:
         """Read every segment back; messages below ``floor`` are skipped (but counted for next_offset).
 
-        A torn tail is truncated; a record that fails its CRC, or is otherwise impossible, is
-        quarantined with everything after it in its file (moved to ``<file>.corrupt-<n>``) and
-        the scan goes on with the next file.  Each event is logged with ``log.error`` and listed
-        in ``problems``; bad data never raises (I/O errors do, as JournalError).  Afterwards,
-        appends continue after the last good record.
+        Zeros after the last record are the segment's preallocated end: kept, and not a
+        problem.  A torn tail is truncated; a record that fails its CRC, or is otherwise
+        impossible, is quarantined with everything after it in its file (moved to
+        ``<file>.corrupt-<n>``) and the scan goes on with the next file.  Each event is logged
+        with ``log.error`` and listed in ``problems``; bad data never raises (I/O errors do, as
+        JournalError).  Afterwards, appends continue after the last good record.
         """
         self._check_usable()
         self._close_segments()
@@ -439,22 +455,24 @@ class Journal:
         scan = _Scan(floor)
         names = sorted(n for n in os.listdir(self.path) if _SEGMENT_RE.match(n))
         bases = [int(n[:20]) for n in names]
-        sizes = [self._scan_file(self.path / name, int(name[:20]), scan) for name in names]
+        ends = [self._scan_file(self.path / name, int(name[:20]), scan) for name in names]
         self._segments = bases
         self._next = max([scan.last + 1, *bases]) if bases else 0  # a segment's name is its first offset
         self._state_record = None if scan.state is None else bytes(encode_state(scan.state))
         if bases:
             path = self.path / names[-1]
             try:
-                self._active = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+                self._active = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+                self._active_alloc = os.fstat(self._active).st_size  # the zeros after the end stay
             except OSError as e:
                 raise _os_error("cannot open", path, e) from e
-            self._active_size = sizes[-1]
+            self._active_size = ends[-1]
+            self._prealloc_after = 0
         self._ready = True
         return Recovery(scan.messages, scan.state, self._next, scan.problems)
 
     def _scan_file(self, path: Path, base: int, scan: _Scan) -> int:
-        """Read one segment into ``scan``; returns its length after any truncation."""
+        """Read one segment into ``scan``; returns the end of its last good record."""
         try:
             data = path.read_bytes()
         except OSError as e:
@@ -462,34 +480,42 @@ class Journal:
         view = memoryview(data)
         pos = 0
         while pos < len(data):
+            if not data[pos] and data.count(0, pos) == len(data) - pos:
+                return pos  # the preallocated end: appends continue into it
             verdict, why, size = self._check_record(data, view, pos, base, scan)
             if verdict == "ok":
                 pos += size
-            elif verdict == "torn":
+                continue
+            end = len(data.rstrip(b"\0"))  # zeros from here to the end of the file
+            if verdict == "mismatch":  # a checksum: a write cut short if the zeros start inside the record
+                verdict = "torn" if end < pos + size else "corrupt"
+                if verdict == "torn":
+                    why = f"{why}; zeros from byte {end} on, inside the record"
+            zeros = f" ({len(data) - end} of them trailing zeros)" if end < len(data) else ""
+            if verdict == "torn":
                 self._problem(scan, f"{path}: torn tail at byte {pos} ({why}): truncated, "
-                                    f"{len(data) - pos} bytes dropped")
+                                    f"{len(data) - pos} bytes dropped{zeros}")
                 self._truncate(path, pos)
-                return pos
             else:
-                quarantine = self._quarantine(path, data, pos)
+                quarantine = self._quarantine(path, memoryview(data)[pos:end], pos)
                 self._problem(scan, f"{path}: corrupt record at byte {pos} ({why}): the last "
-                                    f"{len(data) - pos} bytes moved to {quarantine.name}")
-                return pos
+                                    f"{len(data) - pos} bytes{zeros} cut off, all but the trailing zeros "
+                                    f"moved to {quarantine.name}")
+            return pos
         return pos
 
     @staticmethod
     def _check_record(data: bytes, view: memoryview, pos: int, base: int,
                       scan: _Scan) -> tuple[str, str, int]:
-        """("ok", "", size) once the record at ``pos`` is in ``scan``, else ("torn"/"corrupt", why, 0)."""
+        """("ok", "", size) once the record at ``pos`` is in ``scan``; ("torn"/"corrupt", why, 0);
+        or ("mismatch", why, size): a checksum failed over the ``size`` bytes the record claims."""
         rest = len(data) - pos
         if rest < HEADER_SIZE:
             return "torn", f"{rest} bytes, less than a record header", 0
         magic, kind, flags, reserved, body_len, count, body_crc = _HEAD.unpack_from(data, pos)
         (header_crc,) = _CRC.unpack_from(data, pos + _HEAD.size)
         if magic != MAGIC or zlib.crc32(view[pos:pos + _HEAD.size]) != header_crc:
-            if data.count(0, pos) == rest:  # a crash can leave a zero-filled tail behind
-                return "torn", f"{rest} zero bytes", 0
-            return "corrupt", "bad magic" if magic != MAGIC else "header checksum mismatch", 0
+            return "mismatch", "bad magic" if magic != MAGIC else "header checksum mismatch", HEADER_SIZE
         if kind not in (MESSAGES, STATE) or flags or reserved:
             return "corrupt", f"unknown record type {kind} (flags {flags}, reserved {reserved})", 0
         if body_len > options.JOURNAL_MAX_RECORD_BYTES:
@@ -498,7 +524,7 @@ class Journal:
             return "torn", f"a record of {HEADER_SIZE + body_len} bytes with {rest} present", 0
         start, end = pos + HEADER_SIZE, pos + HEADER_SIZE + body_len
         if zlib.crc32(view[start:end]) != body_crc:
-            return "corrupt", "body checksum mismatch", 0
+            return "mismatch", "body checksum mismatch", HEADER_SIZE + body_len
         if kind == STATE:
             if count:
                 return "corrupt", f"a state record with count {count}", 0
@@ -541,8 +567,10 @@ class Journal:
         except OSError as e:
             raise _os_error("cannot truncate", path, e) from e
 
-    def _quarantine(self, path: Path, data: bytes, pos: int) -> Path:
-        """Move ``data[pos:]`` to ``<path>.corrupt-<n>`` (made durable first), then truncate ``path``."""
+    def _quarantine(self, path: Path, data: memoryview, pos: int) -> Path:
+        """Copy ``data`` (a file's bytes from ``pos`` on, less its trailing zeros: a record's header
+        gives its length) to ``<path>.corrupt-<n>`` (made durable first), then truncate ``path``
+        at ``pos``."""
         n = 1
         while os.path.lexists(f"{path}.corrupt-{n}"):
             n += 1
@@ -550,7 +578,7 @@ class Journal:
         try:
             fd = os.open(target, _O_NEW, options.JOURNAL_FILE_MODE)
             try:
-                _write_all(fd, memoryview(data)[pos:])
+                _write_all(fd, data)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -585,9 +613,14 @@ class Journal:
             except OSError as e:
                 raise _os_error("cannot truncate a failed append away from", path, e) from e
             self._tail_dirty = False
+            self._active_alloc = self._active_size
+        end = self._active_size + len(buf)
+        if end > self._active_alloc:
+            self._active_alloc = self._preallocate(self._active, self._active_alloc, end)
         try:
-            _write_all(self._active, buf)
+            _pwrite_all(self._active, buf, self._active_size)
         except OSError as e:
+            # the failed range may hold part of the record: cut it off (the preallocation with it)
             err = _os_error("cannot append to", path, e)
             try:
                 os.ftruncate(self._active, self._active_size)
@@ -596,10 +629,44 @@ class Journal:
                 raise JournalError(f"{err}; truncating it back to {self._active_size} bytes failed too "
                                    f"({_errno.errorcode.get(e2.errno or 0, e2)}): the next append retries",
                                    e.errno) from e
+            self._active_alloc = self._active_size
             self._unsynced[self._active] = path
             raise JournalError(f"{err}; truncated back to its last complete record", e.errno) from e
-        self._active_size += len(buf)
+        self._active_size = end
+        self._active_alloc = max(self._active_alloc, end)
         self._unsynced[self._active] = path
+
+    def _preallocate(self, fd: int, size: int, end: int) -> int:
+        """Best effort: write zeros from ``size`` (the file's length) to ``JOURNAL_PREALLOC_BYTES``
+        past ``end`` (a record's end), never past ``segment_bytes``; returns the file's length.
+
+        Skipped when the file system would be left with less free space than it takes.  On any
+        error the file is cut back to ``size`` (its zeros past the logical end are harmless if
+        that fails too) and the segment is not extended again for the next chunk's worth of
+        appends, so a nearly full disk costs one failed attempt per chunk, not one per round.
+        """
+        chunk = options.JOURNAL_PREALLOC_BYTES
+        target = min(end + chunk, self.segment_bytes)
+        if chunk <= 0 or target <= end or end < self._prealloc_after:
+            return size
+        try:
+            fs = os.fstatvfs(fd)
+            if fs.f_bavail * fs.f_frsize < 2 * (target - size):
+                self._prealloc_after = end + chunk
+                return size
+            zeros = bytes(min(target - size, 1 << 20))
+            at = size
+            while at < target:
+                _pwrite_all(fd, memoryview(zeros)[:target - at], at)
+                at += min(len(zeros), target - at)
+            return target
+        except OSError:
+            self._prealloc_after = end + chunk
+            try:
+                os.ftruncate(fd, size)
+            except OSError:
+                pass
+            return size
 
     def _start_segment(self, base: int, buf: bytes | bytearray, with_state: bool) -> None:
         """Make a new active segment named ``base`` holding ``buf`` (after the latest snapshot if asked).
@@ -615,12 +682,14 @@ class Journal:
         replace = bool(self._segments) and self._segments[-1] == base
         target = Path(f"{path}{_TMP_SUFFIX}") if replace else path
         try:
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
                          | (os.O_TRUNC if replace else os.O_EXCL), options.JOURNAL_FILE_MODE)
         except OSError as e:
             raise _os_error("cannot create", target, e) from e
         try:
-            _write_all(fd, buf)
+            self._prealloc_after = 0
+            alloc = max(self._preallocate(fd, 0, len(buf)), len(buf))
+            _pwrite_all(fd, buf, 0)
             if replace:
                 os.fdatasync(fd)
                 os.rename(target, path)
@@ -639,14 +708,14 @@ class Journal:
                 os.close(old)
         if not replace:
             self._segments.append(base)
-        self._active, self._active_size = fd, len(buf)
+        self._active, self._active_size, self._active_alloc = fd, len(buf), alloc
         self._unsynced[fd] = path
         self._dir_dirty = True
 
     def _close_segments(self) -> None:
         for fd in {self._active, *self._retired, *self._unsynced} - {-1}:
             os.close(fd)
-        self._active, self._active_size = -1, 0
+        self._active, self._active_size, self._active_alloc = -1, 0, 0
         self._retired.clear()
         self._unsynced.clear()
         self._tail_dirty = False
@@ -688,6 +757,16 @@ def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
         if n <= 0:
             raise OSError(_errno.ENOSPC, os.strerror(_errno.ENOSPC))
         view = view[n:]
+
+
+def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, at: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, at)
+        if n <= 0:
+            raise OSError(_errno.ENOSPC, os.strerror(_errno.ENOSPC))
+        view = view[n:]
+        at += n
 
 
 def _fsync_dir(path: Path) -> None:
