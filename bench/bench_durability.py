@@ -1,12 +1,19 @@
 """Durability benchmark: what each policy costs, beside Redis's AOF policies, in one run.
 
-Producers (1 and 4 processes) send 100-byte messages for a fixed time, one per
-call and in batches of 100, into a fresh queue of each policy -- ``always``
-(a put returns once fsynced; concurrent producers share fsyncs), ``interval``
-(fsync every second) and ``memory`` -- through shared memory (co-located) and
-over TCP.  Beside them, Redis via redis-py with ``appendfsync always`` /
-``everysec`` / no AOF, LPUSH one per call or pipelined by 100.  Ratios are
-computed within this run only: the machine is shared and noisy.
+Producers (1 and 4 processes) send 100-byte messages for a fixed time into a
+fresh queue of each policy -- ``always`` (a put is confirmed once fsynced;
+concurrent producers share fsyncs), ``interval`` (fsync every second) and
+``memory`` -- through shared memory (co-located) and over TCP, three ways:
+
+* ``1``: one message per call, each put waiting for its confirmation;
+* ``1, window 64``: one message per call through a ``Publisher`` (publisher
+  confirms): up to 64 puts unconfirmed at once, every confirmation collected;
+* ``batch 100``: ``put_many`` of 100.
+
+Beside them, Redis via redis-py with ``appendfsync always`` / ``everysec`` / no
+AOF: LPUSH one per call; a pipeline of 64 single LPUSH commands (64 in flight,
+every reply read); a pipeline of 100.  Ratios are computed within this run only:
+the machine is shared and noisy.
 
     python bench/bench_durability.py [--seconds 2] [--rounds 1] [--json out.json]
 
@@ -42,6 +49,12 @@ REDIS_POLICY = {"always": "always", "interval": "everysec", "memory": None}
 RABBITMQ_CONFIRMS = 5_700  # msgs/s: RabbitMQ with publisher confirms here (issue 4's figure, not measured)
 SIZE = 100
 MAX_PER_PRODUCER = 400_000
+WINDOW = 64
+MODES = ((1, 0), (1, WINDOW), (100, 0))  # (messages per call, publisher window); 0: wait for each call
+
+
+def mode_label(batch: int, window: int) -> str:
+    return f"1, window {window}" if window else ("1" if batch == 1 else f"batch {batch}")
 
 
 def free_port() -> int:
@@ -50,22 +63,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _produce(kind: str, target: str, batch: int, seconds: float, start: Any, out: Any) -> None:
+def _produce(kind: str, target: str, batch: int, window: int, seconds: float, start: Any, out: Any) -> None:
     payload = b"x" * SIZE
     if kind == "redis":
         import redis
         r = redis.Redis(port=int(target), protocol=2)
+        per = window or batch  # a pipeline of single-message LPUSH commands
         start.wait()
         n, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds and n < MAX_PER_PRODUCER:
-            if batch == 1:
+            if per == 1:
                 r.lpush("bench", payload)
             else:
                 p = r.pipeline(transaction=False)
-                for _ in range(batch):
+                for _ in range(per):
                     p.lpush("bench", payload)
                 p.execute()
-            n += batch
+            n += per
         out.put((n, time.perf_counter() - t0))
         return
     b = shmq.connect(target)
@@ -73,7 +87,13 @@ def _produce(kind: str, target: str, batch: int, seconds: float, start: Any, out
     items = [payload] * batch
     start.wait()
     n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds and n < MAX_PER_PRODUCER:
+    if window:
+        with q.publisher(window=window) as pub:
+            while time.perf_counter() - t0 < seconds and n < MAX_PER_PRODUCER:
+                pub.put(payload)
+                n += 1
+        # the with block flushed: every put counted is confirmed
+    while not window and time.perf_counter() - t0 < seconds and n < MAX_PER_PRODUCER:
         if batch == 1:
             q.put(payload)
         else:
@@ -83,10 +103,10 @@ def _produce(kind: str, target: str, batch: int, seconds: float, start: Any, out
     b.close()
 
 
-def run(kind: str, target: str, producers: int, batch: int, seconds: float) -> float:
+def run(kind: str, target: str, producers: int, batch: int, window: int, seconds: float) -> float:
     ctx = mp.get_context("fork")
     start, out = ctx.Event(), ctx.Queue()
-    ps = [ctx.Process(target=_produce, args=(kind, target, batch, seconds, start, out))
+    ps = [ctx.Process(target=_produce, args=(kind, target, batch, window, seconds, start, out))
           for _ in range(producers)]
     for p in ps:
         p.start()
@@ -169,33 +189,36 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=2.0, help="timed seconds per run (default 2)")
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds; the median is kept")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated subset (default: all)")
     a = ap.parse_args()
+    policies = [p for p in POLICIES if p in a.policies.split(",")]
     work = tempfile.mkdtemp(prefix="shmq-bench-", dir=REPO)  # the repository's disk, not tmpfs
     binary = redis_binary()
-    res: dict[tuple[str, str, int, int], list[float]] = {}
+    res: dict[tuple[str, str, int, int, int], list[float]] = {}
     srv = Shmq(os.path.join(work, "data"))
     try:
         for _ in range(a.rounds):
-            for policy in POLICIES:
+            for policy in policies:
                 for transport in ("shm", "tcp"):
                     target = srv.url if transport == "tcp" else f"shm://{srv.instance}"
                     for producers in (1, 4):
-                        for batch in (1, 100):
+                        for batch, window in MODES:
                             srv.fresh(policy)
-                            r = run("shmq", target, producers, batch, a.seconds)
-                            res.setdefault((f"shmq {transport}", policy, producers, batch), []).append(r)
-                            print(f"shmq {transport:3} {policy:8} producers={producers} batch={batch:3}: "
-                                  f"{r:10,.0f} msgs/s", flush=True)
+                            r = run("shmq", target, producers, batch, window, a.seconds)
+                            key = (f"shmq {transport}", policy, producers, batch, window)
+                            res.setdefault(key, []).append(r)
+                            print(f"shmq {transport:3} {policy:8} producers={producers} "
+                                  f"{mode_label(batch, window):12}: {r:10,.0f} msgs/s", flush=True)
                 if binary is None:
                     continue
                 red = Redis(binary, REDIS_POLICY[policy], work)
                 try:
                     for producers in (1, 4):
-                        for batch in (1, 100):
-                            r = run("redis", str(red.port), producers, batch, a.seconds)
-                            res.setdefault(("redis", policy, producers, batch), []).append(r)
-                            print(f"redis     {policy:8} producers={producers} batch={batch:3}: "
-                                  f"{r:10,.0f} msgs/s", flush=True)
+                        for batch, window in MODES:
+                            r = run("redis", str(red.port), producers, batch, window, a.seconds)
+                            res.setdefault(("redis", policy, producers, batch, window), []).append(r)
+                            print(f"redis     {policy:8} producers={producers} "
+                                  f"{mode_label(batch, window):12}: {r:10,.0f} msgs/s", flush=True)
                 finally:
                     red.stop()
     finally:
@@ -208,24 +231,27 @@ def main() -> None:
                     f"(Redis: appendfsync always / everysec / no AOF)")
     for col in ("policy", "producers", "per call", "shmq shm", "shmq tcp", "redis", "shm/redis", "tcp/redis"):
         t.add_column(col, justify="right")
-    for policy in POLICIES:
+    for policy in policies:
         for producers in (1, 4):
-            for batch in (1, 100):
-                s = med[("shmq shm", policy, producers, batch)]
-                c = med[("shmq tcp", policy, producers, batch)]
-                r = med.get(("redis", policy, producers, batch))
-                t.add_row(policy, str(producers), "1" if batch == 1 else "batch 100",
+            for batch, window in MODES:
+                s = med[("shmq shm", policy, producers, batch, window)]
+                c = med[("shmq tcp", policy, producers, batch, window)]
+                r = med.get(("redis", policy, producers, batch, window))
+                t.add_row(policy, str(producers), mode_label(batch, window),
                           f"{s:,.0f}", f"{c:,.0f}", f"{r:,.0f}" if r else "-", f"{s / r:.2f}x" if r else "-",
                           f"{c / r:.2f}x" if r else "-")
-    Console().print(t)
-    a4s, a4t = med[("shmq shm", "always", 4, 1)], med[("shmq tcp", "always", 4, 1)]
-    print(f"`always`, 4 producers, 1 msg per call: shm {a4s:,.0f} msgs/s = {a4s / RABBITMQ_CONFIRMS:.2f}x, "
-          f"tcp {a4t:,.0f} msgs/s = {a4t / RABBITMQ_CONFIRMS:.2f}x the issue's RabbitMQ figure "
-          f"({RABBITMQ_CONFIRMS:,} msgs/s with publisher confirms; must 3x, aim 5x)")
+    Console(width=130).print(t)
+    print(f"the issue's RabbitMQ figure: {RABBITMQ_CONFIRMS:,} msgs/s with publisher confirms "
+          "(must 3x, aim 5x)")
+    for batch, window in MODES[:2] if "always" in policies else ():
+        a4s = med[("shmq shm", "always", 4, batch, window)]
+        a4t = med[("shmq tcp", "always", 4, batch, window)]
+        print(f"`always`, 4 producers, {mode_label(batch, window)}: shm {a4s:,.0f} msgs/s = "
+              f"{a4s / RABBITMQ_CONFIRMS:.2f}x, tcp {a4t:,.0f} msgs/s = {a4t / RABBITMQ_CONFIRMS:.2f}x")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump([{"system": k[0], "policy": k[1], "producers": k[2], "batch": k[3], "msgs_per_s": v}
-                       for k, v in med.items()], f, indent=1)
+            json.dump([{"system": k[0], "policy": k[1], "producers": k[2], "batch": k[3], "window": k[4],
+                        "msgs_per_s": v} for k, v in med.items()], f, indent=1)
 
 
 if __name__ == "__main__":

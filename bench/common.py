@@ -112,11 +112,16 @@ def shmq_produce(q: Any, payload: bytes, n: int, batch: int) -> None:
             put_many(chunk)
 
 
-def shmq_consume(q: Any, n: int, batch: int) -> tuple[int, bytes]:
+def shmq_consume(q: Any, n: int, batch: int, nowait: bool = False) -> tuple[int, bytes]:
     """Get and ack ``n`` messages from the shmq queue ``q``, ``batch`` per call: the count and
-    the last payload."""
+    the last payload.  ``nowait``: ``ack(wait=False)`` (no round trip of its own)."""
     if batch == 1:
         get = q.get
+        if nowait:
+            for _ in range(n):
+                m = get()
+                m.ack(wait=False)
+            return n, m.payload
         for _ in range(n):
             m = get()
             m.ack()
@@ -130,23 +135,25 @@ def shmq_consume(q: Any, n: int, batch: int) -> tuple[int, bytes]:
     return got, msgs[-1].payload
 
 
-def shmq_ping(put: Callable[[bytes], Any], get: Callable[[], Any], payload: bytes, total: int) -> array[int]:
-    """``total`` timed round trips (ns): ``put`` the payload, then ``get`` and ack the answer."""
+def shmq_ping(put: Callable[[bytes], Any], get: Callable[[], Any], payload: bytes, total: int,
+              nowait: bool = False) -> array[int]:
+    """``total`` timed round trips (ns): ``put`` the payload, then ``get`` and ack the answer
+    (``nowait``: ``ack(wait=False)``)."""
     lat = array("q", bytes(8 * total))
     clock = time.perf_counter_ns
     for i in range(total):
         t0 = clock()
         put(payload)
-        get().ack()
+        get().ack(wait=not nowait)
         lat[i] = clock() - t0
     return lat
 
 
-def shmq_pong(get: Callable[[], Any], put: Callable[[bytes], Any], total: int) -> None:
+def shmq_pong(get: Callable[[], Any], put: Callable[[bytes], Any], total: int, nowait: bool = False) -> None:
     """Answer ``total`` pings: ``get`` and ack each, ``put`` its payload back."""
     for _ in range(total):
         m = get()
-        m.ack()
+        m.ack(wait=not nowait)
         put(m.payload)
 
 

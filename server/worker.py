@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import heapq
 import hmac
+import itertools
 import os
 import signal
 import socket
@@ -27,8 +29,8 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from shmq import options
@@ -40,6 +42,7 @@ from shmq.errors import (
     InvalidArgument,
     LimitExceeded,
     ProtocolError,
+    QueueNotFound,
     ShmqError,
     StaleAck,
     Status,
@@ -84,6 +87,30 @@ class Subscription:
     vis: int
 
 
+Done = Callable[[ShmqError | None], None]  # sends a held reply (or the error that replaces it)
+
+
+@dataclass(slots=True, eq=False)
+class MarkWait:
+    """Replies held until a durable mark (a header word) of one queue reaches their value."""
+
+    q: ShmQueue
+    word: int
+    held: list[tuple[int, int, Connection, Done]]  # a heap of (value, tie, conn, done)
+
+
+def _release(ready: list[tuple[Connection, Done]], err: ShmqError | None) -> None:
+    """Send the replies whose mark was reached: one write per connection."""
+    batching = []
+    for conn, done in ready:
+        if conn._out is None:
+            conn._out = []
+            batching.append(conn)
+        done(err)
+    for conn in batching:
+        conn._flush()
+
+
 class Worker:
     def __init__(self, instance: str, host: str, port: int, worker_id: int, token: str,
                  max_connections: int = options.MAX_CONNECTIONS) -> None:
@@ -100,7 +127,9 @@ class Worker:
         self._watch_lock = threading.Lock()
         self.stopping = False
         self.pending_mark: tuple[ShmQueue, int, int] | None = None
-        self.pool: ThreadPoolExecutor | None = None
+        self.marks: dict[tuple[int, int], MarkWait] = {}  # replies held for a durable mark
+        self._marks_lock = threading.Lock()
+        self._mark_seq = itertools.count()  # ties in the heap never compare the callbacks
         self.loop: asyncio.AbstractEventLoop
         self.broker: ShmBroker
 
@@ -152,7 +181,7 @@ class Worker:
     # ------------------------------------------------------------ durable marks
     # An `always` queue confirms a produce or an ack once the journal has it.  The queue
     # tells us the mark to wait for (instead of blocking the loop); the reply that follows
-    # is held back until the mark is reached, waited for on a pool thread.
+    # is held back until the mark is reached (see after_mark).
     def _note_mark(self, q: ShmQueue, word: int, value: int) -> None:
         self.pending_mark = (q, word, value)
 
@@ -162,16 +191,43 @@ class Worker:
             return None
         return mark
 
-    def after_mark(self, mark: tuple[ShmQueue, int, int], done: Callable[[ShmqError | None], None]) -> None:
-        if self.pool is None:
-            self.pool = ThreadPoolExecutor(options.DURABLE_WAIT_THREADS, thread_name_prefix="durable")
+    def after_mark(self, mark: tuple[ShmQueue, int, int], conn: Connection, done: Done) -> None:
+        """Call ``done`` (on the loop) once the mark is reached; it sends ``conn`` a reply.
+        One thread per queue and mark waits for the lowest value held; each time the mark
+        moves, every reply it covers goes out together (one write per connection)."""
         q, word, value = mark
-        fut = self.loop.run_in_executor(self.pool, q._wait_mark, word, value, None)
+        key = (id(q), word)  # the MarkWait keeps q alive, so its id is not reused meanwhile
+        with self._marks_lock:
+            mw = self.marks.get(key)
+            start = mw is None
+            if mw is None:
+                mw = self.marks[key] = MarkWait(q, word, [])
+            heapq.heappush(mw.held, (value, next(self._mark_seq), conn, done))
+        if start:
+            threading.Thread(target=self._mark_waiter, args=(key, mw), daemon=True,
+                             name=f"durable-{q.name}").start()
 
-        def finished(f: Any) -> None:
-            e = f.exception()
-            done(e if isinstance(e, ShmqError) or e is None else ShmqError(repr(e)))
-        fut.add_done_callback(finished)
+    def _mark_waiter(self, key: tuple[int, int], mw: MarkWait) -> None:
+        while True:
+            with self._marks_lock:
+                if not mw.held:
+                    del self.marks[key]
+                    return
+                target = mw.held[0][0]
+            err: ShmqError | None = None
+            try:
+                mw.q._wait_mark(mw.word, target, None)
+            except ShmqError as e:
+                err = e  # the journal cannot write, or the queue is gone: every held reply fails
+            except Exception as e:  # noqa: BLE001 - a reply must never be lost silently
+                err = ShmqError(repr(e))
+            reached = mw.q._w[mw.word] if err is None else 0
+            with self._marks_lock:
+                ready = []
+                while mw.held and (err is not None or mw.held[0][0] <= reached):
+                    _, _, conn, done = heapq.heappop(mw.held)
+                    ready.append((conn, done))
+            self.loop.call_soon_threadsafe(_release, ready, err)
 
     def park(self, name: str, waiter: Waiter) -> None:
         self.waiters.setdefault(name, []).append(waiter)
@@ -187,41 +243,66 @@ class Worker:
         t.start()
 
     def _watcher(self, name: str) -> None:
-        """Sleeps on the queue's not-empty semaphore while anyone here waits on it."""
+        """Sleeps on the queue's not-empty semaphore while anyone here waits on it.  It
+        watches the name: when the queue is deleted and created again it moves to the
+        new one (requests parked on the name wait for the new queue)."""
+        q: ShmQueue | None = None
+        since = 0
+        needed = time.monotonic()
         try:
-            q = self.queue(name)
-            since = q.offsets()[1]
-            needed = time.monotonic()
             while not self.stopping:
                 with self._watch_lock:
                     if self.waiters.get(name) or self.subs.get(name):
                         needed = time.monotonic()
                     elif time.monotonic() - needed > WATCH_GRACE:
                         return  # (finally) leaves the table under the lock: park() starts another
-                if q.wait(TICK, since):
-                    # Read the tail before the poke is scheduled: the poke sees every put up
-                    # to here, and a later one moves the tail past `since`, so the next wait
-                    # returns at once.  No put between two waits goes unnoticed.
-                    since = q.offsets()[1]
-                    self.loop.call_soon_threadsafe(self.poke, name)
+                try:
+                    current = self.queue(name)
+                    if current is not q:
+                        q, since = current, current.offsets()[1]
+                        self.loop.call_soon_threadsafe(self.poke, name)
+                    if q.wait(TICK, since):
+                        # Read the tail before the poke is scheduled: the poke sees every put up
+                        # to here, and a later one moves the tail past `since`, so the next wait
+                        # returns at once.  No put between two waits goes unnoticed.
+                        since = q.offsets()[1]
+                        self.loop.call_soon_threadsafe(self.poke, name)
+                except QueueNotFound:
+                    if self._has_queue(name):
+                        continue  # deleted and created again between two looks: look again
+                    return  # gone: the parked requests learn it on their next retry
         except ShmqError:
-            pass  # the queue is gone; the parked requests learn it on their next retry
+            pass  # the instance is going away
         finally:
             with self._watch_lock:
                 if self.watchers.get(name) is threading.current_thread():
                     del self.watchers[name]
 
+    def _has_queue(self, name: str) -> bool:
+        try:
+            self.queue(name)
+            return True
+        except ShmqError:
+            return False
+
     def poke(self, name: str) -> None:
-        """The queue may have changed: retry what waits on it."""
+        """The queue may have changed: retry what waits on it (in arrival order; a
+        connection's produces stay in order: none is tried while an earlier one waits)."""
         waiters = self.waiters.get(name)
         if waiters:
             now = time.monotonic()
             keep = []
+            stuck: set[Connection] = set()  # connections whose earlier produce still waits
             for w in waiters:
                 if w.conn.closed:
                     continue
-                if not w.conn.retry(w, now):
+                produce = w.frame.type in PRODUCE_TYPES
+                if not w.conn.retry(w, now, try_put=not (produce and w.conn in stuck)):
                     keep.append(w)
+                    if produce:
+                        stuck.add(w.conn)
+                elif produce:
+                    w.conn.parked_produces[name] -= 1
             if keep:
                 self.waiters[name] = keep
             else:
@@ -251,6 +332,7 @@ class Connection(asyncio.Protocol):
         self.subs: dict[int, Subscription] = {}
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._out: list[bytes] | None = None  # replies held while several frames of one read are handled
+        self.parked_produces: dict[str, int] = {}  # queue -> produces of ours waiting for room there
 
     # ------------------------------------------------------------ asyncio
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -281,16 +363,67 @@ class Connection(asyncio.Protocol):
         if len(frames) > 1:  # a pipelining client: its replies go out in one write
             self._out = []
         try:
-            for f in frames:
+            i = 0
+            while i < len(frames):
                 if self.closed:
                     return
+                f = frames[i]
                 self.busy = True
                 try:
-                    self.handle(f)
+                    if f.type == T.PRODUCE and self.ready and i + 1 < len(frames):
+                        i = self._produce_run(frames, i)
+                    else:
+                        self.handle(f)
+                        i += 1
                 finally:
                     self.busy = False
         finally:
             self._flush()
+
+    def _produce_run(self, frames: list[Frame], i: int) -> int:
+        """PRODUCE frames in a row, to one queue, read together (a Publisher's pipeline):
+        stored with one ``put_many`` (in order, all or none), each answered on its own.
+        Whenever that cannot be done (full queue, an earlier put waiting, any error) each
+        frame is handled alone, exactly as if it had come by itself.  Returns the index
+        of the first frame not handled."""
+        run: list[tuple[Frame, dict[str, Any]]] = []
+        j = i
+        while j < len(frames) and frames[j].type == T.PRODUCE:
+            try:
+                d = decode_body(T.PRODUCE, frames[j].body)
+            except ProtocolError:
+                break
+            if run and d["queue"] != run[0][1]["queue"]:
+                break
+            run.append((frames[j], d))
+            j += 1
+        name = run[0][1]["queue"] if run else ""
+        if len(run) < 2 or self.parked_produces.get(name):
+            self.handle(frames[i])
+            return i + 1
+        self.w.pending_mark = None
+        try:
+            offs = self.w.queue(name).put_many([d["payload"] for _, d in run], block=False)
+        except ShmqError:
+            for f, _ in run:
+                if not self.closed:
+                    self.handle(f)
+            return j
+        mark = self.w.take_mark() if self.w.pending_mark is not None else None
+        for (f, _), off in zip(run, offs, strict=True):
+            data = frame(T.PRODUCE_OK, f.msg_id, offset=off)
+            if mark is None:
+                self.send(data)
+            else:  # one mark covers the run: confirmed together once the journal has it
+                self.w.after_mark(mark, self, partial(self._send_or_fail, data, f.msg_id))
+        self.w.poke(name)
+        return j
+
+    def _send_or_fail(self, data: bytes, msg_id: int, err: ShmqError | None) -> None:
+        if err is None:
+            self.send(data)
+        else:
+            self.send_error(msg_id, err.code, str(err))
 
     def _flush(self) -> None:
         out, self._out = self._out, None
@@ -355,8 +488,7 @@ class Connection(asyncio.Protocol):
         if self.w.pending_mark is not None:
             mark = self.w.take_mark()
             if mark is not None:  # confirmed once the journal has it
-                self.w.after_mark(mark, lambda e: self.send(data) if e is None
-                                  else self.send_error(f.msg_id, e.code, str(e)))
+                self.w.after_mark(mark, self, partial(self._send_or_fail, data, f.msg_id))
                 return
         self.send(data)
 
@@ -420,7 +552,17 @@ class Connection(asyncio.Protocol):
         return m
 
     # ------------------------------------------------------------ requests
+    def _behind(self, f: Frame, d: dict[str, Any]) -> bool:
+        """A produce arriving while an earlier one of ours waits for room in the same
+        queue waits behind it (or fails at once when it may not wait): order is kept."""
+        if not self.parked_produces.get(d["queue"]):
+            return False
+        self._wait_or_fail(f, d, Full(f"queue {d['queue']!r} is full (an earlier put waits for room)"))
+        return True
+
     def produce(self, f: Frame, d: dict[str, Any]) -> None:
+        if self._behind(f, d):
+            return
         q = self.w.queue(d["queue"])
         try:
             off = q.put(d["payload"], block=False)
@@ -430,6 +572,8 @@ class Connection(asyncio.Protocol):
         self.w.poke(d["queue"])
 
     def produce_batch(self, f: Frame, d: dict[str, Any]) -> None:
+        if self._behind(f, d):
+            return
         q = self.w.queue(d["queue"])
         try:
             offs = q.put_many(d["payloads"], block=False)
@@ -442,6 +586,8 @@ class Connection(asyncio.Protocol):
 
     def produce_idempotent(self, f: Frame, d: dict[str, Any]) -> None:
         """An idempotent producer's batch (waits for room like PRODUCE_BATCH)."""
+        if self._behind(f, d):
+            return
         q = self.w.queue(d["queue"])
         try:
             offs = q.put_many(d["payloads"], block=False, producer=d["producer"], seq=d["seq"])
@@ -480,13 +626,18 @@ class Connection(asyncio.Protocol):
         if t == 0 or self.w.stopping:
             raise err
         deadline = None if t == FOREVER else time.monotonic() + t / 1000
+        if f.type in PRODUCE_TYPES:
+            self.parked_produces[d["queue"]] = self.parked_produces.get(d["queue"], 0) + 1
         self.w.park(d["queue"], Waiter(self, f, d, deadline))
 
-    def retry(self, w: Waiter, now: float) -> bool:
-        """A parked request: True when it is answered (done or failed)."""
+    def retry(self, w: Waiter, now: float, try_put: bool = True) -> bool:
+        """A parked request: True when it is answered (done or failed).  ``try_put``
+        False: only its deadline is checked (an earlier produce of ours still waits)."""
         f, d = w.frame, w.fields
         try:
-            if f.type in (T.CONSUME, T.CONSUME_BATCH):
+            if not try_put:
+                pass
+            elif f.type in (T.CONSUME, T.CONSUME_BATCH):
                 if self._try_consume(f, d):
                     return True
             elif f.type == T.PRODUCE:
@@ -677,6 +828,8 @@ class Connection(asyncio.Protocol):
                 lst.remove(s)
         self.reply(f, T.UNSUBSCRIBE_OK)
 
+
+PRODUCE_TYPES = frozenset((T.PRODUCE, T.PRODUCE_BATCH, T.PRODUCE_IDEMPOTENT))
 
 HANDLERS: dict[int, Any] = {
     T.PRODUCE: Connection.produce, T.PRODUCE_BATCH: Connection.produce_batch,

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
 from . import options
+from .errors import InvalidArgument, ShmqError
 
 Payload = bytes | bytearray | memoryview | str
 
@@ -98,8 +100,17 @@ class Message(tuple):  # type: ignore[type-arg]
         d = json.loads(self[6])
         return Origin(d["queue"], d["offset"], d["group"], d["reason"], d["deliveries"])
 
-    def ack(self) -> None:
-        self[0]._ack(self)
+    def ack(self, wait: bool = True) -> None:
+        """Acknowledge: the message is done with.  ``wait=False`` returns without waiting
+        for the broker's answer (over TCP: no round trip; the broker applies acks in
+        order, before anything this connection sends next) or for the journal (an
+        ``always`` queue); a stale ack may then go unreported (over TCP it is kept in
+        ``broker.nowait_errors``), and an ack lost with the connection means the message
+        is delivered again: at-least-once either way."""
+        if wait:
+            self[0]._ack(self)
+        else:
+            self[0]._ack_nowait(self)
 
     def nack(self, delay: float = 0.0) -> None:
         """Give the message back; it is delivered again after ``delay`` seconds."""
@@ -174,6 +185,101 @@ class Queue(ABC):
 
     def _ack(self, msg: Message) -> None:
         self._settle(msg, 0, 0.0)
+
+    def _ack_nowait(self, msg: Message) -> None:
+        self._ack(msg)
+
+    def publisher(self, window: int = options.DEFAULT_PUBLISH_WINDOW, block: bool = True,
+                  timeout: float | None = None) -> Publisher:
+        """A producer that does not wait for each put's confirmation: see :class:`Publisher`."""
+        return Publisher(self, window, block, timeout)
+
+    @abstractmethod
+    def _publish(self, payload: Payload, block: bool, timeout: float | None) -> Any:
+        """Start one put and return a token for :meth:`_confirm` (a Publisher's half of put)."""
+
+    @abstractmethod
+    def _confirm(self, token: Any) -> int:
+        """Wait until the put behind ``token`` is confirmed as ``put()`` would confirm it;
+        return its offset or raise what ``put()`` would have raised."""
+
+
+class Publisher:
+    """Publisher confirms: one message per ``put()``, without a round trip per message.
+
+    ``put()`` starts the put and returns; the confirmation (the offset, or the error
+    ``Queue.put`` would have raised) is collected later.  At most ``window`` puts are
+    unconfirmed at once: a ``put()`` that would exceed it first waits for the oldest.
+    ``flush()`` waits for all.  A confirmation means what ``Queue.put`` returning means
+    for the queue's durability policy (with ``always``: the record is fsynced), so
+    nothing is confirmed early; only the waiting is overlapped, like RabbitMQ's
+    publisher confirms or a Kafka producer.
+
+    Puts are stored in the order they were made (over TCP too, also while the queue is
+    full and puts wait for room).  A failed put raises its error (``Full`` after
+    ``timeout``, ``StorageError``, ...) from the ``put()`` or ``flush()`` that collected
+    it, with ``error.index`` set to that put's number (0 for this publisher's first
+    put); the puts after it are unaffected and are still confirmed.  Use a
+    ``with`` block, or call ``flush()`` before relying on what was sent.
+
+        with q.publisher(window=256) as p:
+            for line in lines:
+                p.put(line)
+        # here every line is confirmed (or an error was raised)
+    """
+
+    def __init__(self, queue: Queue, window: int = options.DEFAULT_PUBLISH_WINDOW, block: bool = True,
+                 timeout: float | None = None) -> None:
+        if not isinstance(window, int) or not 1 <= window <= options.MAX_PUBLISH_WINDOW:
+            raise InvalidArgument(f"window must be 1..{options.MAX_PUBLISH_WINDOW}, not {window!r}")
+        self.queue = queue
+        self.window = window
+        self._block = block
+        self._timeout = timeout
+        self._pending: deque[tuple[int, Any]] = deque()  # (put number, transport token), oldest first
+        self.sent = 0  # puts started
+        self.confirmed = 0  # puts confirmed
+        self.failed = 0  # puts whose error was raised
+        self.last_offset = -1  # the offset of the latest confirmed put
+
+    @property
+    def pending(self) -> int:
+        """Puts started and not yet confirmed."""
+        return len(self._pending)
+
+    def put(self, payload: Payload) -> None:
+        while len(self._pending) >= self.window:
+            self._collect()
+        token = self.queue._publish(payload, self._block, self._timeout)
+        self._pending.append((self.sent, token))
+        self.sent += 1
+
+    def flush(self) -> None:
+        """Wait until every put so far is confirmed (raises the first error met; call
+        again to go on collecting the rest)."""
+        while self._pending:
+            self._collect()
+
+    def _collect(self) -> None:
+        index, token = self._pending.popleft()
+        try:
+            self.last_offset = self.queue._confirm(token)
+        except ShmqError as e:
+            self.failed += 1
+            e.index = index  # type: ignore[attr-defined]
+            raise
+        self.confirmed += 1
+
+    def __enter__(self) -> Publisher:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.flush()
+
+    def __repr__(self) -> str:
+        return (f"Publisher({self.queue.name!r}, window={self.window}, sent={self.sent}, "
+                f"confirmed={self.confirmed}, failed={self.failed})")
 
 
 class Broker(ABC):

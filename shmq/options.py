@@ -42,7 +42,6 @@ DEFAULT_DURABILITY = "memory"
 DEFAULT_SYNC_INTERVAL = 1.0  # s: the longest an `interval` queue's journal goes without fsync
 DATA_DIR_ENV = "SHMQ_DATA_DIR"
 DEFAULT_DATA_DIR = "~/.local/share/shmq"  # $XDG_DATA_HOME/shmq when set; one sub-folder per instance
-DURABLE_WAIT_THREADS = 64  # per worker: `always` replies waiting for the journal at the same time
 JOURNAL_ADOPT_TIMEOUT = 10.0  # s creating a journaled queue waits for the journal writer to take it on
 
 # --- timing -------------------------------------------------------------------
@@ -60,6 +59,8 @@ MAX_CONNECTIONS = 4096  # per worker
 MAX_INFLIGHT_PER_CONNECTION = 10_000  # leases one connection may hold
 MAX_BATCH = 10_000  # messages in one batch frame
 DEFAULT_CREDIT = 100  # push-subscribe prefetch window
+DEFAULT_PUBLISH_WINDOW = 256  # a Publisher's puts sent and not yet confirmed (queue.publisher())
+MAX_PUBLISH_WINDOW = 10_000
 HANDSHAKE_TIMEOUT = 5.0  # seconds a new connection has to send its handshake
 WORKER_RESTART_DELAY = 0.1
 SHUTDOWN_GRACE = 5.0  # seconds a worker has to finish requests in progress at shutdown
@@ -71,5 +72,6 @@ JOURNAL_MAX_RECORD_BYTES = 256 << 20  # one record's body: a bigger batch is spl
 JOURNAL_MAX_META_BYTES = 64 * 1024  # the queue's meta.json
 JOURNAL_MAX_OPEN_SEGMENTS = 64  # rolled segments left open awaiting sync(); one more and append syncs first
 JOURNAL_STATE_ROLL_FACTOR = 4  # a segment holding only state snapshots rolls at max(segment, this x snapshot)
+JOURNAL_PREALLOC_BYTES = 4 * 1024 * 1024  # zeros written ahead of the active segment's end (0: none)
 JOURNAL_DIR_MODE = 0o700  # the data directory (when we create it) and every queue directory
 JOURNAL_FILE_MODE = 0o600  # every journal file

@@ -154,6 +154,14 @@ class ShmQueue(QueueABC):
                 self._wake(self._ne, self._w[33], len(items))
         return list(range(first, first + len(items)))
 
+    def _publish(self, payload: Payload, block: bool, timeout: float | None) -> int:
+        return self.put(payload, block, timeout, wait_durable=False)
+
+    def _confirm(self, token: int) -> int:
+        if self._always:
+            self.wait_durable(token + 1)
+        return token
+
     def _put_durable(self, items: list[Any], block: bool, timeout: float | None, wait_durable: bool,
                      key: int, seq: int) -> int:
         """put / put_many on a journaled queue: refused while the journal cannot be written;
@@ -461,7 +469,10 @@ class ShmQueue(QueueABC):
                 pass
 
     # ------------------------------------------------------------ settle
-    def _ack(self, msg: Message) -> None:
+    def _ack_nowait(self, msg: Message) -> None:
+        self._ack(msg, wait_durable=False)
+
+    def _ack(self, msg: Message, wait_durable: bool = True) -> None:
         gi = msg[1]
         if gi < 0 or msg[0] is not self:
             raise self._not_ours(msg)
@@ -479,7 +490,10 @@ class ShmQueue(QueueABC):
         elif result == STALE:
             raise self._stale(msg)
         if self._durable:
-            self._settled()
+            if wait_durable:
+                self._settled()
+            else:
+                self._poke_journal()
 
     def _not_ours(self, msg: Message) -> StaleAck:
         return StaleAck(f"message {msg[3]} is not a delivery of {self.name!r} (read() results "

@@ -71,6 +71,8 @@ class TcpBroker(Broker):
         self._rbuf = bytearray(RECV_SIZE)  # reused by every read: no allocation per recv
         self._rview = memoryview(self._rbuf)
         self._closed = False
+        self._unwaited: set[int] = set()  # ids of requests whose answer nobody waits for
+        self.nowait_errors: deque[ShmqError] = deque(maxlen=100)  # the latest errors among those
         try:
             self._sock = socket.create_connection((self._host, self._port), timeout=connect_timeout)
         except OSError as e:
@@ -111,6 +113,11 @@ class TcpBroker(Broker):
             self._closed = True
             raise ConnectionLost(f"connection to {self.url} closed by the broker")
         for f in self._decoder.feed(self._rview[:n]):
+            if f.msg_id in self._unwaited:
+                self._unwaited.discard(f.msg_id)
+                if f.type == T.ERROR:
+                    self.nowait_errors.append(error_for(f.status, decode_body(T.ERROR, f.body)["message"]))
+                continue
             self._inbox.setdefault(f.msg_id, deque()).append(f)
 
     def _wait_for(self, msg_id: int) -> Any:
@@ -217,6 +224,25 @@ class TcpQueue(Queue):
         r = self._b._request(req[0], T.PRODUCE_BATCH_OK, **req[1])
         return list(range(r["first"], r["first"] + r["count"]))
 
+    def _publish(self, payload: Payload, block: bool, timeout: float | None) -> int:
+        b = self._b
+        if b._closed:
+            raise ConnectionLost(f"connection to {b.url} is closed")
+        msg_id = next(b._ids)
+        data = frame(T.PRODUCE, msg_id, queue=self.name, timeout_ms=_timeout_ms(block, timeout),
+                     payload=bytes(_as_bytes(payload)))
+        with b._lock:
+            b._send(data)
+        return msg_id
+
+    def _confirm(self, token: int) -> int:
+        f = self._b._wait_for(token)
+        if f.type == T.ERROR:
+            raise error_for(f.status, decode_body(T.ERROR, f.body)["message"])
+        if f.type != T.PRODUCE_OK:
+            raise ShmqError(f"unexpected reply type 0x{f.type:02x} to PRODUCE")
+        return int(decode_body(T.PRODUCE_OK, f.body)["offset"])
+
     def _msg(self, group: str, rec: Sequence[Any]) -> Message:
         offset, deliveries, ts, meta, payload = rec
         return tuple.__new__(Message, (self, 0, group, offset, deliveries, payload, meta, ts))
@@ -254,6 +280,19 @@ class TcpQueue(Queue):
                            "the others were applied")
             err.stale = stale  # type: ignore[attr-defined]
             raise err
+
+    def _ack_nowait(self, msg: Message) -> None:
+        if msg.group is None:
+            raise StaleAck(f"message {msg.offset} was read, not leased: it cannot be settled")
+        b = self._b
+        if b._closed:
+            raise ConnectionLost(f"connection to {b.url} is closed")
+        msg_id = next(b._ids)
+        data = frame(T.ACK, msg_id, queue=self.name, group=msg.group, offset=msg.offset,
+                     deliveries=msg.deliveries)
+        b._unwaited.add(msg_id)  # before the send: the answer cannot come first
+        with b._lock:
+            b._send(data)
 
     def _settle(self, msg: Message, action: int, arg: float | None) -> None:
         if msg.group is None:

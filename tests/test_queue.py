@@ -574,3 +574,107 @@ def test_a_long_lived_process_lets_go_of_deleted_queues(shm_broker: ShmBroker) -
     assert p.exitcode == 0
     shm_broker.queue("other")  # any lookup after the registry changed prunes the cache
     assert qid not in att._queues  # its mapping goes once no handle is left
+
+
+# ---------------------------------------------------------------- publisher confirms
+def test_publisher_confirms_every_put_in_order(broker: shmq.Broker) -> None:
+    q = broker.create_queue("pub")
+    with q.publisher(window=8) as p:
+        for i in range(100):
+            p.put(f"m{i}")
+            assert p.pending <= 8
+    assert (p.sent, p.confirmed, p.failed, p.pending) == (100, 100, 0, 0)
+    assert p.last_offset == 99
+    got = q.get_many(200, timeout=1)
+    assert [m.payload for m in got] == [f"m{i}".encode() for i in range(100)]
+    assert [m.offset for m in got] == list(range(100))
+
+
+def test_publisher_keeps_order_while_the_queue_is_full(broker: shmq.Broker) -> None:
+    """Puts wait for room in order: a later small put never overtakes an earlier one."""
+    q = broker.create_queue("pubfull", capacity=3)
+    n = 60
+    got: list[bytes] = []
+
+    def consume() -> None:
+        while len(got) < n:
+            m = q.get(timeout=10)
+            got.append(bytes(m.payload))
+            m.ack()
+
+    t = threading.Thread(target=consume)
+    t.start()
+    with q.publisher(window=16, timeout=10) as p:
+        for i in range(n):
+            p.put(str(i))
+    t.join(20)
+    assert got == [str(i).encode() for i in range(n)]
+
+
+def test_publisher_errors_name_the_put_and_spare_the_others(broker: shmq.Broker) -> None:
+    q = broker.create_queue("puberr", max_message_size=10)
+    p = q.publisher(window=4)
+    p.put(b"a")
+    with pytest.raises(shmq.MessageTooLarge) as info:  # raised by the put (shm) or on collecting it (tcp)
+        p.put(b"x" * 11)
+        p.flush()
+    if hasattr(info.value, "index"):
+        assert info.value.index == 1
+    p.put(b"b")
+    p.flush()
+    assert p.confirmed == 2 and p.pending == 0
+    assert [m.payload for m in q.get_many(10, timeout=1)] == [b"a", b"b"]
+
+
+def test_publisher_without_blocking_fails_the_puts_that_find_no_room(broker: shmq.Broker) -> None:
+    q = broker.create_queue("pubnb", capacity=2)
+    p = q.publisher(window=8, block=False)
+    errors = 0
+    for i in range(5):
+        try:
+            p.put(str(i))
+        except shmq.Full:
+            errors += 1
+    while p.pending:
+        try:
+            p.flush()
+        except shmq.Full:
+            errors += 1
+    assert (p.confirmed, errors) == (2, 3)
+    assert [m.payload for m in q.get_many(10, timeout=1)] == [b"0", b"1"]
+
+
+@pytest.mark.parametrize("window", [0, -1, options.MAX_PUBLISH_WINDOW + 1, 2.5])
+def test_publisher_window_is_bounded(broker: shmq.Broker, window: object) -> None:
+    q = broker.create_queue("pubwin")
+    with pytest.raises(shmq.InvalidArgument):
+        q.publisher(window=window)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- acks without a round trip
+def test_ack_without_waiting_is_applied_before_the_next_request(broker: shmq.Broker) -> None:
+    q = broker.create_queue("nowait")
+    q.put_many([b"a", b"b", b"c"])
+    for _ in range(3):
+        q.get(timeout=1).ack(wait=False)
+    st = q.stats()  # the same connection: its acks were applied before this request
+    assert st["groups"]["default"]["acked"] == 3 and st["groups"]["default"]["in_flight"] == 0
+    assert st["retained"] == 0
+    with pytest.raises(shmq.Empty):
+        q.get(block=False)
+
+
+def test_stale_ack_without_waiting_is_reported_where_it_can_be(broker: shmq.Broker) -> None:
+    q = broker.create_queue("nowaitstale")
+    q.put(b"a")
+    m = q.get(timeout=1)
+    m.ack()
+    if isinstance(broker, ShmBroker):  # known at once in shared memory
+        with pytest.raises(shmq.StaleAck):
+            m.ack(wait=False)
+        return
+    m.ack(wait=False)  # over TCP the answer is not waited for ...
+    q.stats()  # ... and is read with the next reply
+    errs = list(broker.nowait_errors)  # type: ignore[attr-defined]
+    assert len(errs) == 1 and isinstance(errs[0], shmq.StaleAck)
+    assert q.stats()["groups"]["default"]["acked"] == 1

@@ -92,6 +92,44 @@ def test_blocked_tcp_consumer_wakes_for_a_shm_producer(server: Server) -> None:
         local.close()
 
 
+def test_worker_watches_a_queue_deleted_and_created_again(server: Server) -> None:
+    """A worker's watcher follows a queue name to a new queue of that name.  (It used to
+    go on sleeping on the deleted queue, or leave while requests stayed parked: wake-ups
+    for the new queue then waited for the 50 ms tick.)"""
+    import threading
+
+    from shmq import layout as L
+
+    tcp = shmq.connect(server.url)
+    local = ShmBroker(server.instance)
+    try:
+        q = tcp.create_queue("again")
+        result: list[bytes] = []
+
+        def consume() -> None:
+            while True:
+                try:
+                    result.append(q.get(timeout=10).payload)
+                    return
+                except shmq.QueueNotFound:  # the retry fell between the delete and the create
+                    continue
+
+        t = threading.Thread(target=consume)
+        t.start()
+        # the parked get's worker sleeps on the queue's semaphore: it counts as a waiter
+        wait_until(lambda: local.queue("again")._w[L.Q_CONSUMER_WAITERS] > 0, timeout=5)
+        local.delete_queue("again")  # while the get is parked and watched
+        local.create_queue("again")
+        wait_until(lambda: local.queue("again")._w[L.Q_CONSUMER_WAITERS] > 0, timeout=5)
+        local.queue("again").put(b"new")
+        t.join(10)
+        assert result == [b"new"]
+    finally:
+        tcp.delete_queue("again")
+        tcp.close()
+        local.close()
+
+
 def _take_and_hang(url: str, n: int, ready: mp.Event) -> None:  # type: ignore[type-arg]
     b = shmq.connect(url)
     b.queue("lease").get_many(n)
