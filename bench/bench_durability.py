@@ -88,17 +88,17 @@ def _produce(kind: str, target: str, batch: int, window: int, seconds: float, st
     start.wait()
     n, t0 = 0, time.perf_counter()
     if window:
-        with q.publisher(window=window) as pub:
+        with q.publisher(window=window) as pub:  # leaving the block waits for every confirmation
             while time.perf_counter() - t0 < seconds and n < MAX_PER_PRODUCER:
                 pub.put(payload)
                 n += 1
-        # the with block flushed: every put counted is confirmed
-    while not window and time.perf_counter() - t0 < seconds and n < MAX_PER_PRODUCER:
-        if batch == 1:
-            q.put(payload)
-        else:
-            q.put_many(items)
-        n += batch
+    else:
+        while time.perf_counter() - t0 < seconds and n < MAX_PER_PRODUCER:
+            if batch == 1:
+                q.put(payload)
+            else:
+                q.put_many(items)
+            n += batch
     out.put((n, time.perf_counter() - t0))
     b.close()
 

@@ -116,15 +116,10 @@ def shmq_consume(q: Any, n: int, batch: int, nowait: bool = False) -> tuple[int,
     """Get and ack ``n`` messages from the shmq queue ``q``, ``batch`` per call: the count and
     the last payload.  ``nowait``: ``ack(wait=False)`` (no round trip of its own)."""
     if batch == 1:
-        get = q.get
-        if nowait:
-            for _ in range(n):
-                m = get()
-                m.ack(wait=False)
-            return n, m.payload
+        get, wait = q.get, not nowait
         for _ in range(n):
             m = get()
-            m.ack()
+            m.ack(wait)
         return n, m.payload
     get_many, ack_many = q.get_many, q.ack_many
     got = 0

@@ -258,6 +258,9 @@ class Worker:
                         return  # (finally) leaves the table under the lock: park() starts another
                 try:
                     current = self.queue(name)
+                except QueueNotFound:
+                    return  # gone: the parked requests learn it on their next retry
+                try:
                     if current is not q:
                         q, since = current, current.offsets()[1]
                         self.loop.call_soon_threadsafe(self.poke, name)
@@ -268,22 +271,13 @@ class Worker:
                         since = q.offsets()[1]
                         self.loop.call_soon_threadsafe(self.poke, name)
                 except QueueNotFound:
-                    if self._has_queue(name):
-                        continue  # deleted and created again between two looks: look again
-                    return  # gone: the parked requests learn it on their next retry
+                    continue  # deleted meanwhile: the next turn looks the name up again
         except ShmqError:
             pass  # the instance is going away
         finally:
             with self._watch_lock:
                 if self.watchers.get(name) is threading.current_thread():
                     del self.watchers[name]
-
-    def _has_queue(self, name: str) -> bool:
-        try:
-            self.queue(name)
-            return True
-        except ShmqError:
-            return False
 
     def poke(self, name: str) -> None:
         """The queue may have changed: retry what waits on it (in arrival order; a
@@ -561,42 +555,32 @@ class Connection(asyncio.Protocol):
         return True
 
     def produce(self, f: Frame, d: dict[str, Any]) -> None:
+        """PRODUCE, PRODUCE_BATCH and PRODUCE_IDEMPOTENT: stored now, or parked until there is room."""
         if self._behind(f, d):
             return
-        q = self.w.queue(d["queue"])
-        try:
-            off = q.put(d["payload"], block=False)
-        except Full:
-            return self._wait_or_fail(f, d, Full(f"queue {d['queue']!r} is full"))
-        self.reply(f, T.PRODUCE_OK, offset=off)
-        self.w.poke(d["queue"])
+        if self._try_produce(f, d):
+            self.w.poke(d["queue"])
+        else:
+            self._wait_or_fail(f, d, Full(f"queue {d['queue']!r} is full"))
 
-    def produce_batch(self, f: Frame, d: dict[str, Any]) -> None:
-        if self._behind(f, d):
-            return
+    def _try_produce(self, f: Frame, d: dict[str, Any]) -> bool:
+        """Store a produce request and answer it; False when the queue has no room now."""
         q = self.w.queue(d["queue"])
         try:
-            offs = q.put_many(d["payloads"], block=False)
+            if f.type == T.PRODUCE:
+                off = q.put(d["payload"], block=False)
+            else:  # a batch, maybe an idempotent producer's
+                idem = {"producer": d["producer"], "seq": d["seq"]} if "producer" in d else {}
+                offs = q.put_many(d["payloads"], block=False, **idem)
         except Full:
-            if not q.could_fit(d["payloads"]):
-                raise  # waiting would never help
-            return self._wait_or_fail(f, d, Full(f"queue {d['queue']!r} is full"))
-        self.reply(f, T.PRODUCE_BATCH_OK, first=offs[0] if offs else 0, count=len(offs))
-        self.w.poke(d["queue"])
-
-    def produce_idempotent(self, f: Frame, d: dict[str, Any]) -> None:
-        """An idempotent producer's batch (waits for room like PRODUCE_BATCH)."""
-        if self._behind(f, d):
-            return
-        q = self.w.queue(d["queue"])
-        try:
-            offs = q.put_many(d["payloads"], block=False, producer=d["producer"], seq=d["seq"])
-        except Full:
-            if not q.could_fit(d["payloads"]):
-                raise
-            return self._wait_or_fail(f, d, Full(f"queue {d['queue']!r} is full"))
-        self.reply(f, T.PRODUCE_BATCH_OK, first=offs[0] if offs else 0, count=len(offs))
-        self.w.poke(d["queue"])
+            if f.type != T.PRODUCE and not q.could_fit(d["payloads"]):
+                raise  # a batch that can never fit: waiting would never help
+            return False
+        if f.type == T.PRODUCE:
+            self.reply(f, T.PRODUCE_OK, offset=off)
+        else:
+            self.reply(f, T.PRODUCE_BATCH_OK, first=offs[0] if offs else 0, count=len(offs))
+        return True
 
     def consume(self, f: Frame, d: dict[str, Any]) -> None:
         if not self._try_consume(f, d):
@@ -640,21 +624,8 @@ class Connection(asyncio.Protocol):
             elif f.type in (T.CONSUME, T.CONSUME_BATCH):
                 if self._try_consume(f, d):
                     return True
-            elif f.type == T.PRODUCE:
-                try:
-                    off = self.w.queue(d["queue"]).put(d["payload"], block=False)
-                    self.reply(f, T.PRODUCE_OK, offset=off)
-                    return True
-                except Full:
-                    pass
-            else:
-                try:
-                    idem = {"producer": d["producer"], "seq": d["seq"]} if "producer" in d else {}
-                    offs = self.w.queue(d["queue"]).put_many(d["payloads"], block=False, **idem)
-                    self.reply(f, T.PRODUCE_BATCH_OK, first=offs[0], count=len(offs))
-                    return True
-                except Full:
-                    pass
+            elif self._try_produce(f, d):
+                return True
         except ShmqError as e:
             self.send_error(f.msg_id, e.code, str(e))
             return True
@@ -832,8 +803,8 @@ class Connection(asyncio.Protocol):
 PRODUCE_TYPES = frozenset((T.PRODUCE, T.PRODUCE_BATCH, T.PRODUCE_IDEMPOTENT))
 
 HANDLERS: dict[int, Any] = {
-    T.PRODUCE: Connection.produce, T.PRODUCE_BATCH: Connection.produce_batch,
-    T.PRODUCE_IDEMPOTENT: Connection.produce_idempotent,
+    T.PRODUCE: Connection.produce, T.PRODUCE_BATCH: Connection.produce,
+    T.PRODUCE_IDEMPOTENT: Connection.produce,
     T.CONSUME: Connection.consume, T.CONSUME_BATCH: Connection.consume,
     T.ACK: Connection.ack, T.ACK_BATCH: Connection.ack_batch, T.NACK: Connection.nack,
     T.TOUCH: Connection.touch, T.DEAD_LETTER: Connection.dead_letter,

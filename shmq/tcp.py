@@ -150,20 +150,34 @@ class TcpBroker(Broker):
                     if self._waiting:  # the common case, one thread, skips notify_all's cost
                         self._cond.notify_all()
 
-    def _call(self, type_: int, **fields: Any) -> Any:
+    def _start(self, type_: int, unwaited: bool = False, **fields: Any) -> int:
+        """Send a request; its message id.  ``unwaited``: nobody will wait for the answer
+        (the reader drops it, keeping an error in ``nowait_errors``)."""
         if self._closed:
             raise ConnectionLost(f"connection to {self.url} is closed")
         msg_id = next(self._ids)  # atomic; the ids only correlate, their order does not matter
         data = frame(type_, msg_id, **fields)  # a bad argument raises here, before anything is sent
+        if unwaited:
+            self._unwaited.add(msg_id)  # before the send: the answer cannot come first
         with self._lock:
             self._send(data)
+        return msg_id
+
+    def _answer(self, msg_id: int) -> Any:
+        """The answer to a request started with _start (an ERROR raises as its typed error)."""
         f = self._wait_for(msg_id)
         if f.type == T.ERROR:
             raise error_for(f.status, decode_body(T.ERROR, f.body)["message"])
         return f
 
+    def _call(self, type_: int, **fields: Any) -> Any:
+        return self._answer(self._start(type_, **fields))
+
     def _request(self, type_: int, reply: int, **fields: Any) -> dict[str, Any]:
-        f = self._call(type_, **fields)
+        return self._decoded(self._call(type_, **fields), type_, reply)
+
+    @staticmethod
+    def _decoded(f: Any, type_: int, reply: int) -> dict[str, Any]:
         if f.type != reply:
             raise ShmqError(f"unexpected reply type 0x{f.type:02x} to 0x{type_:02x}")
         return decode_body(reply, f.body)
@@ -225,23 +239,11 @@ class TcpQueue(Queue):
         return list(range(r["first"], r["first"] + r["count"]))
 
     def _publish(self, payload: Payload, block: bool, timeout: float | None) -> int:
-        b = self._b
-        if b._closed:
-            raise ConnectionLost(f"connection to {b.url} is closed")
-        msg_id = next(b._ids)
-        data = frame(T.PRODUCE, msg_id, queue=self.name, timeout_ms=_timeout_ms(block, timeout),
-                     payload=bytes(_as_bytes(payload)))
-        with b._lock:
-            b._send(data)
-        return msg_id
+        return self._b._start(T.PRODUCE, queue=self.name, timeout_ms=_timeout_ms(block, timeout),
+                              payload=bytes(_as_bytes(payload)))
 
     def _confirm(self, token: int) -> int:
-        f = self._b._wait_for(token)
-        if f.type == T.ERROR:
-            raise error_for(f.status, decode_body(T.ERROR, f.body)["message"])
-        if f.type != T.PRODUCE_OK:
-            raise ShmqError(f"unexpected reply type 0x{f.type:02x} to PRODUCE")
-        return int(decode_body(T.PRODUCE_OK, f.body)["offset"])
+        return int(self._b._decoded(self._b._answer(token), T.PRODUCE, T.PRODUCE_OK)["offset"])
 
     def _msg(self, group: str, rec: Sequence[Any]) -> Message:
         offset, deliveries, ts, meta, payload = rec
@@ -284,15 +286,8 @@ class TcpQueue(Queue):
     def _ack_nowait(self, msg: Message) -> None:
         if msg.group is None:
             raise StaleAck(f"message {msg.offset} was read, not leased: it cannot be settled")
-        b = self._b
-        if b._closed:
-            raise ConnectionLost(f"connection to {b.url} is closed")
-        msg_id = next(b._ids)
-        data = frame(T.ACK, msg_id, queue=self.name, group=msg.group, offset=msg.offset,
-                     deliveries=msg.deliveries)
-        b._unwaited.add(msg_id)  # before the send: the answer cannot come first
-        with b._lock:
-            b._send(data)
+        self._b._start(T.ACK, unwaited=True, queue=self.name, group=msg.group, offset=msg.offset,
+                       deliveries=msg.deliveries)
 
     def _settle(self, msg: Message, action: int, arg: float | None) -> None:
         if msg.group is None:
