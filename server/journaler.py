@@ -198,8 +198,8 @@ class QueueWriter(threading.Thread):
             q._wake(q._nf, w[L.Q_PRODUCER_WAITERS], w[L.Q_PRODUCER_WAITERS])
         if w[L.Q_DURABLE_WAITERS]:
             q._wake(q._ds, w[L.Q_DURABLE_WAITERS], w[L.Q_DURABLE_WAITERS])
-        if self.always and items and w[L.Q_CONSUMER_WAITERS]:
-            q._wake(q._ne, w[L.Q_CONSUMER_WAITERS], len(items))
+        if self.always and items:  # its consumers see the batch now
+            q._wake_consumers(len(items))
         return True
 
     def drop(self) -> None:

@@ -58,7 +58,9 @@ class Supervisor:
         self.instance = instance
         self.host = host
         self.port = port
-        self.n = workers or mp.cpu_count()
+        self.n = workers or min(mp.cpu_count(), options.MAX_WORKERS)
+        if not 0 < self.n <= options.MAX_WORKERS:
+            raise InvalidArgument(f"--workers must be between 1 and {options.MAX_WORKERS}")
         self.token = token
         self.max_connections = max_connections
         self.keep = keep

@@ -6,9 +6,10 @@ shared memory, so no state depends on which worker accepted a client.
 
 Nothing here blocks the loop: a CONSUME or PRODUCE that has to wait is parked
 and retried when the queue may have changed.  "May have changed" comes from
-three places: a request handled by this worker (at once), a watcher thread per
-queue sleeping on the queue's not-empty semaphore (co-located producers and
-other workers), and a 50 ms tick (lease expiry, nack delays).
+three places: a request handled by this worker (at once), the worker's
+doorbell, read on the loop, which other workers and co-located producers ring
+when a message arrives in a queue this worker has flagged (``shmq.doorbell``),
+and a 50 ms tick (lease expiry, nack delays, room freed by others).
 
 Leases are per connection: a connection that closes, or dies, gives its
 unacknowledged messages back at once.
@@ -18,9 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import errno
 import heapq
 import hmac
 import itertools
+import logging
 import os
 import signal
 import socket
@@ -33,16 +36,17 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from shmq import layout as L
 from shmq import options
 from shmq.api import Message
 from shmq.codec import Frame, FrameDecoder, T, decode_body, encode_body, encode_frame, frame
+from shmq.doorbell import Bell
 from shmq.errors import (
     Empty,
     Full,
     InvalidArgument,
     LimitExceeded,
     ProtocolError,
-    QueueNotFound,
     ShmqError,
     StaleAck,
     Status,
@@ -52,8 +56,10 @@ from shmq.shm import ShmBroker
 
 FOREVER = 0xFFFFFFFF
 TICK = 0.05
-WATCH_GRACE = 2.0  # a watcher thread outlives its last waiter this long (no thread churn)
+FLAG_GRACE = 1.0  # a bell flag stays set this long after its last waiter (no set/clear per request)
+BELL_BIND_TRIES = 20  # x 50 ms: a restarted worker waits for its predecessor's doorbell to go
 SERVER_NAME = "shmq/0.1"
+log = logging.getLogger("shmq.worker")
 
 
 def reuseport_socket(host: str, port: int) -> socket.socket:
@@ -123,8 +129,10 @@ class Worker:
         self.connections: set[Connection] = set()
         self.waiters: dict[str, list[Waiter]] = {}
         self.subs: dict[str, list[Subscription]] = {}
-        self.watchers: dict[str, threading.Thread] = {}
-        self._watch_lock = threading.Lock()
+        self.bell: Bell | None = None
+        self.flagged: dict[str, ShmQueue] = {}  # queues whose bell flag this worker has set
+        self.flagged_ids: dict[int, str] = {}  # their ids (a doorbell datagram names the id)
+        self.flag_needed: dict[str, float] = {}  # queue -> when the tick last saw someone wait there
         self.stopping = False
         self.pending_mark: tuple[ShmQueue, int, int] | None = None
         self.marks: dict[tuple[int, int], MarkWait] = {}  # replies held for a durable mark
@@ -132,10 +140,14 @@ class Worker:
         self._mark_seq = itertools.count()  # ties in the heap never compare the callbacks
         self.loop: asyncio.AbstractEventLoop
         self.broker: ShmBroker
+        self._reg_words: Any = None  # the registry's header words
+        self._queues: dict[str, ShmQueue] = {}
+        self._queues_gen = -1
 
     # ------------------------------------------------------------ life cycle
     def run(self, ready: Any = None) -> None:
         self.broker = ShmBroker(self.instance)
+        self._reg_words = self.broker._att.registry.w
         try:  # uvloop halves the event loop's cost per request; plain asyncio works too
             import uvloop
         except ImportError:
@@ -145,6 +157,7 @@ class Worker:
 
     async def _main(self, ready: Any) -> None:
         self.loop = asyncio.get_running_loop()
+        await self._open_bell()
         sock = reuseport_socket(self.host, self.port)
         server = await self.loop.create_server(lambda: Connection(self), sock=sock, backlog=4096)
         stop = asyncio.Event()
@@ -163,19 +176,99 @@ class Worker:
         for c in list(self.connections):
             c.close()
         tick.cancel()
+        for name in list(self.flagged):
+            self._unflag(name)
+        if self.bell is not None:
+            self.loop.remove_reader(self.bell.fileno())
+            self.bell.close()
         self.broker.close()
 
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(TICK)
+            now = time.monotonic()
             for name in list(self.waiters) + list(self.subs):
+                self._flag(name)  # the flag may be on a queue deleted and created again
                 self.poke(name)
+                self.flag_needed[name] = now
+            for name in [n for n in self.flagged if now - self.flag_needed.get(n, 0.0) > FLAG_GRACE]:
+                self._unflag(name)
+
+    # ------------------------------------------------------------ doorbell
+    async def _open_bell(self) -> None:
+        """Bind this worker's doorbell and clear the flags a predecessor of the same id
+        may have left set in every queue (it died: nobody reads them)."""
+        att = self.broker._att
+        att.bell_skip = self.worker_id
+        for _ in range(BELL_BIND_TRIES):
+            try:
+                self.bell = Bell(att.registry.uid, self.worker_id)
+                break
+            except OSError as e:
+                if e.errno != errno.EADDRINUSE:
+                    raise
+                await asyncio.sleep(TICK)  # a predecessor that is still exiting
+        else:
+            log.warning("worker %d: doorbell address in use; waiting requests are retried on the "
+                        "%d ms tick only", self.worker_id, TICK * 1000)
+        if self.bell is not None:
+            self.loop.add_reader(self.bell.fileno(), self._on_bell)
+        for entry in att.registry.queues():
+            try:
+                self.broker._att._open(entry)._mm[L.Q_BELLS + self.worker_id] = 0
+            except ShmqError:
+                pass  # deleted meanwhile
+
+    def _on_bell(self) -> None:
+        assert self.bell is not None
+        for qid in self.bell.drain():
+            name = self.flagged_ids.get(qid)
+            if name is not None:
+                self.poke(name)
+
+    def _flag(self, name: str) -> None:
+        """Ask to be rung when a message arrives in the queue ``name`` (call once a request
+        is parked on it, or a subscription made).  Setting the flag is followed by a retry
+        of what waits: a message that came before the flag was seen is not missed."""
+        try:
+            q = self.queue(name)
+        except ShmqError:
+            return  # gone: the parked requests learn it on their next retry
+        if self.flagged.get(name) is q and q._mm[L.Q_BELLS + self.worker_id]:
+            return
+        old = self.flagged.get(name)
+        if old is not None and old is not q:
+            self._unflag(name)
+        q._mm[L.Q_BELLS + self.worker_id] = 1
+        self.flagged[name] = q
+        self.flagged_ids[q._ring.queue_id] = name
+        self.flag_needed[name] = time.monotonic()
+        self.loop.call_soon(self.poke, name)
+
+    def _unflag(self, name: str) -> None:
+        q = self.flagged.pop(name, None)
+        self.flag_needed.pop(name, None)
+        if q is not None:
+            self.flagged_ids.pop(q._ring.queue_id, None)
+            try:
+                q._mm[L.Q_BELLS + self.worker_id] = 0
+            except (ValueError, ShmqError):
+                pass  # its mapping is gone
 
     # ------------------------------------------------------------ waking
     def queue(self, name: str) -> ShmQueue:
-        q = self.broker.queue(name)
-        if q._defer_marks is None:
-            q._defer_marks = self._note_mark
+        """The queue named ``name`` (a cache in front of the attachment's, checked against
+        the registry's generation on every call: a deleted queue is never served)."""
+        gen = self._reg_words[L.R_GENERATION]
+        if gen != self._queues_gen:
+            self._queues = {}
+            self._queues_gen = gen
+        q = self._queues.get(name)
+        if q is None:
+            q = self.broker.queue(name)
+            if q._defer_marks is None:
+                q._defer_marks = self._note_mark
+            self._queues[name] = q
         return q
 
     # ------------------------------------------------------------ durable marks
@@ -231,53 +324,7 @@ class Worker:
 
     def park(self, name: str, waiter: Waiter) -> None:
         self.waiters.setdefault(name, []).append(waiter)
-        self._watch(name)
-
-    def _watch(self, name: str) -> None:
-        """Make sure a watcher sleeps on this queue (call after registering the waiter)."""
-        with self._watch_lock:  # the watcher decides to leave under the same lock
-            if name in self.watchers:
-                return
-            t = threading.Thread(target=self._watcher, args=(name,), daemon=True, name=f"watch-{name}")
-            self.watchers[name] = t
-        t.start()
-
-    def _watcher(self, name: str) -> None:
-        """Sleeps on the queue's not-empty semaphore while anyone here waits on it.  It
-        watches the name: when the queue is deleted and created again it moves to the
-        new one (requests parked on the name wait for the new queue)."""
-        q: ShmQueue | None = None
-        since = 0
-        needed = time.monotonic()
-        try:
-            while not self.stopping:
-                with self._watch_lock:
-                    if self.waiters.get(name) or self.subs.get(name):
-                        needed = time.monotonic()
-                    elif time.monotonic() - needed > WATCH_GRACE:
-                        return  # (finally) leaves the table under the lock: park() starts another
-                try:
-                    current = self.queue(name)
-                except QueueNotFound:
-                    return  # gone: the parked requests learn it on their next retry
-                try:
-                    if current is not q:
-                        q, since = current, current.offsets()[1]
-                        self.loop.call_soon_threadsafe(self.poke, name)
-                    if q.wait(TICK, since):
-                        # Read the tail before the poke is scheduled: the poke sees every put up
-                        # to here, and a later one moves the tail past `since`, so the next wait
-                        # returns at once.  No put between two waits goes unnoticed.
-                        since = q.offsets()[1]
-                        self.loop.call_soon_threadsafe(self.poke, name)
-                except QueueNotFound:
-                    continue  # deleted meanwhile: the next turn looks the name up again
-        except ShmqError:
-            pass  # the instance is going away
-        finally:
-            with self._watch_lock:
-                if self.watchers.get(name) is threading.current_thread():
-                    del self.watchers[name]
+        self._flag(name)
 
     def poke(self, name: str) -> None:
         """The queue may have changed: retry what waits on it (in arrival order; a
@@ -558,13 +605,14 @@ class Connection(asyncio.Protocol):
         """PRODUCE, PRODUCE_BATCH and PRODUCE_IDEMPOTENT: stored now, or parked until there is room."""
         if self._behind(f, d):
             return
-        if self._try_produce(f, d):
-            self.w.poke(d["queue"])
-        else:
+        if not self._try_produce(f, d, poke=True):
             self._wait_or_fail(f, d, Full(f"queue {d['queue']!r} is full"))
 
-    def _try_produce(self, f: Frame, d: dict[str, Any]) -> bool:
-        """Store a produce request and answer it; False when the queue has no room now."""
+    def _try_produce(self, f: Frame, d: dict[str, Any], poke: bool = False) -> bool:
+        """Store a produce request and answer it; False when the queue has no room now.
+        ``poke``: then retry what waits on the queue, before answering when the answer
+        is not held for the journal (a waiting consumer's DELIVER is what a round trip
+        through the broker waits for; the producer's answer can follow)."""
         q = self.w.queue(d["queue"])
         try:
             if f.type == T.PRODUCE:
@@ -576,10 +624,16 @@ class Connection(asyncio.Protocol):
             if f.type != T.PRODUCE and not q.could_fit(d["payloads"]):
                 raise  # a batch that can never fit: waiting would never help
             return False
+        if poke and self.w.pending_mark is None:
+            self.w.poke(d["queue"])
+            self.w.pending_mark = None  # ours had none; what the retries noted, they took
+            poke = False
         if f.type == T.PRODUCE:
             self.reply(f, T.PRODUCE_OK, offset=off)
         else:
             self.reply(f, T.PRODUCE_BATCH_OK, first=offs[0] if offs else 0, count=len(offs))
+        if poke:
+            self.w.poke(d["queue"])
         return True
 
     def consume(self, f: Frame, d: dict[str, Any]) -> None:
@@ -649,6 +703,15 @@ class Connection(asyncio.Protocol):
         finally:
             self._settled(d)  # settled, or stale: either way no longer ours
         self.reply(f, T.ACK_OK)
+
+    def ack_no_reply(self, f: Frame, d: dict[str, Any]) -> None:
+        """ACK whose success is not answered (an error still is, by handle())."""
+        m = self._held(d)
+        try:
+            m.ack()
+        finally:
+            self._settled(d)
+            self.w.pending_mark = None  # an `always` ack: nobody waits for the journal either
 
     def ack_batch(self, f: Frame, d: dict[str, Any]) -> None:
         q = self.w.queue(d["queue"])
@@ -755,7 +818,7 @@ class Connection(asyncio.Protocol):
         s = Subscription(self, f.msg_id, d["queue"], d["group"], d["credit"], d["visibility_ms"])
         self.subs[f.msg_id] = s
         self.w.subs.setdefault(d["queue"], []).append(s)
-        self.w._watch(d["queue"])
+        self.w._flag(d["queue"])
         self.reply(f, T.SUBSCRIBE_OK)
         self.push(s)
 
@@ -806,7 +869,8 @@ HANDLERS: dict[int, Any] = {
     T.PRODUCE: Connection.produce, T.PRODUCE_BATCH: Connection.produce,
     T.PRODUCE_IDEMPOTENT: Connection.produce,
     T.CONSUME: Connection.consume, T.CONSUME_BATCH: Connection.consume,
-    T.ACK: Connection.ack, T.ACK_BATCH: Connection.ack_batch, T.NACK: Connection.nack,
+    T.ACK: Connection.ack, T.ACK_NO_REPLY: Connection.ack_no_reply, T.ACK_BATCH: Connection.ack_batch,
+    T.NACK: Connection.nack,
     T.TOUCH: Connection.touch, T.DEAD_LETTER: Connection.dead_letter,
     T.CREATE_QUEUE: Connection.create_queue, T.DELETE_QUEUE: Connection.delete_queue,
     T.LIST_QUEUES: Connection.list_queues, T.GROUP_JOIN: Connection.group_join,
@@ -832,6 +896,6 @@ def worker_main(instance: str, host: str, port: int, worker_id: int, token: str,
     """Entry point of a worker process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides; SIGTERM stops us
     _die_with_parent()
-    sys.setswitchinterval(0.0005)  # a woken watcher thread gets the GIL in 0.5 ms, not 5 ms
+    sys.setswitchinterval(0.0005)  # a woken durable-mark thread gets the GIL in 0.5 ms, not 5 ms
     os.environ.pop(options.TOKEN_ENV, None)
     Worker(instance, host, port, worker_id, token, max_connections).run(ready)

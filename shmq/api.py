@@ -103,7 +103,8 @@ class Message(tuple):  # type: ignore[type-arg]
     def ack(self, wait: bool = True) -> None:
         """Acknowledge: the message is done with.  ``wait=False`` returns without waiting
         for the broker's answer (over TCP: no round trip; the broker applies acks in
-        order, before anything this connection sends next) or for the journal (an
+        order, before anything this connection sends next; the frame leaves with the
+        connection's next request, its close, or within about 200 ms) or for the journal (an
         ``always`` queue); a stale ack may then go unreported (over TCP it is kept in
         ``broker.nowait_errors``), and an ack lost with the connection means the message
         is delivered again: at-least-once either way."""

@@ -82,6 +82,7 @@ class T(IntEnum):
     TOUCH_OK = 0x48
     DEAD_LETTER = 0x49
     DEAD_LETTER_OK = 0x4A
+    ACK_NO_REPLY = 0x4B
     DISCONNECT = 0x51
     DISCONNECT_OK = 0x52
     GROUP_JOIN = 0x61
@@ -146,6 +147,7 @@ SCHEMAS: dict[T, Schema] = {
     T.TOUCH_OK: _EMPTY,
     T.DEAD_LETTER: _QG + (("offset", "u64"), ("deliveries", "u16")),
     T.DEAD_LETTER_OK: _EMPTY,
+    T.ACK_NO_REPLY: _QG + (("offset", "u64"), ("deliveries", "u16")),
     T.DISCONNECT: _EMPTY,
     T.DISCONNECT_OK: _EMPTY,
     T.GROUP_JOIN: _QG + (("start", "u8"),),
@@ -220,43 +222,55 @@ class FrameDecoder:
         if self._error is not None:
             raise self._error
         buf = self._buf
+        if not buf and data.__class__ is bytes:
+            # nothing held (the usual case): read the frames straight from ``data``
+            # and keep only an incomplete tail
+            pos, frames = self._frames(data, memoryview(data))  # type: ignore[arg-type]
+            if pos < len(data):
+                buf += memoryview(data)[pos:]
+            return frames
         buf += data
+        with memoryview(buf) as view:  # released before the buffer is resized below
+            pos, frames = self._frames(buf, view)
+        if pos:
+            del buf[:pos]  # once per feed; CPython just moves the start of the array
+        return frames
+
+    def _frames(self, buf: bytes | bytearray, view: memoryview) -> tuple[int, list[Frame]]:
+        """The whole frames at the start of ``buf``, and where the first incomplete one starts."""
         end = len(buf)
         pos = 0
         frames: list[Frame] = []
         unpack_header = _HEADER.unpack_from
         types = _TYPES
         max_frame = self.max_frame
-        with memoryview(buf) as view:  # released before the buffer is resized below
-            while True:
-                avail = end - pos
-                if avail < HEADER_SIZE:
-                    if avail:  # refuse garbage early, not only once 16 bytes of it came
-                        k = avail if avail < 4 else 4
-                        if buf[pos:pos + k] != _MAGIC_BYTES[:k]:
-                            raise self._fail(f"bad magic 0x{bytes(buf[pos:pos + k]).hex()}",
-                                             Status.BAD_MAGIC)
-                    break
-                magic, length, type_, version, status, msg_id = unpack_header(buf, pos)
-                if magic != MAGIC:
-                    raise self._fail(f"bad magic 0x{magic:08x} (want 0x{MAGIC:08X})", Status.BAD_MAGIC)
-                if version != VERSION:
-                    raise self._fail(f"protocol version {version} (this side speaks {VERSION})",
-                                     Status.VERSION_MISMATCH)
-                t = types.get(type_)
-                if t is None:
-                    raise self._fail(f"unknown message type 0x{type_:02x}", Status.INVALID_TYPE)
-                if length > max_frame:
-                    raise self._fail(f"frame body of {length} bytes is over the limit of {max_frame}",
-                                     Status.PAYLOAD_TOO_LARGE)
-                stop = pos + HEADER_SIZE + length
-                if stop > end:
-                    break
-                frames.append(Frame(t, msg_id, status, bytes(view[pos + HEADER_SIZE:stop])))
-                pos = stop
-        if pos:
-            del buf[:pos]  # once per feed; CPython just moves the start of the array
-        return frames
+        while True:
+            avail = end - pos
+            if avail < HEADER_SIZE:
+                if avail:  # refuse garbage early, not only once 16 bytes of it came
+                    k = avail if avail < 4 else 4
+                    if buf[pos:pos + k] != _MAGIC_BYTES[:k]:
+                        raise self._fail(f"bad magic 0x{bytes(buf[pos:pos + k]).hex()}",
+                                         Status.BAD_MAGIC)
+                break
+            magic, length, type_, version, status, msg_id = unpack_header(buf, pos)
+            if magic != MAGIC:
+                raise self._fail(f"bad magic 0x{magic:08x} (want 0x{MAGIC:08X})", Status.BAD_MAGIC)
+            if version != VERSION:
+                raise self._fail(f"protocol version {version} (this side speaks {VERSION})",
+                                 Status.VERSION_MISMATCH)
+            t = types.get(type_)
+            if t is None:
+                raise self._fail(f"unknown message type 0x{type_:02x}", Status.INVALID_TYPE)
+            if length > max_frame:
+                raise self._fail(f"frame body of {length} bytes is over the limit of {max_frame}",
+                                 Status.PAYLOAD_TOO_LARGE)
+            stop = pos + HEADER_SIZE + length
+            if stop > end:
+                break
+            frames.append(Frame(t, msg_id, status, bytes(view[pos + HEADER_SIZE:stop])))
+            pos = stop
+        return pos, frames
 
 
 def encode_frame(type: int, msg_id: int, body: bytes = b"", status: int = 0) -> bytes:

@@ -26,11 +26,11 @@ Queue segment  ``/shmq.<instance>.q<id>``  (one per queue, dead-letter queues in
 
 ::
 
-    byte 0          768     832     896   1024
-    +---------------+-------+-------+-----+-------------+----------------+------------------+--------------+
-    | queue header  | plock | clock | pad | group table | producer table | slot table       | byte ring    |
-    | Q_* words     |       |       |     | G x 32 w    | P x 4 w        | N x (4 + G) w    | max_bytes B  |
-    +---------------+-------+-------+-----+-------------+----------------+------------------+--------------+
+    byte 0         768     832     896     960   1024
+    +--------------+-------+-------+-------+-----+-------------+----------------+---------------+------------+
+    | queue header | plock | clock | bells | pad | group table | producer table | slot table    | byte ring  |
+    | Q_* words    |       |       | 64 B  |     | G x 32 w    | P x 4 w        | N x (4 + G) w | max_bytes  |
+    +--------------+-------+-------+-------+-----+-------------+----------------+---------------+------------+
 
     G = max_groups, N = capacity, P = options.MAX_PRODUCERS (idempotent producers remembered).
 
@@ -39,6 +39,12 @@ and the slots at or beyond ``Q_NEXT_OFFSET``.  ``clock`` (consumer lock)
 guards the consumer fields, the group table and the lease
 words of published slots.  A producer never writes a consumer field and the
 reverse, so the two sides never contend with each other.
+
+``bells`` is one byte per broker worker (``options.MAX_WORKERS``): worker ``i`` sets byte
+``i`` to 1 while it has requests parked on this queue (or subscriptions to it), and
+whoever makes a message available rings that worker's doorbell (``doorbell``).
+Each worker writes only its own byte (no read-modify-write between processes);
+the flag is a hint, never trusted for correctness (a worker also retries on a tick).
 
 Slot of offset ``o`` is entry ``o % N``::
 
@@ -184,6 +190,8 @@ Q_DURABLE_SETTLE = 39  # journal writer: group state up to this Q_SETTLE_SEQ is 
 Q_NAME = 40  # 26 words
 Q_LOCK_P = 768  # byte offsets
 Q_LOCK_C = 832
+Q_BELLS = 896  # byte offset of the doorbell flags: one byte per worker
+Q_BELLS_SIZE = 64  # bytes of the doorbell flags: worker ids are 0 .. 63 (options.MAX_WORKERS)
 Q_HEADER_SIZE = 1024
 QS_ACTIVE = 1
 QS_DELETED = 2

@@ -56,6 +56,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7878
 MAX_FRAME = 16 * 1024 * 1024 + 4096  # bytes of one frame's body; larger is refused before reading it
 MAX_CONNECTIONS = 4096  # per worker
+MAX_WORKERS = 64  # worker processes of one broker (a queue's bell table has a byte per worker)
 MAX_INFLIGHT_PER_CONNECTION = 10_000  # leases one connection may hold
 MAX_BATCH = 10_000  # messages in one batch frame
 DEFAULT_CREDIT = 100  # push-subscribe prefetch window

@@ -23,6 +23,7 @@ from . import layout as L
 from . import options
 from .api import Message, Payload, QueueConfig
 from .api import Queue as QueueABC
+from .doorbell import NO_BELLS, RINGER
 from .errors import (
     Duplicate,
     Empty,
@@ -89,6 +90,7 @@ class ShmQueue(QueueABC):
         self._real_clock = att.now_ms is monotonic_ms  # the hot path reads it inline
         self._vis = ring.visibility_ms
         self._clock_addr = ring.clock.address
+        self._mm = ring.mm  # the bell table is read as one slice of it (no buffer export kept)
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
         from .shm import _queue_from_url
@@ -129,6 +131,8 @@ class ShmQueue(QueueABC):
             off = self._put_wait([payload], None, block, timeout)
         if self._w[33]:  # Q_CONSUMER_WAITERS
             self._wake(self._ne, self._w[33], 1)
+        if self._mm[896:960] != NO_BELLS:  # layout.Q_BELLS: a worker parks requests here
+            self._ring_bells()
         return off
 
     def put_many(self, payloads: Sequence[Payload], block: bool = True,
@@ -150,8 +154,7 @@ class ShmQueue(QueueABC):
             first = self._put_durable(items, block, timeout, wait_durable, key, seq or 0)
         else:
             first = self._put_wait(items, None, block, timeout, first_try=True, producer=key, seq=seq or 0)
-            if self._w[33]:
-                self._wake(self._ne, self._w[33], len(items))
+            self._wake_consumers(len(items))
         return list(range(first, first + len(items)))
 
     def _publish(self, payload: Payload, block: bool, timeout: float | None) -> int:
@@ -169,10 +172,9 @@ class ShmQueue(QueueABC):
         self._journal_ok()
         deadline = None if timeout is None else time.monotonic() + timeout
         first = self._put_wait(items, None, block, timeout, first_try=True, producer=key, seq=seq)
-        w = self._w
-        if w[33]:
-            self._wake(self._ne, w[33], len(items))
-        if self._always:
+        if not self._always:  # an `always` batch is shown to consumers once journaled
+            self._wake_consumers(len(items))
+        else:
             self._poke_journal()
             if not wait_durable:
                 pass
@@ -274,8 +276,7 @@ class ShmQueue(QueueABC):
         if self._durable:
             self._journal_ok()
         off = self._put_wait([payload], [meta], True, timeout, first_try=True)
-        if self._w[33]:
-            self._wake(self._ne, self._w[33], 1)
+        self._wake_consumers(1)
         if self._always:
             self._poke_journal()
             self.wait_durable(off + 1, time.monotonic() + timeout)
@@ -332,6 +333,18 @@ class ShmQueue(QueueABC):
         finally:
             with self._ring.clock:
                 w[L.Q_CONSUMER_WAITERS] -= 1 if w[L.Q_CONSUMER_WAITERS] else 0
+
+    def _wake_consumers(self, n: int) -> None:
+        """``n`` messages became available: wake co-located consumers sleeping on the
+        not-empty semaphore and ring the doorbells of workers with requests parked here."""
+        if self._w[L.Q_CONSUMER_WAITERS]:
+            self._wake(self._ne, self._w[L.Q_CONSUMER_WAITERS], n)
+        if self._mm[L.Q_BELLS:L.Q_BELLS + L.Q_BELLS_SIZE] != NO_BELLS:
+            self._ring_bells()
+
+    def _ring_bells(self) -> None:
+        RINGER.ring(self._mm[L.Q_BELLS:L.Q_BELLS + L.Q_BELLS_SIZE], self._ring.instance_uid,
+                    self._ring.queue_id, self._att.bell_skip)
 
     @staticmethod
     def _wake(sem: posix_ipc.Semaphore, waiters: int, n: int) -> None:
@@ -603,8 +616,8 @@ class ShmQueue(QueueABC):
             n = self._groups.reap_owner(client, owner, now, dead)
         if dead:
             self._dead_letter(dead)
-        if n and self._w[L.Q_CONSUMER_WAITERS]:
-            self._wake(self._ne, self._w[L.Q_CONSUMER_WAITERS], n)
+        if n:
+            self._wake_consumers(n)
         return n
 
     # ------------------------------------------------------------ groups, replay, stats

@@ -57,6 +57,7 @@ class Attachment:
         self._pruned_gen = -1  # registry generation the queue cache was last pruned at
         self._lock = threading.RLock()
         self.refs = 0
+        self.bell_skip = -1  # a broker worker's own id: it does not ring its own doorbell
 
     # ------------------------------------------------------------ client slot
     def client_slot(self) -> int:

@@ -33,6 +33,9 @@ from .queue import _as_bytes, check_producer
 
 FOREVER = 0xFFFFFFFF
 RECV_SIZE = 1 << 18  # bytes one read takes at most
+MSG_MORE = getattr(socket, "MSG_MORE", 0)  # Linux: hold a frame for the next send
+NO_REPLY_ID = 0xFFFFFFFF  # the message id of every ACK_NO_REPLY (docs/protocol.md)
+MAX_ID = 0x7FFFFFFF  # other requests' ids are 1 .. MAX_ID, wrapping
 
 
 def _timeout_ms(block: bool, timeout: float | None) -> int:
@@ -66,13 +69,12 @@ class TcpBroker(Broker):
         self._reading = False
         self._waiting = 0  # threads waiting on the condition for another's read
         self._inbox: dict[int, deque[Any]] = {}  # frames read, by message id
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(1)  # an id is next() % MAX_ID + 1: it wraps below NO_REPLY_ID
         self._decoder = FrameDecoder()
         self._rbuf = bytearray(RECV_SIZE)  # reused by every read: no allocation per recv
         self._rview = memoryview(self._rbuf)
         self._closed = False
-        self._unwaited: set[int] = set()  # ids of requests whose answer nobody waits for
-        self.nowait_errors: deque[ShmqError] = deque(maxlen=100)  # the latest errors among those
+        self.nowait_errors: deque[ShmqError] = deque(maxlen=100)  # the latest errors of ACK_NO_REPLY
         try:
             self._sock = socket.create_connection((self._host, self._port), timeout=connect_timeout)
         except OSError as e:
@@ -95,9 +97,9 @@ class TcpBroker(Broker):
         return f"TcpBroker({self.url!r})"
 
     # ------------------------------------------------------------ transport
-    def _send(self, data: bytes) -> None:
+    def _send(self, data: bytes, flags: int = 0) -> None:
         try:
-            self._sock.sendall(data)
+            self._sock.sendall(data, flags)
         except OSError as e:
             self._closed = True
             raise ConnectionLost(f"connection to {self.url} lost: {e}") from None
@@ -113,8 +115,7 @@ class TcpBroker(Broker):
             self._closed = True
             raise ConnectionLost(f"connection to {self.url} closed by the broker")
         for f in self._decoder.feed(self._rview[:n]):
-            if f.msg_id in self._unwaited:
-                self._unwaited.discard(f.msg_id)
+            if f.msg_id == NO_REPLY_ID:  # an ACK_NO_REPLY failed
                 if f.type == T.ERROR:
                     self.nowait_errors.append(error_for(f.status, decode_body(T.ERROR, f.body)["message"]))
                 continue
@@ -150,18 +151,30 @@ class TcpBroker(Broker):
                     if self._waiting:  # the common case, one thread, skips notify_all's cost
                         self._cond.notify_all()
 
-    def _start(self, type_: int, unwaited: bool = False, **fields: Any) -> int:
-        """Send a request; its message id.  ``unwaited``: nobody will wait for the answer
-        (the reader drops it, keeping an error in ``nowait_errors``)."""
+    def _next_id(self) -> int:
+        return next(self._ids) % MAX_ID + 1  # next() is atomic; ids only correlate
+
+    def _start(self, type_: int, **fields: Any) -> int:
+        """Send a request; its message id."""
         if self._closed:
             raise ConnectionLost(f"connection to {self.url} is closed")
-        msg_id = next(self._ids)  # atomic; the ids only correlate, their order does not matter
+        msg_id = self._next_id()
         data = frame(type_, msg_id, **fields)  # a bad argument raises here, before anything is sent
-        if unwaited:
-            self._unwaited.add(msg_id)  # before the send: the answer cannot come first
         with self._lock:
             self._send(data)
         return msg_id
+
+    def _send_no_reply(self, type_: int, **fields: Any) -> None:
+        """Send a request that is answered only if it fails (ACK_NO_REPLY; the reader keeps
+        such errors in ``nowait_errors``).  The kernel may hold the frame back
+        (``MSG_MORE``) until this connection's next request, its close, or its cork timer
+        (about 200 ms on Linux), whichever comes first: the next request then carries it
+        in the same segment, and the broker reads both at once and applies them in order."""
+        if self._closed:
+            raise ConnectionLost(f"connection to {self.url} is closed")
+        data = frame(type_, NO_REPLY_ID, **fields)
+        with self._lock:
+            self._send(data, MSG_MORE)
 
     def _answer(self, msg_id: int) -> Any:
         """The answer to a request started with _start (an ERROR raises as its typed error)."""
@@ -286,8 +299,8 @@ class TcpQueue(Queue):
     def _ack_nowait(self, msg: Message) -> None:
         if msg.group is None:
             raise StaleAck(f"message {msg.offset} was read, not leased: it cannot be settled")
-        self._b._start(T.ACK, unwaited=True, queue=self.name, group=msg.group, offset=msg.offset,
-                       deliveries=msg.deliveries)
+        self._b._send_no_reply(T.ACK_NO_REPLY, queue=self.name, group=msg.group, offset=msg.offset,
+                               deliveries=msg.deliveries)
 
     def _settle(self, msg: Message, action: int, arg: float | None) -> None:
         if msg.group is None:
@@ -342,7 +355,7 @@ class TcpQueue(Queue):
                     raise error_for(f.status, decode_body(T.ERROR, f.body)["message"])
                 d = decode_body(T.DELIVER, f.body)
                 with b._lock:
-                    b._send(encode_frame(T.CREDIT, next(b._ids), encode_body(T.CREDIT, subscription=sub,
+                    b._send(encode_frame(T.CREDIT, b._next_id(), encode_body(T.CREDIT, subscription=sub,
                                                                               credit=1)))
                 yield self._msg(group, (d["offset"], d["deliveries"], d["timestamp_ns"], d["meta"],
                                         d["payload"]))

@@ -69,6 +69,8 @@ VECTORS: dict[str, tuple[T, int, int, dict[str, Any]]] = {
     "error": (T.ERROR, 13, int(Status.QUEUE_NOT_FOUND), {"message": "no queue named 'x'"}),
     "produce_idempotent": (T.PRODUCE_IDEMPOTENT, 14, 0, {"queue": "q", "producer": "p1", "seq": 7,
                                                          "timeout_ms": 0, "payloads": [b"a"]}),
+    "ack_no_reply": (T.ACK_NO_REPLY, 0xFFFFFFFF, 0, {"queue": "orders", "group": "default", "offset": 42,
+                                                     "deliveries": 1}),
 }
 
 # Sample values per field kind: "full" exercises every byte, "min" the empty and zero cases.

@@ -92,13 +92,43 @@ def test_blocked_tcp_consumer_wakes_for_a_shm_producer(server: Server) -> None:
         local.close()
 
 
-def test_worker_watches_a_queue_deleted_and_created_again(server: Server) -> None:
-    """A worker's watcher follows a queue name to a new queue of that name.  (It used to
-    go on sleeping on the deleted queue, or leave while requests stayed parked: wake-ups
-    for the new queue then waited for the 50 ms tick.)"""
+def _bells(q: object) -> bytes:
+    from shmq import layout as L
+    return q._mm[L.Q_BELLS:L.Q_BELLS + L.Q_BELLS_SIZE]  # type: ignore[attr-defined,no-any-return]
+
+
+def test_a_parked_get_flags_its_worker_and_a_colocated_put_rings_it(server: Server) -> None:
+    """A get parked over TCP sets its worker's byte in the queue's bell table; a put from
+    another process rings the doorbell and the get returns; once nobody waits there any
+    more the worker clears its flag (after a grace of FLAG_GRACE)."""
     import threading
 
-    from shmq import layout as L
+    tcp = shmq.connect(server.url)
+    local = ShmBroker(server.instance)
+    try:
+        q = tcp.create_queue("bell")
+        lq = local.queue("bell")
+        assert _bells(lq) == bytes(64)
+        result: list[bytes] = []
+        t = threading.Thread(target=lambda: result.append(q.get(timeout=10).payload))
+        t.start()
+        wait_until(lambda: _bells(lq)[tcp.worker] == 1, timeout=5)
+        assert sum(_bells(lq)) == 1  # only the worker that parks the get
+        lq.put(b"ring")
+        t.join(10)
+        assert result == [b"ring"]
+        wait_until(lambda: _bells(lq) == bytes(64), timeout=5)
+    finally:
+        tcp.delete_queue("bell")
+        tcp.close()
+        local.close()
+
+
+def test_worker_flags_a_queue_deleted_and_created_again(server: Server) -> None:
+    """A worker's bell flag follows a queue name to a new queue of that name while a
+    request stays parked on the name.  (Without it, wake-ups for the new queue would
+    wait for the 50 ms tick.)"""
+    import threading
 
     tcp = shmq.connect(server.url)
     local = ShmBroker(server.instance)
@@ -116,16 +146,62 @@ def test_worker_watches_a_queue_deleted_and_created_again(server: Server) -> Non
 
         t = threading.Thread(target=consume)
         t.start()
-        # the parked get's worker sleeps on the queue's semaphore: it counts as a waiter
-        wait_until(lambda: local.queue("again")._w[L.Q_CONSUMER_WAITERS] > 0, timeout=5)
-        local.delete_queue("again")  # while the get is parked and watched
+        wait_until(lambda: _bells(local.queue("again"))[tcp.worker] == 1, timeout=5)
+        local.delete_queue("again")  # while the get is parked
         local.create_queue("again")
-        wait_until(lambda: local.queue("again")._w[L.Q_CONSUMER_WAITERS] > 0, timeout=5)
+        wait_until(lambda: _bells(local.queue("again"))[tcp.worker] == 1, timeout=5)
         local.queue("again").put(b"new")
         t.join(10)
         assert result == [b"new"]
     finally:
         tcp.delete_queue("again")
+        tcp.close()
+        local.close()
+
+
+def test_a_restarted_worker_clears_the_bell_flags_of_its_predecessor() -> None:
+    """A worker killed while its flag is set leaves it set (producers would send to a dead
+    doorbell on every put); the worker that replaces it clears its byte in every queue."""
+    from shmq import layout as L
+
+    srv = Server(workers=2)
+    local = ShmBroker(srv.instance)
+    try:
+        b = shmq.connect(srv.url)
+        b.create_queue("stale")
+        lq = local.queue("stale")
+        victim = next(p for p in srv.workers() if any(
+            c.laddr.port == srv.port and c.raddr and c.status == psutil.CONN_ESTABLISHED
+            for c in p.net_connections()))
+        lq._mm[L.Q_BELLS + b.worker] = 1  # as if it had a request parked here when it died
+        victim.kill()
+        wait_until(lambda: len(srv.workers()) == 2 and victim.pid not in {p.pid for p in srv.workers()},
+                   timeout=5)
+        wait_until(lambda: _bells(lq) == bytes(64), timeout=5)
+        lq.put(b"after")  # rings nobody, and is there
+        b2 = shmq.connect(srv.url)
+        assert b2.queue("stale").get(timeout=5).payload == b"after"
+        b2.close()
+    finally:
+        local.close()
+        assert srv.stop() == 0
+
+
+def test_an_unwaited_ack_reaches_the_broker_with_no_later_request(server: Server) -> None:
+    """ack(wait=False) may ride with the connection's next request (MSG_MORE); when none
+    comes, the kernel still sends it (its cork timer): the ack is applied, not held."""
+    tcp = shmq.connect(server.url)
+    local = ShmBroker(server.instance)
+    try:
+        q = tcp.create_queue("corked")
+        q.put(b"x")
+        q.get(timeout=5).ack(wait=False)
+        lq = local.queue("corked")
+        wait_until(lambda: lq.stats()["groups"]["default"]["acked"] == 1, timeout=5)
+        assert lq.stats()["groups"]["default"]["in_flight"] == 0
+        assert not tcp.nowait_errors  # type: ignore[attr-defined]
+    finally:
+        tcp.delete_queue("corked")
         tcp.close()
         local.close()
 

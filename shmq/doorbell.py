@@ -1,0 +1,103 @@
+"""Doorbells: how a message made available in one process wakes the broker workers
+that park requests on its queue, without a thread per queue.
+
+Each broker worker binds a UNIX datagram socket in Linux's abstract namespace
+(no file, nothing to clean up: the name goes with the last descriptor), named
+after the instance's random uid and the worker id, and reads it on its event
+loop.  While a worker has requests parked on a queue, or subscriptions to it,
+it sets its byte in the queue's bell table (``layout.Q_BELLS``).  Whoever makes
+a message available there (a put by another worker or by a co-located process,
+the journal writer publishing an ``always`` batch, a lease given back) sends
+the queue id to every worker whose byte is set::
+
+    producer                                   worker i (event loop)
+    --------                                   ---------------------
+    publish the message (under plock)          set bells[i] = 1
+    unlock (a full barrier)                    retry the parked request (takes
+    read bells; for each i set:                  clock: a full barrier, then
+      sendto(worker i, queue id)  ----------->   reads the tail)
+                                               on a datagram: retry what waits
+                                               on that queue
+
+Either the producer sees the flag, or the worker's retry sees the message: no
+wake-up is lost.  A flag is only a hint: a datagram nobody reads is dropped
+(the worker died, its receive buffer is full), a stale flag costs one
+``sendto`` per put until its worker clears it (a restarted worker clears its
+bytes in every queue), and every worker also retries on a 50 ms tick.
+The sender never blocks.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+
+from . import layout as L
+from . import options
+
+_QID = struct.Struct("<Q")  # a datagram: the queue id
+NO_BELLS = bytes(L.Q_BELLS_SIZE)  # a bell table with no flag set
+assert options.MAX_WORKERS <= L.Q_BELLS_SIZE, "every worker needs its byte in the bell table"
+
+
+def address(instance_uid: int, worker: int) -> bytes:
+    """The abstract socket name of a worker's doorbell."""
+    return b"\0shmq-bell-%016x-%d" % (instance_uid, worker)
+
+
+class Ringer:
+    """The sending side: one non-blocking datagram socket per process."""
+
+    def __init__(self) -> None:
+        self._sock: socket.socket | None = None
+        self._pid = 0
+
+    def ring(self, flags: bytes, instance_uid: int, queue_id: int, skip: int) -> None:
+        """Send ``queue_id`` to each worker whose byte in ``flags`` (a copy of a queue's
+        bell table) is set, but ``skip`` (the calling worker itself, which retries its
+        own requests directly)."""
+        sock = self._sock
+        if sock is None or self._pid != os.getpid():
+            sock = self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+            sock.setblocking(False)
+            self._pid = os.getpid()
+        data = _QID.pack(queue_id)
+        i = flags.find(1)
+        while i >= 0:
+            if i != skip:
+                try:
+                    sock.sendto(data, address(instance_uid, i))
+                except OSError:
+                    pass  # nobody there (a dead worker's stale flag) or its buffer is full
+            i = flags.find(1, i + 1)
+
+
+RINGER = Ringer()
+
+
+class Bell:
+    """The receiving side, a worker's: read on its event loop (``fileno``)."""
+
+    def __init__(self, instance_uid: int, worker: int) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.setblocking(False)
+        self.sock.bind(address(instance_uid, worker))
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def drain(self) -> set[int]:
+        """The queue ids rung since the last drain."""
+        ids: set[int] = set()
+        recv = self.sock.recv
+        while True:
+            try:
+                data = recv(64)
+            except (BlockingIOError, InterruptedError):
+                return ids
+            if len(data) == _QID.size:
+                ids.add(_QID.unpack(data)[0])
+
+    def close(self) -> None:
+        self.sock.close()

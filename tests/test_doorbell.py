@@ -1,0 +1,79 @@
+"""Doorbells (shmq.doorbell): a ring reaches the workers whose flag is set, and only them."""
+
+from __future__ import annotations
+
+import os
+import secrets
+
+from shmq import layout as L
+from shmq.doorbell import NO_BELLS, RINGER, Bell, Ringer
+
+
+def _flags(*workers: int) -> bytes:
+    b = bytearray(L.Q_BELLS_SIZE)
+    for i in workers:
+        b[i] = 1
+    return bytes(b)
+
+
+def test_a_ring_reaches_every_flagged_worker_but_the_skipped_one() -> None:
+    uid = secrets.randbits(64)
+    bells = [Bell(uid, i) for i in range(4)]
+    try:
+        RINGER.ring(_flags(0, 2, 3), uid, 7, skip=3)
+        RINGER.ring(_flags(2), uid, 9, skip=-1)
+        RINGER.ring(_flags(2), uid, 9, skip=-1)  # twice: drained as one
+        assert bells[0].drain() == {7}
+        assert bells[1].drain() == set()  # not flagged
+        assert bells[2].drain() == {7, 9}
+        assert bells[3].drain() == set()  # the ringer itself
+        assert bells[2].drain() == set()  # drained
+    finally:
+        for b in bells:
+            b.close()
+
+
+def test_ringing_nobody_and_a_full_doorbell_never_raise_nor_block() -> None:
+    uid = secrets.randbits(64)
+    RINGER.ring(_flags(5, 63), uid, 1, skip=-1)  # nobody bound: dropped
+    bell = Bell(uid, 0)
+    try:
+        for _ in range(100_000):  # far past the socket's receive buffer
+            RINGER.ring(_flags(0), uid, 1, skip=-1)
+        assert bell.drain() == {1}
+    finally:
+        bell.close()
+
+
+def test_instances_do_not_hear_each_other() -> None:
+    a, b = secrets.randbits(64), secrets.randbits(64)
+    bell_a, bell_b = Bell(a, 0), Bell(b, 0)
+    try:
+        RINGER.ring(_flags(0), a, 3, skip=-1)
+        assert bell_a.drain() == {3}
+        assert bell_b.drain() == set()
+    finally:
+        bell_a.close()
+        bell_b.close()
+
+
+def test_a_forked_child_rings_with_its_own_socket() -> None:
+    uid = secrets.randbits(64)
+    bell = Bell(uid, 1)
+    ringer = Ringer()
+    try:
+        ringer.ring(_flags(1), uid, 11, skip=-1)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            try:
+                ringer.ring(_flags(1), uid, 12, skip=-1)
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        assert bell.drain() == {11, 12}
+    finally:
+        bell.close()
+
+
+def test_no_bells_is_a_table_with_no_flag() -> None:
+    assert NO_BELLS == bytes(L.Q_BELLS_SIZE) and len(NO_BELLS) == L.Q_BELLS_SIZE
