@@ -32,6 +32,11 @@ parent only coordinates); payloads are 100 B.  Workloads:
    4 clients (2 producers + 2 consumers on one queue, one message per call,
    ack each); total msgs/s and the ratio 2w/1w.
 
+Which worker serves a connection is the kernel's SO_REUSEPORT hash; it matters
+(clients on one worker share one Python process).  The placement of every shmq run
+is printed; ``--placement split`` (workers 0 and 1) or ``shared`` (both on worker 0)
+makes the two clients reconnect until they land there.
+
 Throughput is messages / seconds, from the moment the (first) producer starts
 (it stamps ``time.monotonic_ns`` just before its first put, once the consumers
 are connected and ready) until the (last) consumer has received its last message.
@@ -94,6 +99,7 @@ SERVER_STOP_TIMEOUT = 30.0
 STREAM_GROUP = "bench"
 STREAM_FIELD = b"d"
 SPREAD_TRIES = 32  # scaling: connections tried per client to land on its worker
+PLACEMENTS = {"kernel": (-1, -1), "split": (0, 1), "shared": (0, 0)}
 PILL = b"STOP"  # scaling: the parent puts one per consumer once the producers are done
 
 # Quoted for this 2-core machine (from the issue); printed next to the targets.
@@ -150,8 +156,8 @@ def _stream_entries(resp: Any) -> list[Any]:
 
 
 def _producer(system: str, handle: Handle, n: int, size: int, batch: int, ready: Any, start: Any,
-              workers: Any) -> None:
-    c = _Client(system, handle)
+              workers: Any, want: int = -1) -> None:
+    c = _Client(system, handle, want)
     try:
         workers[0] = c.worker
         payload = b"x" * size
@@ -188,8 +194,8 @@ def _producer(system: str, handle: Handle, n: int, size: int, batch: int, ready:
 
 
 def _consumer(system: str, handle: Handle, n: int, batch: int, size: int, ready: Any, start: Any,
-              result: Any, workers: Any, nowait: bool = False) -> None:
-    c = _Client(system, handle)
+              result: Any, workers: Any, nowait: bool = False, want: int = -1) -> None:
+    c = _Client(system, handle, want)
     try:
         workers[1] = c.worker
         ready.set()
@@ -256,8 +262,8 @@ def _consumer(system: str, handle: Handle, n: int, batch: int, size: int, ready:
 
 
 def _pinger(system: str, h_ping: Handle, h_pong: Handle, size: int, total: int, ready: Any,
-            conn: Any, workers: Any, nowait: bool = False) -> None:
-    c = _Client(system, h_ping)  # one connection for both queues
+            conn: Any, workers: Any, nowait: bool = False, want: int = -1) -> None:
+    c = _Client(system, h_ping, want)  # one connection for both queues
     try:
         workers[0] = c.worker
         payload = b"p" * size
@@ -282,8 +288,8 @@ def _pinger(system: str, h_ping: Handle, h_pong: Handle, size: int, total: int, 
 
 
 def _ponger(system: str, h_ping: Handle, h_pong: Handle, total: int, ready: Any, workers: Any,
-            nowait: bool = False) -> None:
-    c = _Client(system, h_ping)  # one connection for both queues
+            nowait: bool = False, want: int = -1) -> None:
+    c = _Client(system, h_ping, want)  # one connection for both queues
     try:
         workers[1] = c.worker
         if system == SHMQ:
@@ -557,6 +563,7 @@ class Bench:
     main_workers: int
     redis: RedisServer | None
     timeout: float
+    place: tuple[int, int] = (-1, -1)  # shmq workers wanted for (producer|pinger, consumer|ponger)
 
     # ------------------------------------------------------------ per-run setup
     def _setup(self, system: str, names: Sequence[str], server: ShmqServer | None = None) -> list[Handle]:
@@ -593,9 +600,9 @@ class Bench:
         (handle,) = self._setup(system, ("bench",))
         try:
             cons = self.children.start(f"{system}-consumer", _consumer, system, handle, n, batch, SIZE,
-                                       ready, start, result, workers, nowait)
+                                       ready, start, result, workers, nowait, self.place[1])
             prod = self.children.start(f"{system}-producer", _producer, system, handle, n, SIZE, batch,
-                                       ready, start, workers)
+                                       ready, start, workers, self.place[0])
             self.children.wait([cons, prod], self.timeout)
         finally:
             self._release(system, (handle,))
@@ -612,9 +619,9 @@ class Bench:
         total = common.PING_WARMUP + pings
         try:
             b = self.children.start(f"{system}-ponger", _ponger, system, h_ping, h_pong, total, ready,
-                                    workers, nowait)
+                                    workers, nowait, self.place[1])
             a = self.children.start(f"{system}-pinger", _pinger, system, h_ping, h_pong, SIZE, total,
-                                    ready, send_conn, workers, nowait)
+                                    ready, send_conn, workers, nowait, self.place[0])
             send_conn.close()
             data = self.children.wait([b, a], self.timeout, recv_conn)
         finally:
@@ -688,6 +695,10 @@ def _switches(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-install", action="store_true",
                    help="do not install redis-server (apt-get) or redis-py (pip) when missing")
     p.add_argument("--no-scaling", action="store_true", help="skip the 1-vs-2-worker runs")
+    p.add_argument("--placement", choices=list(PLACEMENTS), default="kernel",
+                   help="workloads 1-3: which shmq workers the two clients use: 'kernel' (whatever the "
+                        "SO_REUSEPORT hash gives, the default), 'split' (workers 0 and 1), 'shared' (both "
+                        "on worker 0); clients reconnect until they land there")
     p.add_argument("--no-spread", action="store_true",
                    help="scaling: keep whatever worker the kernel gives each client (by default each "
                         "client reconnects until producer i and consumer i are on worker i %% 2, so the "
@@ -809,7 +820,7 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str],
     pp_place = [p for v in PING_VARIANTS for p in res.placement.get((v, SHMQ), [])]
     if args.workers > 1 and pp_place:
         caption += ("\nshmq connections (pinger/ponger worker) per round: " + ", ".join(pp_place)
-                    + "; a wake-up across workers goes through the worker's watcher thread")
+                    + "; a wake-up across workers rings the other worker's doorbell")
     out.line()
     out.table(f"Round-trip latency over TCP (p50 / p99 in us, {args.pings} round trips per run, {SIZE} B)",
               ["workload", *lat_systems, *(f"{s}/shmq" for s in lat_peers)], lat_rows, caption)
@@ -976,7 +987,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                  + f"; {os.cpu_count()} cpus, start method {args.start_method}, n={args.n} one at a time / "
                  f"{messages_for(args.n, BATCH)} batched, {args.rounds} round(s), {args.pings} pings",
                  style="bold")
-        bench = Bench(ctx, children, servers, args.workers, rserver, args.timeout)
+        bench = Bench(ctx, children, servers, args.workers, rserver, args.timeout,
+                      PLACEMENTS[args.placement] if args.workers > 1 else (-1, -1))
         res = run(args, out, bench, systems)
         data = report(args, out, res, systems, rserver.version if rserver else None)
         if args.json:
