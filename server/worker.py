@@ -140,14 +140,10 @@ class Worker:
         self._mark_seq = itertools.count()  # ties in the heap never compare the callbacks
         self.loop: asyncio.AbstractEventLoop
         self.broker: ShmBroker
-        self._reg_words: Any = None  # the registry's header words
-        self._queues: dict[str, ShmQueue] = {}
-        self._queues_gen = -1
 
     # ------------------------------------------------------------ life cycle
     def run(self, ready: Any = None) -> None:
         self.broker = ShmBroker(self.instance)
-        self._reg_words = self.broker._att.registry.w
         try:  # uvloop halves the event loop's cost per request; plain asyncio works too
             import uvloop
         except ImportError:
@@ -252,23 +248,14 @@ class Worker:
             self.flagged_ids.pop(q._ring.queue_id, None)
             try:
                 q._mm[L.Q_BELLS + self.worker_id] = 0
-            except (ValueError, ShmqError):
-                pass  # its mapping is gone
+            except ValueError:
+                pass  # its mapping is gone (the queue was deleted)
 
     # ------------------------------------------------------------ waking
     def queue(self, name: str) -> ShmQueue:
-        """The queue named ``name`` (a cache in front of the attachment's, checked against
-        the registry's generation on every call: a deleted queue is never served)."""
-        gen = self._reg_words[L.R_GENERATION]
-        if gen != self._queues_gen:
-            self._queues = {}
-            self._queues_gen = gen
-        q = self._queues.get(name)
-        if q is None:
-            q = self.broker.queue(name)
-            if q._defer_marks is None:
-                q._defer_marks = self._note_mark
-            self._queues[name] = q
+        q = self.broker.queue(name)  # the attachment's cache, checked against the registry generation
+        if q._defer_marks is None:
+            q._defer_marks = self._note_mark
         return q
 
     # ------------------------------------------------------------ durable marks

@@ -29,7 +29,6 @@ The sender never blocks.
 
 from __future__ import annotations
 
-import os
 import socket
 import struct
 
@@ -50,18 +49,16 @@ class Ringer:
     """The sending side: one non-blocking datagram socket per process."""
 
     def __init__(self) -> None:
-        self._sock: socket.socket | None = None
-        self._pid = 0
+        self._sock: socket.socket | None = None  # made on first use; a forked child shares it
 
     def ring(self, flags: bytes, instance_uid: int, queue_id: int, skip: int) -> None:
         """Send ``queue_id`` to each worker whose byte in ``flags`` (a copy of a queue's
         bell table) is set, but ``skip`` (the calling worker itself, which retries its
         own requests directly)."""
         sock = self._sock
-        if sock is None or self._pid != os.getpid():
+        if sock is None:
             sock = self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
             sock.setblocking(False)
-            self._pid = os.getpid()
         data = _QID.pack(queue_id)
         i = flags.find(1)
         while i >= 0:

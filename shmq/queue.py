@@ -129,10 +129,7 @@ class ShmQueue(QueueABC):
         off = self._ring.try_put(payload, time.time_ns())
         if off < 0:
             off = self._put_wait([payload], None, block, timeout)
-        if self._w[33]:  # Q_CONSUMER_WAITERS
-            self._wake(self._ne, self._w[33], 1)
-        if self._mm[896:960] != NO_BELLS:  # layout.Q_BELLS: a worker parks requests here
-            self._ring_bells()
+        self._wake_consumers(1)
         return off
 
     def put_many(self, payloads: Sequence[Payload], block: bool = True,
@@ -339,12 +336,9 @@ class ShmQueue(QueueABC):
         not-empty semaphore and ring the doorbells of workers with requests parked here."""
         if self._w[L.Q_CONSUMER_WAITERS]:
             self._wake(self._ne, self._w[L.Q_CONSUMER_WAITERS], n)
-        if self._mm[L.Q_BELLS:L.Q_BELLS + L.Q_BELLS_SIZE] != NO_BELLS:
-            self._ring_bells()
-
-    def _ring_bells(self) -> None:
-        RINGER.ring(self._mm[L.Q_BELLS:L.Q_BELLS + L.Q_BELLS_SIZE], self._ring.instance_uid,
-                    self._ring.queue_id, self._att.bell_skip)
+        bells = self._mm[L.Q_BELLS:L.Q_BELLS + L.Q_BELLS_SIZE]
+        if bells != NO_BELLS:
+            RINGER.ring(bells, self._ring.instance_uid, self._ring.queue_id, self._att.bell_skip)
 
     @staticmethod
     def _wake(sem: posix_ipc.Semaphore, waiters: int, n: int) -> None:

@@ -156,12 +156,8 @@ class TcpBroker(Broker):
 
     def _start(self, type_: int, **fields: Any) -> int:
         """Send a request; its message id."""
-        if self._closed:
-            raise ConnectionLost(f"connection to {self.url} is closed")
         msg_id = self._next_id()
-        data = frame(type_, msg_id, **fields)  # a bad argument raises here, before anything is sent
-        with self._lock:
-            self._send(data)
+        self._send_request(type_, msg_id, 0, fields)
         return msg_id
 
     def _send_no_reply(self, type_: int, **fields: Any) -> None:
@@ -170,11 +166,14 @@ class TcpBroker(Broker):
         (``MSG_MORE``) until this connection's next request, its close, or its cork timer
         (about 200 ms on Linux), whichever comes first: the next request then carries it
         in the same segment, and the broker reads both at once and applies them in order."""
+        self._send_request(type_, NO_REPLY_ID, MSG_MORE, fields)
+
+    def _send_request(self, type_: int, msg_id: int, flags: int, fields: dict[str, Any]) -> None:
         if self._closed:
             raise ConnectionLost(f"connection to {self.url} is closed")
-        data = frame(type_, NO_REPLY_ID, **fields)
+        data = frame(type_, msg_id, **fields)  # a bad argument raises here, before anything is sent
         with self._lock:
-            self._send(data, MSG_MORE)
+            self._send(data, flags)
 
     def _answer(self, msg_id: int) -> Any:
         """The answer to a request started with _start (an ERROR raises as its typed error)."""

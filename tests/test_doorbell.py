@@ -57,7 +57,7 @@ def test_instances_do_not_hear_each_other() -> None:
         bell_b.close()
 
 
-def test_a_forked_child_rings_with_its_own_socket() -> None:
+def test_a_forked_child_rings_too() -> None:
     uid = secrets.randbits(64)
     bell = Bell(uid, 1)
     ringer = Ringer()
