@@ -30,20 +30,21 @@ import socket
 import sys
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from itertools import repeat
 from typing import Any
 
 from shmq import layout as L
 from shmq import options
 from shmq.api import Message
-from shmq.codec import Frame, FrameDecoder, T, decode_body, encode_body, encode_frame, frame
+from shmq.codec import Frame, FrameDecoder, T, decode_body, encode_body, encode_frame, frame, records_field
 from shmq.doorbell import Bell
 from shmq.errors import (
     Empty,
     Full,
+    GroupNotFound,
     InvalidArgument,
     LimitExceeded,
     ProtocolError,
@@ -356,7 +357,9 @@ class Connection(asyncio.Protocol):
         self.ready = False
         self.closed = False
         self.busy = False
-        self.leases: OrderedDict[tuple[str, str, int], Message] = OrderedDict()
+        # the leases this connection holds: (queue handle, group index) -> {offset: deliveries}
+        self.held: dict[tuple[ShmQueue, int], dict[int, int]] = {}
+        self.inflight = 0  # leases held, all queues
         self.subs: dict[int, Subscription] = {}
         self._handshake_timer: asyncio.TimerHandle | None = None
         self._out: list[bytes] | None = None  # replies held while several frames of one read are handled
@@ -489,14 +492,15 @@ class Connection(asyncio.Protocol):
 
     def give_back(self) -> None:
         """Return every lease this connection holds to its queue, at once."""
-        leases, self.leases = self.leases, OrderedDict()
+        held, self.held, self.inflight = self.held, {}, 0
         touched = set()
-        for (qname, _group, _off), m in leases.items():
-            try:
-                m.nack()
-                touched.add(qname)
-            except ShmqError:
-                pass  # expired and taken back already, or the queue is gone
+        for (q, gi), leases in held.items():
+            for offset, dc in leases.items():
+                try:
+                    _message(q, gi, None, offset, dc).nack()
+                    touched.add(q.name)
+                except ShmqError:
+                    pass  # expired and taken back already, or the queue is gone
         for qname in touched:
             self.w.poke(qname)
 
@@ -512,7 +516,10 @@ class Connection(asyncio.Protocol):
         self.send(encode_frame(T.ERROR, msg_id, encode_body(T.ERROR, message=message[:1000]), int(status)))
 
     def reply(self, f: Frame, type_: int, **fields: Any) -> None:
-        data = frame(type_, f.msg_id, **fields)
+        self.send_reply(f, frame(type_, f.msg_id, **fields))
+
+    def send_reply(self, f: Frame, data: bytes) -> None:
+        """Send the answer to ``f``, or hold it until the journal has what it confirms."""
         if self.w.pending_mark is not None:
             mark = self.w.take_mark()
             if mark is not None:  # confirmed once the journal has it
@@ -563,21 +570,40 @@ class Connection(asyncio.Protocol):
                    server=SERVER_NAME)
 
     # ------------------------------------------------------------ leases
-    def _lease(self, qname: str, group: str, msgs: list[Message]) -> None:
-        for m in msgs:
-            self.leases[(qname, group, m.offset)] = m
+    def _lease(self, q: ShmQueue, gi: int, offsets: Any, deliveries: Any) -> None:
+        held = self.held.get((q, gi))
+        if held is None:
+            held = self.held[(q, gi)] = {}
+        before = len(held)
+        held.update(zip(offsets, deliveries, strict=True))
+        self.inflight += len(held) - before
 
     def _check_inflight(self, n: int) -> None:
-        if len(self.leases) + n > options.MAX_INFLIGHT_PER_CONNECTION:
-            raise LimitExceeded(f"this connection holds {len(self.leases)} unacknowledged messages; "
+        if self.inflight + n > options.MAX_INFLIGHT_PER_CONNECTION:
+            raise LimitExceeded(f"this connection holds {self.inflight} unacknowledged messages; "
                                 f"the limit is {options.MAX_INFLIGHT_PER_CONNECTION}")
 
-    def _held(self, fields: dict[str, Any]) -> Message:
-        m = self.leases.get((fields["queue"], fields["group"], fields["offset"]))
-        if m is None or m.deliveries != fields["deliveries"]:
-            raise StaleAck(f"message {fields['offset']} (delivery {fields['deliveries']}) of "
-                           f"{fields['queue']!r} is not leased to this connection")
-        return m
+    def _leases(self, d: dict[str, Any]) -> tuple[ShmQueue, int, dict[int, int]]:
+        """The queue, group index and leases of ours that a settle request names."""
+        q = self.w.queue(d["queue"])
+        try:
+            gi = q._group(d["group"], create=False)
+        except GroupNotFound:
+            gi = -1
+        return q, gi, self.held.get((q, gi), _NONE_HELD)
+
+    def _held(self, d: dict[str, Any]) -> tuple[Message, dict[int, int]]:
+        """The lease a settle request names, as a Message to settle, and the leases it is in."""
+        q, gi, held = self._leases(d)
+        if held.get(d["offset"]) != d["deliveries"]:
+            raise StaleAck(f"message {d['offset']} (delivery {d['deliveries']}) of "
+                           f"{d['queue']!r} is not leased to this connection")
+        return _message(q, gi, d["group"], d["offset"], d["deliveries"]), held
+
+    def _settled(self, held: dict[int, int], offset: int) -> None:
+        """Settled, or found stale: either way no longer ours."""
+        if held.pop(offset, None) is not None:
+            self.inflight -= 1
 
     # ------------------------------------------------------------ requests
     def _behind(self, f: Frame, d: dict[str, Any]) -> bool:
@@ -632,11 +658,21 @@ class Connection(asyncio.Protocol):
         vis = d["visibility_ms"] / 1000 if d["visibility_ms"] else None
         n = d.get("max", 1)
         self._check_inflight(n)
+        if n > 1:  # a batch: new messages stored back to back go out as columns
+            block = q.take_block(d["group"], n, vis)
+            if block is not None:
+                first, stamps, lens, data = block
+                k = len(lens)
+                offsets = range(first, first + k)
+                self._lease(q, q._group(d["group"]), offsets, repeat(1, k))
+                body = records_field(offsets, [1] * k, stamps, [0] * k, lens, data)
+                self.send_reply(f, encode_frame(T.DELIVER_BATCH, f.msg_id, body))
+                return True
         try:
             msgs = q.get_many(n, group=d["group"], block=False, visibility_timeout=vis)
         except Empty:
             return False
-        self._lease(d["queue"], d["group"], msgs)
+        self._lease(q, msgs[0][1], [m[3] for m in msgs], [m[4] for m in msgs])
         if f.type == T.CONSUME:
             m = msgs[0]
             self.reply(f, T.DELIVER, offset=m.offset, deliveries=m.deliveries, timestamp_ns=m.timestamp_ns,
@@ -680,68 +716,69 @@ class Connection(asyncio.Protocol):
             return True
         return False
 
-    def _settled(self, d: dict[str, Any]) -> None:
-        self.leases.pop((d["queue"], d["group"], d["offset"]), None)
-
     def ack(self, f: Frame, d: dict[str, Any]) -> None:
-        m = self._held(d)
+        m, held = self._held(d)
         try:
             m.ack()
         finally:
-            self._settled(d)  # settled, or stale: either way no longer ours
+            self._settled(held, m[3])
         self.reply(f, T.ACK_OK)
 
     def ack_no_reply(self, f: Frame, d: dict[str, Any]) -> None:
         """ACK whose success is not answered (an error still is, by handle())."""
-        m = self._held(d)
+        m, held = self._held(d)
         try:
             m.ack()
         finally:
-            self._settled(d)
+            self._settled(held, m[3])
             self.w.pending_mark = None  # an `always` ack: nobody waits for the journal either
 
     def ack_batch(self, f: Frame, d: dict[str, Any]) -> None:
-        q = self.w.queue(d["queue"])
-        mine = []
-        stale = []
-        leases, qname, group = self.leases, d["queue"], d["group"]
-        for off, dc in d["settles"]:
-            key = (qname, group, off)
-            m = leases.get(key)
-            if m is None or m.deliveries != dc:
-                stale.append(off)
-            else:
-                mine.append(m)
-                del leases[key]
-        try:
-            q.ack_many(mine)
-        except StaleAck as e:
-            stale += e.stale  # type: ignore[attr-defined]
+        q, gi, held = self._leases(d)
+        settles = d["settles"]
+        offsets = [o for o, _ in settles]
+        asked = [dc for _, dc in settles]
+        had = list(map(held.pop, offsets, repeat(None)))  # ours are no longer ours, settled or stale
+        if had == asked:  # all of them ours (the usual case)
+            mine, dcs, stale = offsets, asked, []
+        else:
+            mine, dcs, stale = [], [], []
+            for o, dc, h in zip(offsets, asked, had, strict=True):
+                if h == dc:
+                    mine.append(o)
+                    dcs.append(dc)
+                else:
+                    stale.append(o)
+                    if h is not None:  # we hold another delivery of it: still ours
+                        held[o] = h
+        self.inflight -= len(mine)
+        if mine:
+            stale += q.ack_offsets(gi, mine, dcs)
         self.reply(f, T.ACK_BATCH_OK, stale=stale)
 
     def nack(self, f: Frame, d: dict[str, Any]) -> None:
-        m = self._held(d)
+        m, held = self._held(d)
         try:
             m.nack(d["delay_ms"] / 1000)
         except StaleAck:
-            self._settled(d)
+            self._settled(held, m[3])
             raise
-        self._settled(d)
+        self._settled(held, m[3])
         self.reply(f, T.NACK_OK)
         self.w.poke(d["queue"])
 
     def touch(self, f: Frame, d: dict[str, Any]) -> None:
-        self._held(d).touch(d["visibility_ms"] / 1000 if d["visibility_ms"] else None)
+        self._held(d)[0].touch(d["visibility_ms"] / 1000 if d["visibility_ms"] else None)
         self.reply(f, T.TOUCH_OK)
 
     def dead_letter(self, f: Frame, d: dict[str, Any]) -> None:
-        m = self._held(d)
+        m, held = self._held(d)
         try:
             m.dead_letter()
         except StaleAck:
-            self._settled(d)
+            self._settled(held, m[3])
             raise
-        self._settled(d)
+        self._settled(held, m[3])
         self.reply(f, T.DEAD_LETTER_OK)
 
     def create_queue(self, f: Frame, d: dict[str, Any]) -> None:
@@ -816,14 +853,14 @@ class Connection(asyncio.Protocol):
             return
         q = self.w.queue(s.queue)
         vis = s.vis / 1000 if s.vis else None
-        n = min(s.credit, options.MAX_INFLIGHT_PER_CONNECTION - len(self.leases))
+        n = min(s.credit, options.MAX_INFLIGHT_PER_CONNECTION - self.inflight)
         if n <= 0:
             return
         try:
             msgs = q.get_many(n, group=s.group, block=False, visibility_timeout=vis)
         except Empty:
             return
-        self._lease(s.queue, s.group, msgs)
+        self._lease(q, msgs[0][1], [m[3] for m in msgs], [m[4] for m in msgs])
         s.credit -= len(msgs)
         for m in msgs:
             self.send(encode_frame(T.DELIVER, s.sub_id, encode_body(
@@ -848,6 +885,14 @@ class Connection(asyncio.Protocol):
             if lst and s in lst:
                 lst.remove(s)
         self.reply(f, T.UNSUBSCRIBE_OK)
+
+
+_NONE_HELD: dict[int, int] = {}  # the leases of a queue and group we hold none of (never written)
+
+
+def _message(q: ShmQueue, gi: int, group: str | None, offset: int, deliveries: int) -> Message:
+    """A lease as a Message to settle (settling needs no payload)."""
+    return tuple.__new__(Message, (q, gi, group, offset, deliveries, b"", b"", 0))
 
 
 PRODUCE_TYPES = frozenset((T.PRODUCE, T.PRODUCE_BATCH, T.PRODUCE_IDEMPOTENT))

@@ -45,7 +45,7 @@ from .errors import (
 )
 from .names import check_queue_name
 from .queue import _as_bytes
-from .tcp import _ms, _timeout_ms, _vis, parse_tcp_url, produce_request
+from .tcp import _ms, _timeout_ms, _vis, parse_tcp_url, produce_request, settles_by_group
 
 __all__ = ["AsyncBroker", "AsyncMessage", "AsyncQueue", "connect"]
 
@@ -396,13 +396,9 @@ class AsyncQueue:
         """Ack many leases, one ACK_BATCH per group (pipelined).  Raises StaleAck, with
         ``.stale`` the offsets, if some were stale; the others are applied."""
         msgs = list(messages)
-        by_group: dict[str, list[Message]] = {}
-        for m in msgs:
-            by_group.setdefault(m.group or "", []).append(m)
         replies = await asyncio.gather(*(
-            self._b._request(T.ACK_BATCH, T.ACK_BATCH_OK, queue=self.name, group=group,
-                             settles=[(m.offset, m.deliveries) for m in ms])
-            for group, ms in by_group.items()))
+            self._b._request(T.ACK_BATCH, T.ACK_BATCH_OK, queue=self.name, group=group, settles=settles)
+            for group, settles in settles_by_group(msgs)))
         stale = [off for r in replies for off in r["stale"]]
         if stale:
             err = StaleAck(f"{len(stale)} of {len(msgs)} acks were stale (offsets {stale[:10]}); "

@@ -30,8 +30,11 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
+from array import array
 from collections.abc import Callable
 from enum import IntEnum
+from itertools import accumulate
 from typing import Any, NamedTuple
 
 from . import options
@@ -39,7 +42,7 @@ from .errors import ProtocolError, Status
 
 __all__ = [
     "HEADER_SIZE", "MAGIC", "SCHEMAS", "VERSION", "Frame", "FrameDecoder", "T",
-    "decode_body", "encode_body", "encode_frame", "frame",
+    "decode_body", "encode_body", "encode_frame", "frame", "records_field",
 ]
 
 MAGIC = 0xDEADBEEF
@@ -298,28 +301,119 @@ def _seq(value: Any) -> Any:
 
 
 _U32 = struct.Struct(">I")
-_SETTLE = struct.Struct(">QH")
-_RECORD_HEAD = struct.Struct(">QHQI")  # offset, deliveries, timestamp_ns, meta length
-_RECORD_MIN = _RECORD_HEAD.size + 4  # ... meta, payload length, payload
+_BIG = sys.byteorder == "big"
+for _code, _size in (("H", 2), ("I", 4), ("Q", 8)):
+    assert array(_code).itemsize == _size, _code  # the columns below rely on it
+del _code, _size
+
+# The list kinds are columnar (drawn in docs/protocol.md): a count, then each fixed-width
+# field of every item as one big-endian column, then the variable bytes of every item
+# back to back.  So a batch is encoded and decoded with a few array operations, not
+# one struct call per item.
+
+
+def _column(code: str, values: Any) -> bytes:
+    """One big-endian column of ints (OverflowError when one is out of range)."""
+    col = array(code, values)
+    if not _BIG:
+        col.byteswap()
+    return col.tobytes()
+
+
+def _ints(code: str, raw: bytes) -> array[int]:
+    col = array(code)
+    col.frombytes(raw)
+    if not _BIG:
+        col.byteswap()
+    return col
+
+
+def _slices(body: bytes, lens: Any, pos: int, n: int, what: str) -> tuple[list[bytes], int]:
+    """The byte strings of ``lens`` back to back from ``pos``, and where they end."""
+    ends = list(accumulate(lens, initial=pos))
+    if ends[-1] > n:
+        raise _bad(f"truncated {what}")
+    return [body[a:b] for a, b in zip(ends, ends[1:], strict=False)], ends[-1]
 
 
 def _enc_blobs(items: Any) -> bytes:
-    pack = _U32.pack
-    return b"".join([x for p in items for x in (pack(len(p)), p)])
+    return _column("I", [len(p) for p in items]) + b"".join(items)
+
+
+def _dec_blobs(body: bytes, pos: int, n: int, ln: int, what: str) -> tuple[list[bytes], int]:
+    end = pos + 4 * ln
+    if end > n:
+        raise _bad(f"truncated {what}")
+    return _slices(body, _ints("I", body[pos:end]), end, n, what)
 
 
 def _enc_settles(items: Any) -> bytes:
-    pack = _SETTLE.pack
-    return b"".join([pack(o, d) for o, d in items])
+    return _column("Q", [o for o, _ in items]) + _column("H", [d for _, d in items])
+
+
+def _dec_settles(body: bytes, pos: int, n: int, ln: int, what: str) -> tuple[list[tuple[int, int]], int]:
+    mid, end = pos + 8 * ln, pos + 10 * ln
+    if end > n:
+        raise _bad(f"truncated {what}")
+    return list(zip(_ints("Q", body[pos:mid]), _ints("H", body[mid:end]), strict=True)), end
 
 
 def _enc_offsets(items: Any) -> bytes:
-    return struct.pack(f">{len(items)}Q", *items)
+    return _column("Q", items)
+
+
+def _dec_offsets(body: bytes, pos: int, n: int, ln: int, what: str) -> tuple[list[int], int]:
+    end = pos + 8 * ln
+    if end > n:
+        raise _bad(f"truncated {what}")
+    return _ints("Q", body[pos:end]).tolist(), end
 
 
 def _enc_records(items: Any) -> bytes:
-    head, pack = _RECORD_HEAD.pack, _U32.pack
-    return b"".join([x for o, d, ts, m, p in items for x in (head(o, d, ts, len(m)), m, pack(len(p)), p)])
+    if not items:
+        return b""
+    offsets, deliveries, stamps, metas, payloads = zip(*items, strict=True)
+    mlens = [len(m) for m in metas]
+    data = (b"".join([x for m, p in zip(metas, payloads, strict=True) for x in (m, p)]) if any(mlens)
+            else b"".join(payloads))
+    return _records_columns(offsets, deliveries, stamps, mlens, [len(p) for p in payloads], data)
+
+
+def _records_columns(offsets: Any, deliveries: Any, stamps: Any, meta_lens: Any, payload_lens: Any,
+                     data: bytes) -> bytes:
+    return b"".join((_column("Q", offsets), _column("H", deliveries), _column("Q", stamps),
+                     _column("I", meta_lens), _column("I", payload_lens), data))
+
+
+def records_field(offsets: Any, deliveries: Any, stamps: Any, meta_lens: Any, payload_lens: Any,
+                  data: bytes) -> bytes:
+    """A whole ``records`` field (count, columns, bytes) straight from its columns, with
+    every record's meta and payload already back to back in ``data``.  DELIVER_BATCH
+    and READ_OK bodies are this field alone: the server's batch path sends it as is."""
+    n = _count(payload_lens)
+    if not len(offsets) == len(deliveries) == len(stamps) == len(meta_lens) == n:
+        raise ValueError("the columns of a records field differ in length")
+    if sum(meta_lens) + sum(payload_lens) != len(data):
+        raise ValueError("the records' lengths do not add up to their bytes")
+    try:
+        return _U32.pack(n) + _records_columns(offsets, deliveries, stamps, meta_lens, payload_lens, data)
+    except OverflowError as e:
+        raise ValueError(f"bad records field: {e}") from None
+
+
+def _dec_records(body: bytes, pos: int, n: int, ln: int, what: str) -> tuple[list[Any], int]:
+    a, b, c, d, e = (pos + 8 * ln, pos + 10 * ln, pos + 18 * ln, pos + 22 * ln, pos + 26 * ln)
+    if e > n:
+        raise _bad(f"truncated {what}")
+    mlens, plens = _ints("I", body[c:d]), _ints("I", body[d:e])
+    if any(mlens):  # meta and payload of each record, one after the other
+        both, end = _slices(body, [x for pair in zip(mlens, plens, strict=True) for x in pair], e, n, what)
+        metas, payloads = both[0::2], both[1::2]
+    else:
+        payloads, end = _slices(body, plens, e, n, what)
+        metas = [b""] * ln
+    return list(zip(_ints("Q", body[pos:a]), _ints("H", body[a:b]), _ints("Q", body[b:c]),
+                    metas, payloads, strict=True)), end
 
 
 def _json_dumps(value: Any) -> bytes:
@@ -337,11 +431,10 @@ _KINDS = set(_INT) | set(_PREFIXED) | {"rest"}
 
 # The generated functions see only these names (and their own structs).
 _GLOBALS: dict[str, Any] = {
-    "_U32": _U32, "_SETTLE": _SETTLE, "_RECORD_HEAD": _RECORD_HEAD, "_RECORD_MIN": _RECORD_MIN,
-    "_bad": _bad, "_count": _count, "_seq": _seq, "_options": options, "_unpack_from": struct.unpack_from,
+    "_bad": _bad, "_count": _count, "_seq": _seq, "_options": options,
     "_str_encode": str.encode, "_json_dumps": _json_dumps, "_json_loads": json.loads,
-    "_enc_blobs": _enc_blobs, "_enc_settles": _enc_settles, "_enc_offsets": _enc_offsets,
-    "_enc_records": _enc_records,
+    **{f"_{d}_{k}": globals()[f"_{d}_{k}"] for d in ("enc", "dec")
+       for k in ("blobs", "settles", "offsets", "records")},
 }
 
 
@@ -456,38 +549,7 @@ def _compile(t: T, schema: Schema) -> tuple[Callable[[dict[str, Any]], tuple[Any
             dec.append("if ln > _options.MAX_BATCH:")
             dec.append(f"    raise _bad(f'{{ln}} {name} in the {t.name} body (the limit is "
                        f"{{_options.MAX_BATCH}})')")
-            if kind == "settles":
-                take("raw", f"{_SETTLE.size} * ln", name)
-                dec.append(f"{v} = list(_SETTLE.iter_unpack(raw))")
-            elif kind == "offsets":
-                take("raw", "8 * ln", name)
-                dec.append(f"{v} = list(_unpack_from(f'>{{ln}}Q', raw))")
-            elif kind == "blobs":
-                dec.append(f"if n - pos < 4 * ln: raise _bad('truncated {name} of the {t.name} body')")
-                dec.append(f"{v} = []")
-                dec.append("for _ in range(ln):")
-                dec.append("    m, = _U32.unpack_from(body, pos)")
-                dec.append("    pos += 4")
-                dec.append("    end = pos + m")
-                dec.append(f"    if end > n: raise _bad('truncated {name} of the {t.name} body')")
-                dec.append(f"    {v}.append(body[pos:end])")
-                dec.append("    pos = end")
-            else:  # records
-                dec.append("if n - pos < _RECORD_MIN * ln:")
-                dec.append(f"    raise _bad('truncated {name} of the {t.name} body')")
-                dec.append(f"{v} = []")
-                dec.append("for _ in range(ln):")
-                dec.append("    o, d, ts, m = _RECORD_HEAD.unpack_from(body, pos)")
-                dec.append(f"    pos += {_RECORD_HEAD.size}")
-                dec.append("    end = pos + m")
-                dec.append(f"    if end + 4 > n: raise _bad('truncated {name} of the {t.name} body')")
-                dec.append("    meta = body[pos:end]")
-                dec.append("    m, = _U32.unpack_from(body, end)")
-                dec.append("    pos = end + 4")
-                dec.append("    end = pos + m")
-                dec.append(f"    if end > n: raise _bad('truncated {name} of the {t.name} body')")
-                dec.append(f"    {v}.append((o, d, ts, meta, body[pos:end]))")
-                dec.append("    pos = end")
+            dec.append(f"{v}, pos = _dec_{kind}(body, pos, n, ln, '{name} of the {t.name} body')")
         dec_flush()
         if kinds[-1] != "rest":
             dec.append(f"if pos != n: raise _bad(f'{{n - pos}} bytes past the end of the {t.name} body')")
@@ -521,7 +583,7 @@ def _body_parts(type: int, fields: dict[str, Any]) -> tuple[Any, ...]:
                          f"unexpected {sorted(got - want)}")
     try:
         return enc(fields)
-    except struct.error as e:  # an int out of range, a str over 65535 bytes, ...
+    except (struct.error, OverflowError) as e:  # an int out of range, a str over 65535 bytes, ...
         raise ValueError(f"bad {_TYPES[type].name} field: {e}") from None
 
 

@@ -293,6 +293,45 @@ class Groups:
             return tuple.__new__(cls, (q, gi, group, cur, 1, payload, self.mm[start:start + mlen], ts))
         return tuple.__new__(cls, (q, gi, group, cur, 1, self.mm[start:start + lens], b"", ts))
 
+    def deliver_block(self, gi: int, owner: int, now: int, max_n: int,
+                      vis_ms: int) -> tuple[int, list[int], list[int], bytes] | None:
+        """The hot path of ``deliver`` for a batch: a run of at least two new messages
+        without metadata, stored back to back, leased to ``owner`` (1 delivery) with
+        strided slice stores.  Returns (first offset, timestamps, payload lengths, the
+        payloads as one bytes); None when the general path is needed (an expiry due,
+        redeliveries pending, fewer than two new, a run that wraps the slot table or the
+        byte ring, metadata, crash leftovers)."""
+        w = self.w
+        g = self.gw + gi * 32
+        ne = w[g + 5]  # G_NEXT_EXPIRY
+        if (ne and now >= ne) or w[g + 3]:  # an expiry is due / G_REDELIVER
+            return None
+        sl, cap, sw, size, data, mm = self._geom
+        cur = w[g + 1]  # G_CURSOR
+        i0 = cur % cap
+        k = min(w[self.tail_word] - cur, max_n, cap - i0)
+        if k < 2:
+            return None
+        b0 = sl + i0 * sw
+        end = b0 + k * sw
+        lw = b0 + 4 + gi
+        if any(w[lw:end:sw]):  # a word leased before a crash: step over it the slow way
+            return None
+        lens = w[b0 + 2:end:sw].tolist()
+        if max(lens) > 0xFFFFFFFF:  # some record has metadata
+            return None
+        p0 = w[b0 + 1]
+        span = w[end - sw + 1] + lens[-1] - p0
+        start = p0 % size
+        if span != sum(lens) or start + span > size:  # not back to back in one lap
+            return None
+        deadline = now + vis_ms
+        w[lw:end:sw] = array("Q", [9 | (owner << 11) | (deadline << 24)]) * k  # LEASED, 1 delivery
+        w[g + 1] = cur + k
+        if not ne or deadline < ne:
+            w[g + 5] = deadline
+        return cur, w[b0 + 3:end:sw].tolist(), lens, mm[data + start:data + start + span]
+
     def _redeliver(self, gi: int, owner: int, now: int, max_n: int, vis_ms: int,
                    out: list[Any], cls: type, prefix: tuple[Any, ...]) -> None:
         """Lease READY messages whose time has come, lowest offset first.
@@ -392,44 +431,55 @@ class Groups:
         """ACK many deliveries, each a sequence whose items 1, 3, 4 are (group index, offset,
         deliveries) -- the API's Message is one.  Offsets of stale ones go to ``stale``.
         True when queue storage was freed."""
+        by_group: dict[int, tuple[list[int], list[int]]] = {}
+        for d in deliveries:
+            if d[1] < 0:
+                stale.append(d[3])
+                continue
+            offs, dcs = by_group.setdefault(d[1], ([], []))
+            offs.append(d[3])
+            dcs.append(d[4])
+        freed = False
+        for gi, (offs, dcs) in by_group.items():
+            freed = self.ack_offsets(gi, offs, dcs, stale) or freed
+        return freed
+
+    def ack_offsets(self, gi: int, offsets: list[int], dcs: list[int], stale: list[int]) -> bool:
+        """ACK the deliveries (offsets[i], dcs[i]) of group ``gi``; offsets that are not
+        leased with that delivery count go to ``stale``.  True when storage was freed."""
         if self.journaled:  # the journal writer snapshots the groups once this moves
             self.w[L.Q_SETTLE_SEQ] += 1
         w = self.w
         sl, cap, sw = self.sl, self.cap, self.sw
         tail = w[24]
-        n = len(deliveries)
-        if n > 1:  # the common case: one group, consecutive offsets, no wrap -> strided slices
-            first = deliveries[0]
-            gi, o0 = first[1], first[3]
+        g = self.gw + gi * 32
+        n = len(offsets)
+        if n > 1:  # the common case: consecutive offsets, no wrap -> strided slices
+            o0 = offsets[0]
             i0 = o0 % cap
-            if gi >= 0 and i0 + n <= cap and o0 + n <= tail and deliveries[-1][3] == o0 + n - 1:
+            if i0 + n <= cap and max(offsets) < tail:
                 b0 = sl + i0 * sw
                 end = b0 + n * sw
                 lw = b0 + 4 + gi
-                expect = [1 | (d[4] << 3) for d in deliveries]
-                if (w[b0:end:sw].tolist() == list(range(o0, o0 + n))
-                        and [x & 0x7FF for x in w[lw:end:sw].tolist()] == expect
-                        and all(d[1] == gi for d in deliveries)):
+                expect = [1 | (d << 3) for d in dcs]
+                if w[b0:end:sw].tolist() == offsets and [x & 0x7FF for x in w[lw:end:sw].tolist()] == expect:
                     w[lw:end:sw] = array("Q", [x | 2 for x in expect])  # LEASED(1) -> DONE(3)
-                    w[self.gw + gi * 32 + 7] += n  # G_ACKED
-                    return self.advance_floor(gi)
-        acked: dict[int, int] = {}
-        for d in deliveries:
-            gi = d[1]
-            offset = d[3]
-            dc = d[4]
+                    w[g + 7] += n  # G_ACKED
+                    # the floor may jump over the whole run: every word of it is DONE now
+                    return self.advance_floor(gi, o0 + n if o0 <= w[g + 2] else 0)
+        acked = 0
+        for offset, dc in zip(offsets, dcs, strict=True):
             base = sl + (offset % cap) * sw
             lw = base + 4 + gi
-            if gi < 0 or w[lw] & 0x7FF != 1 | (dc << 3) or w[base] != offset or offset >= tail:
+            if w[lw] & 0x7FF != 1 | (dc << 3) or w[base] != offset or offset >= tail:
                 stale.append(offset)
                 continue
             w[lw] = 3 | (dc << 3)  # DONE
-            acked[gi] = acked.get(gi, 0) + 1
-        freed = False
-        for gi, n in acked.items():
-            w[self.gw + gi * 32 + 7] += n  # G_ACKED
-            freed = self.advance_floor(gi) or freed
-        return freed
+            acked += 1
+        if not acked:
+            return False
+        w[g + 7] += acked  # G_ACKED
+        return self.advance_floor(gi)
 
     def _give_back(self, gi: int, lw: int, word: int, owner: int, ready_at: int) -> int:
         """A LEASED word returns to the group, or heads for the dead-letter queue.
@@ -492,12 +542,15 @@ class Groups:
         return self.advance_floor(gi)
 
     # ------------------------------------------------------------ floors
-    def advance_floor(self, gi: int) -> bool:
-        """Move the group's floor past DONE words; True when queue storage was freed."""
+    def advance_floor(self, gi: int, done_to: int = 0) -> bool:
+        """Move the group's floor past DONE words; True when queue storage was freed.
+        ``done_to``: the caller knows every word from the floor up to there is DONE."""
         w = self.w
         g = self.gw + gi * 32
         f = old = w[g + 2]
         cur = w[g + 1]
+        if done_to > f:
+            f = min(done_to, cur)
         lw = 4 + gi
         while f < cur and w[self.sl + (f % self.cap) * self.sw + lw] & 7 == _DONE:
             f += 1

@@ -139,11 +139,14 @@ class ShmQueue(QueueABC):
         producer): raise :class:`Duplicate` and write nothing when this producer already
         wrote ``seq`` or a later sequence to this queue."""
         key = check_producer(producer, seq)
-        items = [p if type(p) is bytes else _as_bytes(p) for p in payloads]
+        if set(map(type, payloads)) == {bytes}:  # the usual case, checked at C speed
+            items = list(payloads)
+        else:
+            items = [p if type(p) is bytes else _as_bytes(p) for p in payloads]
         if not items:
             return []
         self._alive()
-        big = max(len(p) for p in items)
+        big = max(map(len, items))
         if big > self._max:
             raise MessageTooLarge(f"a payload of {big} bytes exceeds max_message_size {self._max} "
                                   f"of queue {self.name!r}")
@@ -282,7 +285,7 @@ class ShmQueue(QueueABC):
     def _put_wait(self, items: list[Any], metas: list[bytes] | None, block: bool,
                   timeout: float | None, first_try: bool = False, producer: int = 0, seq: int = 0) -> int:
         ring = self._ring
-        nbytes = sum(len(p) for p in items) + (sum(len(m) for m in metas) if metas else 0)
+        nbytes = sum(map(len, items)) + (sum(map(len, metas)) if metas else 0)
         if not ring.fits_empty(nbytes, len(items)):
             raise Full(f"a batch of {len(items)} messages / {nbytes} bytes can never fit queue "
                        f"{self.name!r} (capacity {ring.capacity}, max_bytes {ring.size})")
@@ -309,7 +312,7 @@ class ShmQueue(QueueABC):
 
     def could_fit(self, payloads: Sequence[Payload]) -> bool:
         """Would this batch fit the queue when empty?"""
-        return self._ring.fits_empty(sum(len(p) for p in payloads), len(payloads))
+        return self._ring.fits_empty(sum(map(len, payloads)), len(payloads))
 
     def wait(self, timeout: float, since: int | None = None) -> bool:
         """Sleep until the queue's tail moves past ``since`` (default: its value now), at
@@ -475,6 +478,28 @@ class ShmQueue(QueueABC):
             except _BusyError:
                 pass
 
+    def take_block(self, group: str, max_n: int,
+                   visibility_timeout: float | None = None) -> tuple[int, list[int], list[int], bytes] | None:
+        """The batch hot path of ``get_many(block=False)`` for the server: up to ``max_n``
+        new messages of ``group`` leased at once, as columns (first offset, timestamps,
+        payload lengths, the payloads back to back; see ``Groups.deliver_block``).
+        None when the general path is needed: then call ``get_many``."""
+        if self._w[4] != 1:  # Q_STATE
+            self._alive()
+        gi = self._group(group)
+        owner = self._att._slot
+        if owner is None:
+            owner = self._att.client_slot()
+        vis = self._vis if visibility_timeout is None else _ms(visibility_timeout, "visibility_timeout")
+        addr = self._clock_addr
+        rc = trylock(addr)
+        if rc:
+            self._ring.clock.acquire_slow(rc)
+        try:
+            return self._groups.deliver_block(gi, owner, self._now(), max_n, vis)
+        finally:
+            unlock(addr)
+
     # ------------------------------------------------------------ settle
     def _ack_nowait(self, msg: Message) -> None:
         self._ack(msg, wait_durable=False)
@@ -550,15 +575,31 @@ class ShmQueue(QueueABC):
             freed = self._groups.ack_batch(msgs, stale)
         finally:
             clock.release()
-        if freed and self._w[27]:
-            self._wake(self._nf, self._w[27], len(msgs))
-        if self._durable:
-            self._settled()
+        self._after_acks(freed, len(msgs))
         if stale:
             err = StaleAck(f"{len(stale)} of {len(msgs) + len(foreign)} acks were stale "
                            f"(offsets {stale[:10]}); the others were applied")
             err.stale = stale  # type: ignore[attr-defined]
             raise err
+
+    def ack_offsets(self, gi: int, offsets: list[int], deliveries: list[int]) -> list[int]:
+        """``ack_many`` for the server, which keeps its leases as (group index, offset,
+        deliveries): returns the offsets that were stale (the others are acknowledged)."""
+        stale: list[int] = []
+        clock = self._ring.clock
+        clock.acquire()
+        try:
+            freed = self._groups.ack_offsets(gi, offsets, deliveries, stale)
+        finally:
+            clock.release()
+        self._after_acks(freed, len(offsets))
+        return stale
+
+    def _after_acks(self, freed: bool, n: int) -> None:
+        if freed and self._w[27]:  # Q_PRODUCER_WAITERS
+            self._wake(self._nf, self._w[27], n)
+        if self._durable:
+            self._settled()
 
     # ------------------------------------------------------------ dead letters
     def _dead_letter(self, items: list[DeadItem]) -> None:

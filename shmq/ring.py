@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import time
 from array import array
-from itertools import compress
+from itertools import accumulate, compress
 
 from . import layout as L
 from . import options
@@ -221,18 +221,30 @@ class Ring:
                 floor = w[sl + (free % cap) * sw + 1]
                 p = tb
             # place every record first: nothing is written unless the whole batch fits
-            positions = []
-            for i in range(count):
-                n = len(payloads[i]) + (len(metas[i]) if metas else 0)
-                phys = p % size
-                if phys + n > size:
-                    p += size - phys
-                if p + n - floor > size:
+            one_run = False
+            if metas:
+                lens = [len(payloads[i]) | (len(metas[i]) << 32) for i in range(count)]
+            else:
+                lens = list(map(len, payloads))
+                total = sum(lens)
+                one_run = p % size + total <= size  # back to back, inside this lap
+            if one_run:
+                if p + total - floor > size:
                     return -1
-                positions.append(p)
-                p += n
+                positions = list(accumulate(lens, initial=p))
+                p = positions.pop()
+            else:
+                positions = []
+                for i in range(count):
+                    n = (lens[i] & 0xFFFFFFFF) + (lens[i] >> 32)
+                    phys = p % size
+                    if phys + n > size:
+                        p += size - phys
+                    if p + n - floor > size:
+                        return -1
+                    positions.append(p)
+                    p += n
             # slots, one strided block per run that does not wrap the slot table
-            lens = [len(payloads[i]) | ((len(metas[i]) if metas else 0) << 32) for i in range(count)]
             i = 0
             while i < count:
                 i0 = (off + i) % cap
@@ -246,6 +258,10 @@ class Ring:
                 i += k
             # records, one copy per physically contiguous run
             i = 0
+            if one_run:
+                start = data + positions[0] % size
+                mm[start:start + total] = b"".join(payloads)
+                i = count
             while i < count:
                 j = i + 1
                 end = positions[i] + (lens[i] & 0xFFFFFFFF) + (lens[i] >> 32)

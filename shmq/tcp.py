@@ -14,6 +14,7 @@ import socket
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
+from operator import itemgetter
 from typing import Any
 
 from . import options
@@ -281,13 +282,9 @@ class TcpQueue(Queue):
 
     def ack_many(self, messages: Iterable[Message]) -> None:
         msgs = list(messages)
-        by_group: dict[str, list[Message]] = {}
-        for m in msgs:
-            by_group.setdefault(m.group or "", []).append(m)
         stale: list[int] = []
-        for group, ms in by_group.items():
-            r = self._b._request(T.ACK_BATCH, T.ACK_BATCH_OK, queue=self.name, group=group,
-                                 settles=[(m.offset, m.deliveries) for m in ms])
+        for group, settles in settles_by_group(msgs):
+            r = self._b._request(T.ACK_BATCH, T.ACK_BATCH_OK, queue=self.name, group=group, settles=settles)
             stale += r["stale"]
         if stale:
             err = StaleAck(f"{len(stale)} of {len(msgs)} acks were stale (offsets {stale[:10]}); "
@@ -376,9 +373,27 @@ def produce_request(queue: str, payloads: Sequence[Payload], block: bool, timeou
     return T.PRODUCE_IDEMPOTENT, {**fields, "producer": producer, "seq": seq}
 
 
+def settles_by_group(msgs: list[Message]) -> list[tuple[str, list[tuple[int, int]]]]:
+    """(group, [(offset, deliveries), ...]) of each group of ``msgs``, for ACK_BATCH (both clients)."""
+    groups = set(map(_group_of, msgs))
+    if len(groups) == 1:  # the usual case: one get_many's messages, at C speed
+        return [(groups.pop() or "", list(map(_settle_of, msgs)))]
+    by_group: dict[str, list[tuple[int, int]]] = {}
+    for m in msgs:
+        by_group.setdefault(m[2] or "", []).append((m[3], m[4]))
+    return list(by_group.items())
+
+
+_group_of = itemgetter(2)
+_settle_of = itemgetter(3, 4)  # (offset, deliveries)
+
+
 def batch_payloads(payloads: Sequence[Payload]) -> list[bytes]:
     """The payloads of one PRODUCE_BATCH frame, checked against MAX_BATCH."""
-    items = [bytes(_as_bytes(p)) for p in payloads]
+    if set(map(type, payloads)) == {bytes}:  # the usual case, checked at C speed
+        items = list(payloads)
+    else:
+        items = [bytes(_as_bytes(p)) for p in payloads]
     if len(items) > options.MAX_BATCH:
         raise LimitExceeded(f"{len(items)} messages in one batch; the limit over TCP is "
                             f"{options.MAX_BATCH}")
@@ -399,4 +414,4 @@ def _tcp_queue(url: str, token: str, name: str) -> TcpQueue:
     return TcpQueue(TcpBroker(url, token), name)
 
 
-__all__ = ["TcpBroker", "TcpQueue", "batch_payloads", "parse_tcp_url"]
+__all__ = ["TcpBroker", "TcpQueue", "batch_payloads", "parse_tcp_url", "settles_by_group"]
