@@ -23,6 +23,9 @@ parent only coordinates); payloads are 100 B.  Workloads:
    pipelines ``BRPOP`` + ``RPOP key 99`` (one round trip per batch).  Redis
    Streams: a pipeline of 100 ``XADD``; ``XREADGROUP COUNT 100 BLOCK 0`` +
    one ``XACK`` with all the ids.
+   ``batch-nowait``: the same with shmq's ``ack_many(msgs, wait=False)`` (one
+   ACK_BATCH_NO_REPLY frame, sent with the next ``get_many``) and the Streams
+   consumer pipelining its XACK with the next XREADGROUP; Redis lists as in ``batch``.
 3. ``ping-pong``: round-trip latency over two queues (ping, pong): A puts on
    ping and waits on pong, B gets (+acks) ping and puts the payload on pong.
    Redis: ``LPUSH`` / ``BRPOP`` pairs.  Each round trip is timed with
@@ -88,10 +91,12 @@ except ImportError:
 
 RLIST, RSTREAM = "redis-lists", "redis-streams"
 # the workloads of this bench: common's, plus one message per call with the ack not waited for
-TCP_WORKLOADS = {"single": 1, "single-nowait": 1, "batch": BATCH}
-TCP_LABELS = {**WORKLOAD_LABELS, "single-nowait": "1 / call, nowait"}
-NOWAIT = {"single-nowait"}
+TCP_WORKLOADS = {"single": 1, "single-nowait": 1, "batch": BATCH, "batch-nowait": BATCH}
+TCP_LABELS = {**WORKLOAD_LABELS, "single-nowait": "1 / call, nowait",
+              "batch-nowait": f"batch {BATCH}, nowait"}
+NOWAIT = {"single-nowait", "batch-nowait"}
 PING_VARIANTS = {"ping-pong": False, "ping-pong, nowait": True}  # label -> ack not waited
+ALL_WORKLOADS = [*TCP_WORKLOADS, *(v.replace(", ", "-") for v in PING_VARIANTS)]  # --workloads names
 SIZE = 100
 
 SERVER_START_TIMEOUT = 60.0
@@ -690,11 +695,22 @@ def _workers_option(p: argparse.ArgumentParser) -> None:
                    help="shmq serve workers for workloads 1-3 (default 2; scaling always runs 1 and 2)")
 
 
+def _workload_list(text: str) -> list[str]:
+    names = [w.strip() for w in text.split(",") if w.strip()]
+    bad = [w for w in names if w not in ALL_WORKLOADS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(f"unknown workload(s) {bad}; choose from {', '.join(ALL_WORKLOADS)}")
+    return names
+
+
 def _switches(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-redis", action="store_true", help="measure shmq alone")
     p.add_argument("--no-install", action="store_true",
                    help="do not install redis-server (apt-get) or redis-py (pip) when missing")
     p.add_argument("--no-scaling", action="store_true", help="skip the 1-vs-2-worker runs")
+    p.add_argument("--workloads", default=",".join(ALL_WORKLOADS), type=_workload_list,
+                   help="comma-separated subset of workloads 1-3 to run: " + ", ".join(ALL_WORKLOADS)
+                        + " (default: all)")
     p.add_argument("--placement", choices=list(PLACEMENTS), default="kernel",
                    help="workloads 1-3: which shmq workers the two clients use: 'kernel' (whatever the "
                         "SO_REUSEPORT hash gives, the default), 'split' (workers 0 and 1), 'shared' (both "
@@ -724,6 +740,8 @@ def messages_for(n: int, batch: int) -> int:
 def run(args: argparse.Namespace, out: Out, bench: Bench, systems: list[str]) -> Results:
     res = Results()
     for workload, batch in TCP_WORKLOADS.items():
+        if workload not in args.workloads:
+            continue
         n = messages_for(args.n, batch)
         res.counts[workload] = n
         for rnd in range(1, args.rounds + 1):
@@ -743,6 +761,8 @@ def run(args: argparse.Namespace, out: Out, bench: Bench, systems: list[str]) ->
     lat_systems = [s for s in systems if s != RSTREAM]
     for rnd in range(1, args.rounds + 1):
         for variant, nowait in PING_VARIANTS.items():
+            if variant.replace(", ", "-") not in args.workloads:
+                continue
             for system in lat_systems:
                 p50: float | None
                 p99: float | None
@@ -786,7 +806,7 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str],
     peers = [s for s in systems if s != SHMQ]
     med = {k: median(v) for k, v in res.throughput.items()}
     rows = []
-    for workload in TCP_WORKLOADS:
+    for workload in [w for w in TCP_WORKLOADS if w in args.workloads]:
         rows.append([TCP_LABELS[workload],
                      *common.rate_cells(med, [(workload, s) for s in systems], (workload, SHMQ))])
     caption = (f"median of {args.rounds} interleaved round(s), {SIZE} B payloads, msgs/s timed in the "
@@ -803,16 +823,18 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str],
     if args.workers > 1 and any(placements.values()):
         caption += ("\nshmq connections (producer/consumer worker) per round: "
                     + "; ".join(f"{TCP_LABELS[w]}: {', '.join(p)}" for w, p in placements.items() if p))
-    out.line()
-    out.table("Throughput over TCP, msgs/s (1 producer -> 1 consumer)",
-              ["workload", *systems, *(f"shmq/{s}" for s in peers)], rows, caption)
+    if rows:
+        out.line()
+        out.table("Throughput over TCP, msgs/s (1 producer -> 1 consumer)",
+                  ["workload", *systems, *(f"shmq/{s}" for s in peers)], rows, caption)
 
     m50 = {k: median(v) for k, v in res.p50.items()}
     m99 = {k: median(v) for k, v in res.p99.items()}
     lat_systems = [s for s in systems if s != RSTREAM]
     lat_peers = [s for s in lat_systems if s != SHMQ]
     lat_rows = [[variant, *common.latency_cells(m50, m99, [(variant, s) for s in lat_systems],
-                                                (variant, SHMQ))] for variant in PING_VARIANTS]
+                                                (variant, SHMQ))] for variant in PING_VARIANTS
+                if (variant, SHMQ) in res.p50]
     caption = (f"median of {args.rounds} round(s) of each run's percentile; shmq gets + acks ping and pong "
                "(nowait: with ack(wait=False))")
     if lat_peers:
@@ -821,9 +843,11 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str],
     if args.workers > 1 and pp_place:
         caption += ("\nshmq connections (pinger/ponger worker) per round: " + ", ".join(pp_place)
                     + "; a wake-up across workers rings the other worker's doorbell")
-    out.line()
-    out.table(f"Round-trip latency over TCP (p50 / p99 in us, {args.pings} round trips per run, {SIZE} B)",
-              ["workload", *lat_systems, *(f"{s}/shmq" for s in lat_peers)], lat_rows, caption)
+    if lat_rows:
+        out.line()
+        out.table(f"Round-trip latency over TCP (p50 / p99 in us, {args.pings} round trips per run, "
+                  f"{SIZE} B)", ["workload", *lat_systems, *(f"{s}/shmq" for s in lat_peers)],
+                  lat_rows, caption)
 
     ms = {w: median(v) for w, v in res.scaling.items()}
     scale_ratio = ratio(ms.get(2), ms.get(1))
@@ -855,11 +879,15 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str],
     batched, batched_note = vs_best("batch")
     single, single_note = vs_best("single")
     single_nw, single_nw_note = vs_best("single-nowait")
-    targets: list[tuple[str, float | None, float, float, str]] = [
-        (f"batched (x{BATCH}) vs Redis pipelined", batched, 1.5, 2.8, batched_note),
-        ("one at a time + ack vs Redis", single, 1.0, 1.6, single_note),
-        ("one at a time + ack(wait=False) vs Redis", single_nw, 1.0, 1.6, single_nw_note),
-    ]
+    batched_nw, batched_nw_note = vs_best("batch-nowait")
+    targets: list[tuple[str, float | None, float, float, str]] = [t for w, t in [
+        ("batch", (f"batched (x{BATCH}) vs Redis pipelined", batched, 1.5, 2.8, batched_note)),
+        ("batch-nowait", (f"batched (x{BATCH}), nowait vs Redis pipelined", batched_nw, 1.5, 2.8,
+                          batched_nw_note)),
+        ("single", ("one at a time + ack vs Redis", single, 1.0, 1.6, single_note)),
+        ("single-nowait",
+         ("one at a time + ack(wait=False) vs Redis", single_nw, 1.0, 1.6, single_nw_note)),
+    ] if w in args.workloads]
     out.targets_heading()
     target_json: list[dict[str, Any]] = []
     for label, value, must, aim, note in targets:
@@ -868,7 +896,7 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str],
         if value is not None:
             out.line(f"  {'':<42} {'':>7}  {note}", style="dim")
         target_json.append(common.ratio_target_json(label, value, must, aim, note=note))
-    for variant in PING_VARIANTS:
+    for variant in [v for v in PING_VARIANTS if (v, SHMQ) in res.p50]:
         target_json.append(_ping_target(out, variant, m50.get((variant, SHMQ)), m50.get((variant, RLIST)),
                                         RLIST in systems))
     s50 = m50.get(("ping-pong", SHMQ))

@@ -121,11 +121,11 @@ def shmq_consume(q: Any, n: int, batch: int, nowait: bool = False) -> tuple[int,
             m = get()
             m.ack(wait)
         return n, m.payload
-    get_many, ack_many = q.get_many, q.ack_many
+    get_many, ack_many, wait = q.get_many, q.ack_many, not nowait
     got = 0
     while got < n:
         msgs = get_many(batch)
-        ack_many(msgs)
+        ack_many(msgs, wait)
         got += len(msgs)
     return got, msgs[-1].payload
 

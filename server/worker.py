@@ -734,6 +734,8 @@ class Connection(asyncio.Protocol):
             self.w.pending_mark = None  # an `always` ack: nobody waits for the journal either
 
     def ack_batch(self, f: Frame, d: dict[str, Any]) -> None:
+        """ACK_BATCH, answered with the offsets that were stale; ACK_BATCH_NO_REPLY, answered
+        only when some were (with ERROR STALE_ACK)."""
         q, gi, held = self._leases(d)
         settles = d["settles"]
         offsets = [o for o, _ in settles]
@@ -754,7 +756,13 @@ class Connection(asyncio.Protocol):
         self.inflight -= len(mine)
         if mine:
             stale += q.ack_offsets(gi, mine, dcs)
-        self.reply(f, T.ACK_BATCH_OK, stale=stale)
+        if f.type == T.ACK_BATCH:
+            self.reply(f, T.ACK_BATCH_OK, stale=stale)
+            return
+        self.w.pending_mark = None  # an `always` ack: nobody waits for the journal either
+        if stale:
+            raise StaleAck(f"{len(stale)} of {len(offsets)} acks were stale (offsets {stale[:10]}); "
+                           "the others were applied")
 
     def nack(self, f: Frame, d: dict[str, Any]) -> None:
         m, held = self._held(d)
@@ -902,6 +910,7 @@ HANDLERS: dict[int, Any] = {
     T.PRODUCE_IDEMPOTENT: Connection.produce,
     T.CONSUME: Connection.consume, T.CONSUME_BATCH: Connection.consume,
     T.ACK: Connection.ack, T.ACK_NO_REPLY: Connection.ack_no_reply, T.ACK_BATCH: Connection.ack_batch,
+    T.ACK_BATCH_NO_REPLY: Connection.ack_batch,
     T.NACK: Connection.nack,
     T.TOUCH: Connection.touch, T.DEAD_LETTER: Connection.dead_letter,
     T.CREATE_QUEUE: Connection.create_queue, T.DELETE_QUEUE: Connection.delete_queue,

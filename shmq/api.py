@@ -158,7 +158,12 @@ class Queue(ABC):
                  timeout: float | None = None, visibility_timeout: float | None = None) -> list[Message]: ...
 
     @abstractmethod
-    def ack_many(self, messages: Iterable[Message]) -> None: ...
+    def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:
+        """Acknowledge many messages at once.  Raises ``StaleAck`` (``.stale``: their
+        offsets) if some leases were no longer held; the others are applied.
+        ``wait=False``: as ``Message.ack(wait=False)``, for the whole batch (over TCP one
+        ACK_BATCH_NO_REPLY frame that rides with the next request; stale ones are reported
+        in ``broker.nowait_errors``, not raised)."""
 
     @abstractmethod
     def read(self, offset: int, max_messages: int = 1) -> list[Message]: ...

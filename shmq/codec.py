@@ -86,6 +86,7 @@ class T(IntEnum):
     DEAD_LETTER = 0x49
     DEAD_LETTER_OK = 0x4A
     ACK_NO_REPLY = 0x4B
+    ACK_BATCH_NO_REPLY = 0x4C
     DISCONNECT = 0x51
     DISCONNECT_OK = 0x52
     GROUP_JOIN = 0x61
@@ -151,6 +152,7 @@ SCHEMAS: dict[T, Schema] = {
     T.DEAD_LETTER: _QG + (("offset", "u64"), ("deliveries", "u16")),
     T.DEAD_LETTER_OK: _EMPTY,
     T.ACK_NO_REPLY: _QG + (("offset", "u64"), ("deliveries", "u16")),
+    T.ACK_BATCH_NO_REPLY: _QG + (("settles", "settles"),),
     T.DISCONNECT: _EMPTY,
     T.DISCONNECT_OK: _EMPTY,
     T.GROUP_JOIN: _QG + (("start", "u8"),),

@@ -560,7 +560,7 @@ class ShmQueue(QueueABC):
         if result == TO_DLQ:
             self._dead_letter([(gi, msg[3], msg[4], "nack" if action == NACK else "dead_letter")])
 
-    def ack_many(self, messages: Iterable[Message]) -> None:
+    def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:
         msgs = list(messages)
         if not msgs:
             return
@@ -575,7 +575,7 @@ class ShmQueue(QueueABC):
             freed = self._groups.ack_batch(msgs, stale)
         finally:
             clock.release()
-        self._after_acks(freed, len(msgs))
+        self._after_acks(freed, len(msgs), wait)
         if stale:
             err = StaleAck(f"{len(stale)} of {len(msgs) + len(foreign)} acks were stale "
                            f"(offsets {stale[:10]}); the others were applied")
@@ -595,11 +595,15 @@ class ShmQueue(QueueABC):
         self._after_acks(freed, len(offsets))
         return stale
 
-    def _after_acks(self, freed: bool, n: int) -> None:
+    def _after_acks(self, freed: bool, n: int, wait_durable: bool = True) -> None:
         if freed and self._w[27]:  # Q_PRODUCER_WAITERS
             self._wake(self._nf, self._w[27], n)
-        if self._durable:
+        if not self._durable:
+            pass
+        elif wait_durable:
             self._settled()
+        else:
+            self._poke_journal()
 
     # ------------------------------------------------------------ dead letters
     def _dead_letter(self, items: list[DeadItem]) -> None:

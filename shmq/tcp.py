@@ -35,7 +35,7 @@ from .queue import _as_bytes, check_producer
 FOREVER = 0xFFFFFFFF
 RECV_SIZE = 1 << 18  # bytes one read takes at most
 MSG_MORE = getattr(socket, "MSG_MORE", 0)  # Linux: hold a frame for the next send
-NO_REPLY_ID = 0xFFFFFFFF  # the message id of every ACK_NO_REPLY (docs/protocol.md)
+NO_REPLY_ID = 0xFFFFFFFF  # the message id of every ACK_NO_REPLY / ACK_BATCH_NO_REPLY (docs/protocol.md)
 MAX_ID = 0x7FFFFFFF  # other requests' ids are 1 .. MAX_ID, wrapping
 
 
@@ -75,7 +75,7 @@ class TcpBroker(Broker):
         self._rbuf = bytearray(RECV_SIZE)  # reused by every read: no allocation per recv
         self._rview = memoryview(self._rbuf)
         self._closed = False
-        self.nowait_errors: deque[ShmqError] = deque(maxlen=100)  # the latest errors of ACK_NO_REPLY
+        self.nowait_errors: deque[ShmqError] = deque(maxlen=100)  # the latest errors of unwaited acks
         try:
             self._sock = socket.create_connection((self._host, self._port), timeout=connect_timeout)
         except OSError as e:
@@ -116,7 +116,7 @@ class TcpBroker(Broker):
             self._closed = True
             raise ConnectionLost(f"connection to {self.url} closed by the broker")
         for f in self._decoder.feed(self._rview[:n]):
-            if f.msg_id == NO_REPLY_ID:  # an ACK_NO_REPLY failed
+            if f.msg_id == NO_REPLY_ID:  # an ACK_NO_REPLY or ACK_BATCH_NO_REPLY failed
                 if f.type == T.ERROR:
                     self.nowait_errors.append(error_for(f.status, decode_body(T.ERROR, f.body)["message"]))
                 continue
@@ -162,8 +162,8 @@ class TcpBroker(Broker):
         return msg_id
 
     def _send_no_reply(self, type_: int, **fields: Any) -> None:
-        """Send a request that is answered only if it fails (ACK_NO_REPLY; the reader keeps
-        such errors in ``nowait_errors``).  The kernel may hold the frame back
+        """Send a request that is answered only if it fails (ACK_NO_REPLY, ACK_BATCH_NO_REPLY;
+        the reader keeps such errors in ``nowait_errors``).  The kernel may hold the frame back
         (``MSG_MORE``) until this connection's next request, its close, or its cork timer
         (about 200 ms on Linux), whichever comes first: the next request then carries it
         in the same segment, and the broker reads both at once and applies them in order."""
@@ -280,8 +280,12 @@ class TcpQueue(Queue):
         new = tuple.__new__  # as _msg, inlined: a batch makes 100 of them
         return [new(Message, (self, 0, group, o, dc, p, m, ts)) for o, dc, ts, m, p in recs]
 
-    def ack_many(self, messages: Iterable[Message]) -> None:
+    def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:
         msgs = list(messages)
+        if not wait:  # ACK_BATCH_NO_REPLY, riding with the next request as ack(wait=False) does
+            for group, settles in settles_by_group(msgs):
+                self._b._send_no_reply(T.ACK_BATCH_NO_REPLY, queue=self.name, group=group, settles=settles)
+            return
         stale: list[int] = []
         for group, settles in settles_by_group(msgs):
             r = self._b._request(T.ACK_BATCH, T.ACK_BATCH_OK, queue=self.name, group=group, settles=settles)

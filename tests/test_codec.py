@@ -71,6 +71,8 @@ VECTORS: dict[str, tuple[T, int, int, dict[str, Any]]] = {
                                                          "timeout_ms": 0, "payloads": [b"a"]}),
     "ack_no_reply": (T.ACK_NO_REPLY, 0xFFFFFFFF, 0, {"queue": "orders", "group": "default", "offset": 42,
                                                      "deliveries": 1}),
+    "ack_batch_no_reply": (T.ACK_BATCH_NO_REPLY, 0xFFFFFFFF, 0, {"queue": "q", "group": "default",
+                                                                 "settles": [(1, 1), (2, 3)]}),
 }
 
 # Sample values per field kind: "full" exercises every byte, "min" the empty and zero cases.

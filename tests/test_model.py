@@ -132,6 +132,33 @@ class QueueMachine(RuleBasedStateMachine):
             assert (m.payload, m.deliveries, m.group) == (self.model.payloads[m.offset], lease.dc, group)
         self.held = (self.held + got)[-12:]
 
+    @rule(group=st.sampled_from(GROUPS), n=st.integers(2, 5))
+    def take_block(self, group: str, n: int) -> None:
+        """The server's batch path: a run it takes is what get_many would have delivered."""
+        now = self.clock.t
+        leases = self.model.leases[group]
+        block = self.q.take_block(group, n)
+        if block is None:
+            return  # the server then calls get_many (the rule above); nothing may have changed
+        first, stamps, lens, data = block
+        assert not any(lease.state == READY or (lease.state == LEASED and lease.t <= now)
+                       for lease in leases.values()), "a run taken before redeliveries or expiries"
+        expect = [o for o, lease in sorted(leases.items()) if lease.state == NEW][:n]
+        offsets = list(range(first, first + len(lens)))
+        assert 2 <= len(offsets) and offsets == expect[:len(offsets)]
+        assert len(stamps) == len(offsets) and sum(lens) == len(data)
+        gi = self.q._group(group)
+        got = []
+        pos = 0
+        for o, ln, ts in zip(offsets, lens, stamps, strict=True):
+            payload = data[pos:pos + ln]
+            pos += ln
+            assert payload == self.model.payloads[o]
+            lease = leases[o]
+            lease.state, lease.dc, lease.t = LEASED, 1, now + VIS
+            got.append(tuple.__new__(shmq.Message, (self.q, gi, group, o, 1, payload, b"", ts)))
+        self.held = (self.held + got)[-12:]
+
     def _current(self, m: shmq.Message) -> bool:
         lease = self.model.leases[m.group][m.offset]
         return lease.state == LEASED and lease.dc == m.deliveries
@@ -161,6 +188,20 @@ class QueueMachine(RuleBasedStateMachine):
             assert sorted(e.stale) == sorted(m.offset for m in stale)  # type: ignore[attr-defined]
         else:
             assert not stale
+        for m in current:
+            self.model.leases[m.group][m.offset].state = DONE
+
+    @precondition(lambda self: len(self.held) > 1)
+    @rule(group=st.sampled_from(GROUPS), k=st.integers(2, 12))
+    def ack_offsets(self, group: str, k: int) -> None:
+        """The server's batch ack: (offset, deliveries) columns of one group, the first ``k``
+        held by offset (often a run, leaving later deliveries unacknowledged)."""
+        ms = sorted((m for m in self.held if m.group == group), key=lambda m: (m.offset, m.deliveries))[:k]
+        if not ms:
+            return
+        current = [m for m in ms if self._current(m)]
+        stale = self.q.ack_offsets(self.q._group(group), [m.offset for m in ms], [m.deliveries for m in ms])
+        assert sorted(stale) == sorted(m.offset for m in ms if not self._current(m))
         for m in current:
             self.model.leases[m.group][m.offset].state = DONE
 

@@ -288,6 +288,39 @@ def test_ack_many_reports_stale_and_applies_the_rest(clocked: ShmBroker, clock: 
     assert q.stats()["retained"] == 0
 
 
+def test_server_batch_path_takes_runs_and_acks_them_as_columns(shm_broker: ShmBroker) -> None:
+    """take_block / ack_offsets, the TCP worker's batch path: a run of new messages comes out
+    as columns; acking its first part moves the floor exactly past it; stale pairs are named."""
+    q = shm_broker.create_queue("blocks")
+    q.put_many([b"a", b"bb", b"ccc", b"dddd", b"e", b"f"])
+    first, stamps, lens, data = q.take_block("default", 4)  # type: ignore[misc]
+    assert (first, lens, data) == (0, [1, 2, 3, 4], b"abbcccdddd") and len(stamps) == 4
+    assert [m.offset for m in q.get_many(10)] == [4, 5]  # the rest, the general way
+    gi = q._group("default")
+    assert q.ack_offsets(gi, [0, 1], [1, 1]) == []  # a run: one strided store, the floor jumps
+    assert q.offsets() == (2, 6)  # exactly past the acked run: 2 and 3 are still leased
+    assert q.ack_offsets(gi, [2, 2, 3, 9], [1, 1, 2, 1]) == [2, 3, 9]  # twice / wrong delivery / never
+    assert q.offsets() == (3, 6)
+    assert q.ack_offsets(gi, [3, 4, 5], [1, 1, 1]) == [] and q.offsets() == (6, 6)
+    assert q.stats()["groups"]["default"]["acked"] == 6
+
+
+def test_server_batch_path_leaves_what_it_cannot_take_to_get_many(clocked: ShmBroker,
+                                                                   clock: FakeClock) -> None:
+    q = clocked.create_queue("noblock", visibility_timeout=5)
+    q.put(b"one")
+    assert q.take_block("default", 10) is None  # fewer than two
+    q.put(b"two")
+    m1, m2 = q.get_many(2)
+    m1.nack()
+    q.put_many([b"3", b"4"])
+    assert q.take_block("default", 10) is None  # a redelivery is pending: it goes first
+    assert [m.offset for m in q.get_many(1)] == [0]
+    clock.advance(6)  # m2's lease (and m1's second) expired: due back before anything new
+    assert q.take_block("default", 10) is None
+    assert sorted(m.offset for m in q.get_many(10)) == [0, 1, 2, 3]
+
+
 def test_read_replays_without_leasing(broker: shmq.Broker) -> None:
     q = broker.create_queue("replay")
     q.put_many([f"{i}".encode() for i in range(10)])
@@ -662,6 +695,36 @@ def test_ack_without_waiting_is_applied_before_the_next_request(broker: shmq.Bro
     assert st["retained"] == 0
     with pytest.raises(shmq.Empty):
         q.get(block=False)
+
+
+def test_ack_many_without_waiting_is_applied_before_the_next_request(broker: shmq.Broker) -> None:
+    q = broker.create_queue("nowaitmany")
+    q.put_many([b"%d" % i for i in range(250)])
+    got = 0
+    while got < 250:
+        msgs = q.get_many(100, timeout=1)
+        q.ack_many(msgs, wait=False)
+        got += len(msgs)
+    st = q.stats()  # the same connection: its acks were applied before this request
+    assert st["groups"]["default"]["acked"] == 250 and st["groups"]["default"]["in_flight"] == 0
+    assert st["retained"] == 0
+
+
+def test_stale_ack_many_without_waiting_applies_the_rest(broker: shmq.Broker) -> None:
+    q = broker.create_queue("nowaitmanystale")
+    q.put_many([b"a", b"b", b"c"])
+    msgs = q.get_many(3, timeout=1)
+    msgs[1].ack()
+    if isinstance(broker, ShmBroker):  # known at once in shared memory
+        with pytest.raises(shmq.StaleAck) as e:
+            q.ack_many(msgs, wait=False)
+        assert e.value.stale == [1]  # type: ignore[attr-defined]
+    else:
+        q.ack_many(msgs, wait=False)  # over TCP the answer is not waited for ...
+        q.stats()  # ... an error would come before this reply
+        errs = list(broker.nowait_errors)  # type: ignore[attr-defined]
+        assert len(errs) == 1 and isinstance(errs[0], shmq.StaleAck) and "1 of 3" in str(errs[0])
+    assert q.stats()["groups"]["default"]["acked"] == 3
 
 
 def test_stale_ack_without_waiting_is_reported_where_it_can_be(broker: shmq.Broker) -> None:
