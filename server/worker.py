@@ -668,9 +668,8 @@ class Connection(asyncio.Protocol):
                 body = records_field(offsets, [1] * k, stamps, [0] * k, lens, data)
                 self.send_reply(f, encode_frame(T.DELIVER_BATCH, f.msg_id, body))
                 return True
-        try:
-            msgs = q.get_many(n, group=d["group"], block=False, visibility_timeout=vis)
-        except Empty:
+        msgs = q.poll(d["group"], n, vis)
+        if not msgs:
             return False
         self._lease(q, msgs[0][1], [m[3] for m in msgs], [m[4] for m in msgs])
         if f.type == T.CONSUME:
@@ -737,9 +736,7 @@ class Connection(asyncio.Protocol):
         """ACK_BATCH, answered with the offsets that were stale; ACK_BATCH_NO_REPLY, answered
         only when some were (with ERROR STALE_ACK)."""
         q, gi, held = self._leases(d)
-        settles = d["settles"]
-        offsets = [o for o, _ in settles]
-        asked = [dc for _, dc in settles]
+        offsets, asked = map(list, zip(*d["settles"], strict=True)) if d["settles"] else ([], [])
         had = list(map(held.pop, offsets, repeat(None)))  # ours are no longer ours, settled or stale
         if had == asked:  # all of them ours (the usual case)
             mine, dcs, stale = offsets, asked, []

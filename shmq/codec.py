@@ -230,7 +230,7 @@ class FrameDecoder:
         if not buf and data.__class__ is bytes:
             # nothing held (the usual case): read the frames straight from ``data``
             # and keep only an incomplete tail
-            pos, frames = self._frames(data, memoryview(data))  # type: ignore[arg-type]
+            pos, frames = self._frames(data, None)  # type: ignore[arg-type]
             if pos < len(data):
                 buf += memoryview(data)[pos:]
             return frames
@@ -241,8 +241,9 @@ class FrameDecoder:
             del buf[:pos]  # once per feed; CPython just moves the start of the array
         return frames
 
-    def _frames(self, buf: bytes | bytearray, view: memoryview) -> tuple[int, list[Frame]]:
-        """The whole frames at the start of ``buf``, and where the first incomplete one starts."""
+    def _frames(self, buf: bytes | bytearray, view: memoryview | None) -> tuple[int, list[Frame]]:
+        """The whole frames at the start of ``buf``, and where the first incomplete one starts.
+        ``view``: a memoryview of a bytearray ``buf`` (None: ``buf`` is bytes, sliced as is)."""
         end = len(buf)
         pos = 0
         frames: list[Frame] = []
@@ -273,7 +274,8 @@ class FrameDecoder:
             stop = pos + HEADER_SIZE + length
             if stop > end:
                 break
-            frames.append(Frame(t, msg_id, status, bytes(view[pos + HEADER_SIZE:stop])))
+            body = buf[pos + HEADER_SIZE:stop] if view is None else bytes(view[pos + HEADER_SIZE:stop])
+            frames.append(Frame(t, msg_id, status, body))  # type: ignore[arg-type]
             pos = stop
         return pos, frames
 

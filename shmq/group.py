@@ -461,9 +461,12 @@ class Groups:
                 b0 = sl + i0 * sw
                 end = b0 + n * sw
                 lw = b0 + 4 + gi
-                expect = [1 | (d << 3) for d in dcs]
-                if w[b0:end:sw].tolist() == offsets and [x & 0x7FF for x in w[lw:end:sw].tolist()] == expect:
-                    w[lw:end:sw] = array("Q", [x | 2 for x in expect])  # LEASED(1) -> DONE(3)
+                dc = dcs[0]
+                leased = 1 | (dc << 3)  # LEASED with this delivery count
+                # a run leased together has one lease word: compare the few distinct ones
+                if (dcs.count(dc) == n and w[b0:end:sw].tolist() == offsets
+                        and all(x & 0x7FF == leased for x in set(w[lw:end:sw]))):
+                    w[lw:end:sw] = array("Q", [leased | 2]) * n  # LEASED(1) -> DONE(3)
                     w[g + 7] += n  # G_ACKED
                     # the floor may jump over the whole run: every word of it is DONE now
                     return self.advance_floor(gi, o0 + n if o0 <= w[g + 2] else 0)
