@@ -39,7 +39,18 @@ from typing import Any
 from shmq import layout as L
 from shmq import options
 from shmq.api import Message
-from shmq.codec import Frame, FrameDecoder, T, decode_body, encode_body, encode_frame, frame, records_field
+from shmq.codec import (
+    Frame,
+    FrameDecoder,
+    T,
+    decode_body,
+    deliver_frame,
+    encode_body,
+    encode_frame,
+    frame,
+    produce_ok_frame,
+    records_field,
+)
 from shmq.doorbell import Bell
 from shmq.errors import (
     Empty,
@@ -254,7 +265,7 @@ class Worker:
 
     # ------------------------------------------------------------ waking
     def queue(self, name: str) -> ShmQueue:
-        q = self.broker.queue(name)  # the attachment's cache, checked against the registry generation
+        q = self.broker._att.queue(name)  # the attachment's cache, checked against the registry generation
         if q._defer_marks is None:
             q._defer_marks = self._note_mark
         return q
@@ -611,7 +622,8 @@ class Connection(asyncio.Protocol):
         queue waits behind it (or fails at once when it may not wait): order is kept."""
         if not self.parked_produces.get(d["queue"]):
             return False
-        self._wait_or_fail(f, d, Full(f"queue {d['queue']!r} is full (an earlier put waits for room)"))
+        self._wait_or_fail(f, d, lambda: Full(f"queue {d['queue']!r} is full (an earlier put waits "
+                                              "for room)"))
         return True
 
     def produce(self, f: Frame, d: dict[str, Any]) -> None:
@@ -619,7 +631,7 @@ class Connection(asyncio.Protocol):
         if self._behind(f, d):
             return
         if not self._try_produce(f, d, poke=True):
-            self._wait_or_fail(f, d, Full(f"queue {d['queue']!r} is full"))
+            self._wait_or_fail(f, d, lambda: Full(f"queue {d['queue']!r} is full"))
 
     def _try_produce(self, f: Frame, d: dict[str, Any], poke: bool = False) -> bool:
         """Store a produce request and answer it; False when the queue has no room now.
@@ -642,7 +654,7 @@ class Connection(asyncio.Protocol):
             self.w.pending_mark = None  # ours had none; what the retries noted, they took
             poke = False
         if f.type == T.PRODUCE:
-            self.reply(f, T.PRODUCE_OK, offset=off)
+            self.send_reply(f, produce_ok_frame(f.msg_id, off))
         else:
             self.reply(f, T.PRODUCE_BATCH_OK, first=offs[0] if offs else 0, count=len(offs))
         if poke:
@@ -651,7 +663,7 @@ class Connection(asyncio.Protocol):
 
     def consume(self, f: Frame, d: dict[str, Any]) -> None:
         if not self._try_consume(f, d):
-            self._wait_or_fail(f, d, Empty(f"no message for group {d['group']!r} of {d['queue']!r}"))
+            self._wait_or_fail(f, d, lambda: Empty(f"no message for group {d['group']!r} of {d['queue']!r}"))
 
     def _try_consume(self, f: Frame, d: dict[str, Any]) -> bool:
         q = self.w.queue(d["queue"])
@@ -671,20 +683,21 @@ class Connection(asyncio.Protocol):
         msgs = q.poll(d["group"], n, vis)
         if not msgs:
             return False
-        self._lease(q, msgs[0][1], [m[3] for m in msgs], [m[4] for m in msgs])
         if f.type == T.CONSUME:
-            m = msgs[0]
-            self.reply(f, T.DELIVER, offset=m.offset, deliveries=m.deliveries, timestamp_ns=m.timestamp_ns,
-                       meta=bytes(m.meta), payload=m.payload)
+            m = msgs[0]  # (queue, group index, group, offset, deliveries, payload, meta, timestamp_ns)
+            self._lease(q, m[1], (m[3],), (m[4],))
+            self.send_reply(f, deliver_frame(f.msg_id, m[3], m[4], m[7], bytes(m[6]), m[5]))
         else:
+            self._lease(q, msgs[0][1], [m[3] for m in msgs], [m[4] for m in msgs])
             self.reply(f, T.DELIVER_BATCH, records=[(m.offset, m.deliveries, m.timestamp_ns, bytes(m.meta),
                                                      m.payload) for m in msgs])
         return True
 
-    def _wait_or_fail(self, f: Frame, d: dict[str, Any], err: ShmqError) -> None:
+    def _wait_or_fail(self, f: Frame, d: dict[str, Any], err: Callable[[], ShmqError]) -> None:
+        """Park the request until its queue changes, or raise ``err()`` when it may not wait."""
         t = d["timeout_ms"]
         if t == 0 or self.w.stopping:
-            raise err
+            raise err()
         deadline = None if t == FOREVER else time.monotonic() + t / 1000
         if f.type in PRODUCE_TYPES:
             self.parked_produces[d["queue"]] = self.parked_produces.get(d["queue"], 0) + 1
@@ -738,6 +751,7 @@ class Connection(asyncio.Protocol):
         q, gi, held = self._leases(d)
         offsets, asked = map(list, zip(*d["settles"], strict=True)) if d["settles"] else ([], [])
         had = list(map(held.pop, offsets, repeat(None)))  # ours are no longer ours, settled or stale
+        stale: list[int]
         if had == asked:  # all of them ours (the usual case)
             mine, dcs, stale = offsets, asked, []
         else:

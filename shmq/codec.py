@@ -42,7 +42,8 @@ from .errors import ProtocolError, Status
 
 __all__ = [
     "HEADER_SIZE", "MAGIC", "SCHEMAS", "VERSION", "Frame", "FrameDecoder", "T",
-    "decode_body", "encode_body", "encode_frame", "frame", "records_field",
+    "decode_body", "deliver_frame", "encode_body", "encode_frame", "frame", "produce_ok_frame",
+    "records_field",
 ]
 
 MAGIC = 0xDEADBEEF
@@ -624,3 +625,22 @@ def frame(type: int, msg_id: int, status: int = 0, **fields: Any) -> bytes:
     except struct.error as e:
         raise ValueError(f"bad frame header (msg_id {msg_id!r}, status {status!r}): {e}") from None
     return b"".join((header, *parts))
+
+
+# The two answers a broker sends most, one at a time (the tests check them against frame()).
+_PRODUCE_OK = struct.Struct(">IIBBHIQ")
+_DELIVER_HEAD = struct.Struct(">IIBBHIQHQI")  # header, offset, deliveries, timestamp_ns, meta length
+_DELIVER_FIXED = _DELIVER_HEAD.size - HEADER_SIZE
+
+
+def produce_ok_frame(msg_id: int, offset: int) -> bytes:
+    """``frame(T.PRODUCE_OK, msg_id, offset=offset)``, in one struct call."""
+    return _PRODUCE_OK.pack(MAGIC, 8, T.PRODUCE_OK, VERSION, 0, msg_id, offset)
+
+
+def deliver_frame(msg_id: int, offset: int, deliveries: int, timestamp_ns: int, meta: bytes,
+                  payload: bytes) -> bytes:
+    """``frame(T.DELIVER, msg_id, offset=..., ...)``, in one struct call and one join."""
+    n = len(meta)
+    return b"".join((_DELIVER_HEAD.pack(MAGIC, _DELIVER_FIXED + n + len(payload), T.DELIVER, VERSION, 0,
+                                        msg_id, offset, deliveries, timestamp_ns, n), meta, payload))

@@ -394,8 +394,9 @@ _settle_of = itemgetter(3, 4)  # (offset, deliveries)
 
 def batch_payloads(payloads: Sequence[Payload]) -> list[bytes]:
     """The payloads of one PRODUCE_BATCH frame, checked against MAX_BATCH."""
+    items: list[bytes]
     if set(map(type, payloads)) == {bytes}:  # the usual case, checked at C speed
-        items = list(payloads)
+        items = list(payloads)  # type: ignore[arg-type]
     else:
         items = [bytes(_as_bytes(p)) for p in payloads]
     if len(items) > options.MAX_BATCH:

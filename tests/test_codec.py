@@ -28,9 +28,12 @@ from shmq.codec import (
     FrameDecoder,
     T,
     decode_body,
+    deliver_frame,
     encode_body,
     encode_frame,
     frame,
+    produce_ok_frame,
+    records_field,
 )
 from shmq.errors import ProtocolError, Status
 
@@ -456,6 +459,32 @@ def test_encode_missing_and_extra_fields() -> None:
 def test_encode_int_out_of_range(fields: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         encode_body(T.PRODUCE_OK, **fields)
+
+
+@pytest.mark.parametrize("meta,payload", [(b"", b""), (b"", b"hi"), (b"\x00m", b"p" * 300)])
+def test_hot_answers_are_the_schema_encoding(meta: bytes, payload: bytes) -> None:
+    assert produce_ok_frame(7, 2**64 - 1) == frame(T.PRODUCE_OK, 7, offset=2**64 - 1)
+    assert deliver_frame(0xFFFFFFFF, 42, 65535, TS, meta, payload) == frame(
+        T.DELIVER, 0xFFFFFFFF, offset=42, deliveries=65535, timestamp_ns=TS, meta=meta, payload=payload)
+
+
+def test_records_field_from_columns_is_the_records_encoding() -> None:
+    recs = FULL["records"]
+    offs, dcs, stamps, metas, pays = (list(c) for c in zip(*recs, strict=True))
+    mlens, plens = [len(m) for m in metas], [len(p) for p in pays]
+    data = b"".join(m + p for m, p in zip(metas, pays, strict=True))
+    field = records_field(offs, dcs, stamps, mlens, plens, data)
+    assert field == encode_body(T.DELIVER_BATCH, records=recs)
+    assert decode_body(T.READ_OK, field)["records"] == recs
+    with pytest.raises(ValueError, match="add up"):
+        records_field(offs, dcs, stamps, mlens, plens, data + b"x")
+    with pytest.raises(ValueError, match="length"):
+        records_field(offs[:1], dcs, stamps, mlens, plens, data)
+    with pytest.raises(ValueError):
+        records_field([2**64], [1], [0], [0], [0], b"")
+    with pytest.raises(ValueError, match="batch"):
+        n = options.MAX_BATCH + 1
+        records_field([0] * n, [1] * n, [0] * n, [0] * n, [0] * n, b"")
 
 
 def test_encode_bad_values() -> None:
