@@ -19,7 +19,18 @@ from typing import Any
 
 from . import options
 from .api import Broker, Message, Payload, Queue, QueueConfig, QueueInfo
-from .codec import FrameDecoder, T, decode_body, encode_body, encode_frame, frame
+from .codec import (
+    FrameDecoder,
+    T,
+    consume_frame,
+    decode_body,
+    decode_deliver,
+    encode_body,
+    encode_frame,
+    frame,
+    produce_frame,
+    settle_frame,
+)
 from .errors import (
     AuthError,
     ConnectionLost,
@@ -66,7 +77,7 @@ class TcpBroker(Broker):
         self._token = token if token is not None else os.environ.get(options.TOKEN_ENV, "")
         self._host, self._port = parse_tcp_url(url)
         self._lock = threading.Lock()  # one sender at a time
-        self._cond = threading.Condition()  # guards _inbox and _reading
+        self._cond = threading.Condition(threading.Lock())  # guards _inbox and _reading
         self._reading = False
         self._waiting = 0  # threads waiting on the condition for another's read
         self._inbox: dict[int, deque[Any]] = {}  # frames read, by message id
@@ -170,9 +181,11 @@ class TcpBroker(Broker):
         self._send_request(type_, NO_REPLY_ID, MSG_MORE, fields)
 
     def _send_request(self, type_: int, msg_id: int, flags: int, fields: dict[str, Any]) -> None:
+        self._send_frame(frame(type_, msg_id, **fields), flags)  # a bad argument raises before sending
+
+    def _send_frame(self, data: bytes, flags: int = 0) -> None:
         if self._closed:
             raise ConnectionLost(f"connection to {self.url} is closed")
-        data = frame(type_, msg_id, **fields)  # a bad argument raises here, before anything is sent
         with self._lock:
             self._send(data, flags)
 
@@ -230,6 +243,7 @@ class TcpQueue(Queue):
     def __init__(self, broker: TcpBroker, name: str) -> None:
         self._b = broker
         self.name = name
+        self._qb = str.encode(name)  # the name on the wire, for the one-message frames
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
         return (_tcp_queue, (self._b.url, self._b._token, self.name))
@@ -238,9 +252,12 @@ class TcpQueue(Queue):
         return f"TcpQueue({self._b.url!r}, {self.name!r})"
 
     def put(self, payload: Payload, block: bool = True, timeout: float | None = None) -> int:
-        return int(self._b._request(T.PRODUCE, T.PRODUCE_OK, queue=self.name,
-                                    timeout_ms=_timeout_ms(block, timeout),
-                                    payload=bytes(_as_bytes(payload)))["offset"])
+        b = self._b
+        if type(payload) is not bytes:
+            payload = bytes(_as_bytes(payload))
+        msg_id = b._next_id()
+        b._send_frame(produce_frame(msg_id, self._qb, _timeout_ms(block, timeout), payload))
+        return int(b._decoded(b._answer(msg_id), T.PRODUCE, T.PRODUCE_OK)["offset"])
 
     def put_many(self, payloads: Sequence[Payload], block: bool = True,
                  timeout: float | None = None, *, producer: str | None = None,
@@ -264,10 +281,14 @@ class TcpQueue(Queue):
 
     def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
             visibility_timeout: float | None = None) -> Message:
-        f = self._b._call(T.CONSUME, queue=self.name, group=group, timeout_ms=_timeout_ms(block, timeout),
-                          visibility_ms=_vis(visibility_timeout))
-        d = decode_body(T.DELIVER, f.body)
-        return self._msg(group, (d["offset"], d["deliveries"], d["timestamp_ns"], d["meta"], d["payload"]))
+        b = self._b
+        msg_id = b._next_id()
+        b._send_frame(consume_frame(msg_id, self._qb, str.encode(group), _timeout_ms(block, timeout),
+                                    _vis(visibility_timeout)))
+        f = b._answer(msg_id)
+        if f.type != T.DELIVER:
+            b._decoded(f, T.CONSUME, T.DELIVER)  # raises
+        return self._msg(group, decode_deliver(f.body))
 
     def get_many(self, max_messages: int, group: str = options.DEFAULT_GROUP, block: bool = True,
                  timeout: float | None = None, visibility_timeout: float | None = None) -> list[Message]:
@@ -299,8 +320,8 @@ class TcpQueue(Queue):
     def _ack_nowait(self, msg: Message) -> None:
         if msg.group is None:
             raise StaleAck(f"message {msg.offset} was read, not leased: it cannot be settled")
-        self._b._send_no_reply(T.ACK_NO_REPLY, queue=self.name, group=msg.group, offset=msg.offset,
-                               deliveries=msg.deliveries)
+        self._b._send_frame(settle_frame(T.ACK_NO_REPLY, NO_REPLY_ID, self._qb, str.encode(msg[2]), msg[3],
+                                         msg[4]), MSG_MORE)  # as _send_no_reply, with the frame made here
 
     def _settle(self, msg: Message, action: int, arg: float | None) -> None:
         if msg.group is None:

@@ -27,13 +27,17 @@ from shmq.codec import (
     Frame,
     FrameDecoder,
     T,
+    consume_frame,
     decode_body,
+    decode_deliver,
     deliver_frame,
     encode_body,
     encode_frame,
     frame,
+    produce_frame,
     produce_ok_frame,
     records_field,
+    settle_frame,
 )
 from shmq.errors import ProtocolError, Status
 
@@ -624,3 +628,43 @@ def test_fuzz_round_trip(data: st.DataObject) -> None:
     (f,) = FrameDecoder().feed(wire)
     assert (f.type, f.msg_id, f.status) == (t, msg_id, status)
     assert decode_body(t, f.body) == fields
+
+
+# ---------------------------------------------------------------- the one-message hot path
+NAME = st.text(max_size=20)
+
+
+@FUZZ
+@given(msg_id=st.integers(0, 2**32 - 1), queue=NAME, group=NAME, a=st.integers(0, 2**32 - 1),
+       b=st.integers(0, 2**32 - 1), offset=st.integers(0, 2**64 - 1), dc=st.integers(0, 65535),
+       ts=st.integers(0, 2**64 - 1), meta=BLOB, payload=BLOB)
+def test_one_message_frames_are_the_schema_encoding(msg_id: int, queue: str, group: str, a: int, b: int,
+                                                    offset: int, dc: int, ts: int, meta: bytes,
+                                                    payload: bytes) -> None:
+    q, g = queue.encode(), group.encode()
+    assert produce_frame(msg_id, q, a, payload) == frame(T.PRODUCE, msg_id, queue=queue, timeout_ms=a,
+                                                         payload=payload)
+    assert consume_frame(msg_id, q, g, a, b) == frame(T.CONSUME, msg_id, queue=queue, group=group,
+                                                      timeout_ms=a, visibility_ms=b)
+    for t in (T.ACK, T.ACK_NO_REPLY):
+        assert settle_frame(t, msg_id, q, g, offset, dc) == frame(t, msg_id, queue=queue, group=group,
+                                                                  offset=offset, deliveries=dc)
+    body = frame(T.DELIVER, msg_id, offset=offset, deliveries=dc, timestamp_ns=ts, meta=meta,
+                 payload=payload)[HEADER_SIZE:]
+    assert decode_deliver(body) == tuple(decode_body(T.DELIVER, body).values())
+    for cut in range(len(body) - len(payload)):  # truncated before the payload: malformed both ways
+        with raises_code(Status.PROTOCOL_ERROR):
+            decode_body(T.DELIVER, body[:cut])
+        with raises_code(Status.PROTOCOL_ERROR):
+            decode_deliver(body[:cut])
+
+
+def test_one_message_frames_refuse_what_frame_refuses() -> None:
+    with pytest.raises(ValueError):
+        produce_frame(2**32, b"q", 0, b"")
+    with pytest.raises(ValueError):
+        consume_frame(1, b"q" * 65536, b"g", 0, 0)
+    with pytest.raises(ValueError):
+        settle_frame(T.ACK, 1, b"q", b"g", 2**64, 1)
+    with pytest.raises(ValueError):
+        settle_frame(T.NACK, 1, b"q", b"g", 1, 1)  # a NACK has a delay: not this layout
