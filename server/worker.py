@@ -670,8 +670,10 @@ class Connection(asyncio.Protocol):
         vis = d["visibility_ms"] / 1000 if d["visibility_ms"] else None
         n = d.get("max", 1)
         self._check_inflight(n)
+        budget = 0
         if n > 1:  # a batch: new messages stored back to back go out as columns
-            block = q.take_block(d["group"], n, vis)
+            budget = options.MAX_FRAME - 4 - 26 * n  # its records fit one frame (26 B of columns each)
+            block = q.take_block(d["group"], n, vis, budget)
             if block is not None:
                 first, stamps, lens, data = block
                 k = len(lens)
@@ -680,7 +682,7 @@ class Connection(asyncio.Protocol):
                 body = records_field(offsets, [1] * k, stamps, [0] * k, lens, data)
                 self.send_reply(f, encode_frame(T.DELIVER_BATCH, f.msg_id, body))
                 return True
-        msgs = q.poll(d["group"], n, vis)
+        msgs = q.poll(d["group"], n, vis, budget)
         if not msgs:
             return False
         if f.type == T.CONSUME:

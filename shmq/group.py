@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import time
 from array import array
+from bisect import bisect_right
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import Any
 
 from . import layout as L
@@ -45,6 +47,18 @@ _unpack_slot = L.SLOT_HEAD.unpack_from
 
 # dead-letter work item: (group index, offset, deliveries, reason)
 DeadItem = tuple[int, int, int, str]
+
+
+def _sizes(lens: list[int]) -> list[int]:
+    """Record sizes (payload + metadata bytes) from slots' S_LENS words."""
+    return [(x & 0xFFFFFFFF) + (x >> 32) for x in lens]
+
+
+def _within(lens: list[int], used: int, max_bytes: int, got: int) -> int:
+    """How many of these records (S_LENS words) fit a byte budget of which ``used`` is
+    spent; at least one when nothing was taken yet (``got`` == 0)."""
+    k = max(bisect_right(list(accumulate(_sizes(lens), initial=used)), max_bytes) - 1, 0)
+    return k if k or got else 1
 
 
 class Groups:
@@ -205,13 +219,15 @@ class Groups:
     # ------------------------------------------------------------ delivery
     def deliver(self, gi: int, owner: int, now: int, max_n: int, vis_ms: int,
                 out: list[Any], dead: list[DeadItem], cls: type = tuple,
-                prefix: tuple[Any, ...] = ()) -> None:
+                prefix: tuple[Any, ...] = (), max_bytes: int = 0) -> None:
         """Lease up to max_n messages to owner.
 
         Appends ``cls((*prefix, offset, deliveries, payload, metadata, timestamp_ns))`` to
         ``out`` (``cls`` a tuple type: the API's Message is built here, once).
         Expired leases of this group are returned first (into ``dead`` when they
         have no deliveries left).  Redeliveries come before new messages.
+        ``max_bytes``: stop before the payloads and metadata taken pass it (but take at
+        least one message); 0: no limit.
         """
         w = self.w
         g = self.gw + gi * 32
@@ -220,12 +236,13 @@ class Groups:
             self.expire(gi, now, owner, dead)
             ne = w[g + 5]
         if w[g + 3] and now >= w[g + 4]:  # G_REDELIVER, G_NEXT_READY
-            self._redeliver(gi, owner, now, max_n, vis_ms, out, cls, prefix)
+            self._redeliver(gi, owner, now, max_n, vis_ms, out, cls, prefix, max_bytes)
         cur = w[g + 1]
         tail = w[self.tail_word]  # Q_NEXT_OFFSET, or Q_DURABLE_OFFSET of an `always` queue
         got = len(out)
         if cur >= tail or got >= max_n:
             return
+        used = sum(len(m[-3]) + len(m[-2]) for m in out) if max_bytes else 0
         sl, cap, sw, size, data, mm = self._geom
         lw = 4 + gi
         deadline = now + vis_ms
@@ -244,12 +261,23 @@ class Groups:
             b0 = sl + i0 * sw
             end = b0 + k * sw
             if k > 1 and not any(w[b0 + lw:end:sw].tolist()):
+                if max_bytes:  # as many as the byte budget holds (at least one in all)
+                    k = _within(w[b0 + 2:end:sw].tolist(), used, max_bytes, got)
+                    if not k:
+                        break
+                    end = b0 + k * sw
+                    used += sum(_sizes(w[b0 + 2:end:sw].tolist()))
                 w[b0 + lw:end:sw] = array("Q", [word]) * k
                 runs = zip(range(cur, cur + k), w[b0 + 1:end:sw].tolist(),
                            w[b0 + 2:end:sw].tolist(), w[b0 + 3:end:sw].tolist(), strict=True)
                 got += k
                 cur += k
             else:  # one at a time, stepping over words handled before a crash
+                if max_bytes and not w[b0 + lw]:
+                    k = _within(w[b0 + 2:b0 + 3].tolist(), used, max_bytes, got)
+                    if not k:
+                        break
+                    used += _sizes(w[b0 + 2:b0 + 3].tolist())[0]
                 cur += 1
                 if w[b0 + lw]:
                     continue
@@ -293,14 +321,15 @@ class Groups:
             return tuple.__new__(cls, (q, gi, group, cur, 1, payload, self.mm[start:start + mlen], ts))
         return tuple.__new__(cls, (q, gi, group, cur, 1, self.mm[start:start + lens], b"", ts))
 
-    def deliver_block(self, gi: int, owner: int, now: int, max_n: int,
-                      vis_ms: int) -> tuple[int, list[int], list[int], bytes] | None:
+    def deliver_block(self, gi: int, owner: int, now: int, max_n: int, vis_ms: int,
+                      max_bytes: int = 0) -> tuple[int, list[int], list[int], bytes] | None:
         """The hot path of ``deliver`` for a batch: a run of at least two new messages
         without metadata, stored back to back, leased to ``owner`` (1 delivery) with
         strided slice stores.  Returns (first offset, timestamps, payload lengths, the
         payloads as one bytes); None when the general path is needed (an expiry due,
         redeliveries pending, fewer than two new, a run that wraps the slot table or the
-        byte ring, metadata, crash leftovers)."""
+        byte ring, metadata, crash leftovers).  ``max_bytes``: a run whose payloads would
+        pass it is cut short (0: no limit)."""
         w = self.w
         g = self.gw + gi * 32
         ne = w[g + 5]  # G_NEXT_EXPIRY
@@ -320,6 +349,12 @@ class Groups:
         lens = w[b0 + 2:end:sw].tolist()
         if max(lens) > 0xFFFFFFFF:  # some record has metadata
             return None
+        if max_bytes and sum(lens) > max_bytes:
+            k = _within(lens, 0, max_bytes, 1)
+            if k < 2:
+                return None
+            end = b0 + k * sw
+            lens = lens[:k]
         p0 = w[b0 + 1]
         span = w[end - sw + 1] + lens[-1] - p0
         start = p0 % size
@@ -333,11 +368,12 @@ class Groups:
         return cur, w[b0 + 3:end:sw].tolist(), lens, mm[data + start:data + start + span]
 
     def _redeliver(self, gi: int, owner: int, now: int, max_n: int, vis_ms: int,
-                   out: list[Any], cls: type, prefix: tuple[Any, ...]) -> None:
+                   out: list[Any], cls: type, prefix: tuple[Any, ...], max_bytes: int = 0) -> None:
         """Lease READY messages whose time has come, lowest offset first.
 
-        Scans from the G_READY_LO hint and stops once max_n are taken, so a
-        long run of given-back messages costs O(1) per delivery, not O(window).
+        Scans from the G_READY_LO hint and stops once max_n are taken (or ``max_bytes``
+        would be passed), so a long run of given-back messages costs O(1) per
+        delivery, not O(window).
         """
         w = self.w
         g = self.gw + gi * L.G_WORDS
@@ -349,6 +385,7 @@ class Groups:
         first_pending = -1
         deadline = now + vis_ms
         taken = 0
+        used = 0
         full = len(out) >= max_n
         while o < cur and not full:
             base = self.sl + (o % self.cap) * self.sw + lw
@@ -356,6 +393,11 @@ class Groups:
             if word & 7 == _READY:
                 t = word >> 24
                 if t <= now:
+                    if max_bytes:
+                        size = _sizes([w[base - lw + L.S_LENS]])[0]
+                        if out and used + size > max_bytes:
+                            break  # the budget is spent: o stays READY (see "stopped early" below)
+                        used += size
                     dc = min(((word >> 3) & 0xFF) + 1, L.DC_MASK)
                     w[base] = _LEASED | (dc << 3) | (owner << 11) | (deadline << 24)
                     payload, meta, ts = self.ring.record(o)

@@ -396,7 +396,7 @@ class ShmQueue(QueueABC):
         return self._take(group, max_messages, block, timeout, visibility_timeout)
 
     def _take(self, group: str, max_n: int, block: bool, timeout: float | None,
-              visibility_timeout: float | None) -> list[Message]:
+              visibility_timeout: float | None, max_bytes: int = 0) -> list[Message]:
         w = self._w
         tw = self._groups.tail_word
         if w[4] != 1:  # Q_STATE
@@ -432,7 +432,7 @@ class ShmQueue(QueueABC):
                 if waiting:
                     w[33] -= 1 if w[33] else 0  # Q_CONSUMER_WAITERS
                     waiting = False
-                deliver(gi, owner, now, max_n, vis, got, dead, Message, prefix)
+                deliver(gi, owner, now, max_n, vis, got, dead, Message, prefix, max_bytes)
                 if not got and announce:
                     w[33] += 1  # announce a sleeper before letting go of the lock
                     waiting = True
@@ -478,9 +478,11 @@ class ShmQueue(QueueABC):
             except _BusyError:
                 pass
 
-    def poll(self, group: str, max_n: int, visibility_timeout: float | None = None) -> list[Message]:
+    def poll(self, group: str, max_n: int, visibility_timeout: float | None = None,
+             max_bytes: int = 0) -> list[Message]:
         """``get_many(max_n, block=False)`` for the server, which polls often and finds
-        nothing as often: an empty list then, not an exception."""
+        nothing as often: an empty list then, not an exception.  ``max_bytes``: stop
+        before the payloads and metadata pass it, one message at least (0: no limit)."""
         if max_n == 1 and visibility_timeout is None:
             gi = self._gcache.get(group)
             owner = self._att._slot
@@ -504,12 +506,12 @@ class ShmQueue(QueueABC):
                         not ne or now < ne):
                     return []  # nothing new, nothing to give back, nothing expired
         try:
-            return self._take(group, max_n, False, None, visibility_timeout)
+            return self._take(group, max_n, False, None, visibility_timeout, max_bytes)
         except Empty:
             return []
 
-    def take_block(self, group: str, max_n: int,
-                   visibility_timeout: float | None = None) -> tuple[int, list[int], list[int], bytes] | None:
+    def take_block(self, group: str, max_n: int, visibility_timeout: float | None = None,
+                   max_bytes: int = 0) -> tuple[int, list[int], list[int], bytes] | None:
         """The batch hot path of ``get_many(block=False)`` for the server: up to ``max_n``
         new messages of ``group`` leased at once, as columns (first offset, timestamps,
         payload lengths, the payloads back to back; see ``Groups.deliver_block``).
@@ -526,7 +528,7 @@ class ShmQueue(QueueABC):
         if rc:
             self._ring.clock.acquire_slow(rc)
         try:
-            return self._groups.deliver_block(gi, owner, self._now(), max_n, vis)
+            return self._groups.deliver_block(gi, owner, self._now(), max_n, vis, max_bytes)
         finally:
             unlock(addr)
 

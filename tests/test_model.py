@@ -112,8 +112,11 @@ class QueueMachine(RuleBasedStateMachine):
             return
         self._accept(offs, ps)
 
-    @rule(group=st.sampled_from(GROUPS), n=st.integers(1, 3))
-    def get(self, group: str, n: int) -> None:
+    @rule(group=st.sampled_from(GROUPS), n=st.integers(1, 3),
+          budget=st.sampled_from([0, 0, 0, 1, 300, 700, 1000]))
+    def get(self, group: str, n: int, budget: int) -> None:
+        """get_many; with a ``budget``, the server's poll: a prefix of what get_many would
+        deliver whose payloads fit it (one message at least)."""
         now = self.clock.t
         leases = self.model.leases[group]
         for off, lease in sorted(leases.items()):  # expiry first
@@ -121,10 +124,21 @@ class QueueMachine(RuleBasedStateMachine):
                 self.model.give_back(group, off, now)
         expect = [o for o, lease in sorted(leases.items()) if lease.state == READY and lease.t <= now][:n]
         expect += [o for o, lease in sorted(leases.items()) if lease.state == NEW][:n - len(expect)]
-        try:
-            got = self.q.get_many(n, group=group, block=False)
-        except shmq.Empty:
-            got = []
+        if budget:
+            total, fit = 0, 0
+            for o in expect:
+                total += len(self.model.payloads[o])
+                if total > budget and fit:
+                    break
+                fit += 1
+            expect = expect[:fit]
+        if budget:
+            got = self.q.poll(group, n, max_bytes=budget)
+        else:
+            try:
+                got = self.q.get_many(n, group=group, block=False)
+            except shmq.Empty:
+                got = []
         assert [m.offset for m in got] == expect
         for m in got:
             lease = leases[m.offset]
@@ -132,12 +146,13 @@ class QueueMachine(RuleBasedStateMachine):
             assert (m.payload, m.deliveries, m.group) == (self.model.payloads[m.offset], lease.dc, group)
         self.held = (self.held + got)[-12:]
 
-    @rule(group=st.sampled_from(GROUPS), n=st.integers(2, 5))
-    def take_block(self, group: str, n: int) -> None:
-        """The server's batch path: a run it takes is what get_many would have delivered."""
+    @rule(group=st.sampled_from(GROUPS), n=st.integers(2, 5), budget=st.sampled_from([0, 0, 600, 1200]))
+    def take_block(self, group: str, n: int, budget: int) -> None:
+        """The server's batch path: a run it takes is what get_many would have delivered
+        (cut short where its payloads would pass ``budget``)."""
         now = self.clock.t
         leases = self.model.leases[group]
-        block = self.q.take_block(group, n)
+        block = self.q.take_block(group, n, max_bytes=budget)
         if block is None:
             return  # the server then calls get_many (the rule above); nothing may have changed
         first, stamps, lens, data = block
@@ -147,6 +162,8 @@ class QueueMachine(RuleBasedStateMachine):
         offsets = list(range(first, first + len(lens)))
         assert 2 <= len(offsets) and offsets == expect[:len(offsets)]
         assert len(stamps) == len(offsets) and sum(lens) == len(data)
+        if budget:
+            assert sum(lens) <= budget
         gi = self.q._group(group)
         got = []
         pos = 0

@@ -321,6 +321,23 @@ def test_server_batch_path_leaves_what_it_cannot_take_to_get_many(clocked: ShmBr
     assert sorted(m.offset for m in q.get_many(10)) == [0, 1, 2, 3]
 
 
+def test_server_poll_stops_at_a_byte_budget(shm_broker: ShmBroker) -> None:
+    """A batch answer must fit one frame: the server polls with a byte budget, new
+    messages and redeliveries alike, and always takes one message at least."""
+    q = shm_broker.create_queue("budget")
+    q.put_many([b"a" * 400, b"b" * 400, b"c" * 400])
+    first = q.poll("default", 3, max_bytes=900)
+    assert [m.offset for m in first] == [0, 1]
+    last = q.poll("default", 3, max_bytes=10)
+    assert [m.offset for m in last] == [2]  # one, even past the budget
+    for m in first + last:
+        m.nack()
+    again = q.poll("default", 3, max_bytes=900)  # redeliveries, under the same budget
+    assert [(m.offset, m.deliveries) for m in again] == [(0, 2), (1, 2)]
+    assert [m.offset for m in q.poll("default", 3, max_bytes=900)] == [2]
+    assert q.take_block("default", 3, max_bytes=10) is None  # a run of one is not a run
+
+
 def test_read_replays_without_leasing(broker: shmq.Broker) -> None:
     q = broker.create_queue("replay")
     q.put_many([f"{i}".encode() for i in range(10)])

@@ -529,3 +529,24 @@ def test_read_reply_never_outgrows_a_frame(server: Server) -> None:
         assert [m.offset for m in first + rest] == list(range(20))
         assert all(m.payload == bytes([m.offset]) * (1 << 20) for m in first + rest)
         b.delete_queue("bigread")
+
+
+@pytest.mark.parametrize("varied", [False, True], ids=["back-to-back", "with-a-redelivery"])
+def test_batch_get_never_outgrows_a_frame(server: Server, varied: bool) -> None:
+    """get_many(20) of 1 MiB messages: the answer stops at the 16 MiB frame limit (the
+    rest stays for the next call) instead of breaking the connection."""
+    with shmq.connect(server.url) as b:
+        q = b.create_queue("bigget", max_bytes=64 << 20, max_message_size=1 << 20)
+        for i in range(20):
+            q.put(bytes([i]) * (1 << 20))
+        if varied:  # the general path: a redelivery first
+            q.get(timeout=5).nack()
+        first = q.get_many(20, timeout=5)
+        assert 0 < len(first) < 20
+        rest = q.get_many(20, timeout=5)
+        got = first + rest
+        assert sorted(m.offset for m in got) == list(range(20))
+        assert all(m.payload == bytes([m.offset]) * (1 << 20) for m in got)
+        q.ack_many(got)
+        assert q.stats()["retained"] == 0
+        b.delete_queue("bigget")
