@@ -236,7 +236,8 @@ class Groups:
             self.expire(gi, now, owner, dead)
             ne = w[g + 5]
         if w[g + 3] and now >= w[g + 4]:  # G_REDELIVER, G_NEXT_READY
-            self._redeliver(gi, owner, now, max_n, vis_ms, out, cls, prefix, max_bytes)
+            if self._redeliver(gi, owner, now, max_n, vis_ms, out, cls, prefix, max_bytes):
+                return  # the byte budget is spent: new messages wait behind the redeliveries
         cur = w[g + 1]
         tail = w[self.tail_word]  # Q_NEXT_OFFSET, or Q_DURABLE_OFFSET of an `always` queue
         got = len(out)
@@ -368,12 +369,12 @@ class Groups:
         return cur, w[b0 + 3:end:sw].tolist(), lens, mm[data + start:data + start + span]
 
     def _redeliver(self, gi: int, owner: int, now: int, max_n: int, vis_ms: int,
-                   out: list[Any], cls: type, prefix: tuple[Any, ...], max_bytes: int = 0) -> None:
+                   out: list[Any], cls: type, prefix: tuple[Any, ...], max_bytes: int = 0) -> bool:
         """Lease READY messages whose time has come, lowest offset first.
 
         Scans from the G_READY_LO hint and stops once max_n are taken (or ``max_bytes``
-        would be passed), so a long run of given-back messages costs O(1) per
-        delivery, not O(window).
+        would be passed: then it returns True), so a long run of given-back messages
+        costs O(1) per delivery, not O(window).
         """
         w = self.w
         g = self.gw + gi * L.G_WORDS
@@ -386,6 +387,7 @@ class Groups:
         deadline = now + vis_ms
         taken = 0
         used = 0
+        spent = False
         full = len(out) >= max_n
         while o < cur and not full:
             base = self.sl + (o % self.cap) * self.sw + lw
@@ -396,7 +398,8 @@ class Groups:
                     if max_bytes:
                         size = _sizes([w[base - lw + L.S_LENS]])[0]
                         if out and used + size > max_bytes:
-                            break  # the budget is spent: o stays READY (see "stopped early" below)
+                            spent = True
+                            break  # o stays READY (see "stopped early" below)
                         used += size
                     dc = min(((word >> 3) & 0xFF) + 1, L.DC_MASK)
                     w[base] = _LEASED | (dc << 3) | (owner << 11) | (deadline << 24)
@@ -424,6 +427,7 @@ class Groups:
             ne = w[g + L.G_NEXT_EXPIRY]
             if not ne or deadline < ne:
                 w[g + L.G_NEXT_EXPIRY] = deadline
+        return spent
 
     # ------------------------------------------------------------ settling
     def settle(self, gi: int, offset: int, dc: int, action: int, owner: int, now: int,
