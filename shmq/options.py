@@ -26,6 +26,7 @@ DEFAULT_MAX_BYTES = 16 * 1024 * 1024  # bytes of payload (+ metadata) held; rese
 MIN_MAX_BYTES = 4096
 MAX_MAX_BYTES = 1 << 40
 DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024
+MAX_MESSAGE_SIZE = 16 * 1024 * 1024  # a message (+ metadata) fits one TCP frame (MAX_FRAME)
 DEFAULT_VISIBILITY_TIMEOUT = 30.0  # seconds a delivery is leased
 MAX_VISIBILITY_TIMEOUT = 12 * 3600.0
 DEFAULT_MAX_DELIVERIES = 5  # deliveries before dead-lettering
@@ -55,6 +56,8 @@ STALE_HEARTBEAT = 10.0  # an owner's heartbeat older than this may be declared d
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7878
 MAX_FRAME = 16 * 1024 * 1024 + 4096  # bytes of one frame's body; larger is refused before reading it
+# the largest message, with the largest metadata and queue name, in one PRODUCE or DELIVER frame
+assert MAX_MESSAGE_SIZE + MAX_META_SIZE + 2 * 256 + 64 <= MAX_FRAME
 MAX_CONNECTIONS = 4096  # per worker
 MAX_WORKERS = 64  # worker processes of one broker (a queue's bell table has a byte per worker)
 MAX_INFLIGHT_PER_CONNECTION = 10_000  # leases one connection may hold

@@ -336,8 +336,9 @@ def _config(limits: dict[str, Any]) -> QueueConfig:
     need(isinstance(c.max_bytes, int) and options.MIN_MAX_BYTES <= c.max_bytes <= options.MAX_MAX_BYTES,
          f"max_bytes must be {options.MIN_MAX_BYTES}..{options.MAX_MAX_BYTES}")
     need(isinstance(c.max_message_size, int)
-         and 0 < c.max_message_size <= c.max_bytes - options.MAX_META_SIZE,
-         f"max_message_size must be 1..max_bytes - {options.MAX_META_SIZE}")
+         and 0 < c.max_message_size <= min(c.max_bytes - options.MAX_META_SIZE, options.MAX_MESSAGE_SIZE),
+         f"max_message_size must be 1..max_bytes - {options.MAX_META_SIZE}, and at most "
+         f"{options.MAX_MESSAGE_SIZE} (every message must fit one TCP frame)")
     need(0 < c.visibility_timeout <= options.MAX_VISIBILITY_TIMEOUT,
          f"visibility_timeout must be in (0, {options.MAX_VISIBILITY_TIMEOUT}] seconds")
     need(isinstance(c.max_deliveries, int) and 1 <= c.max_deliveries <= options.MAX_DELIVERIES_LIMIT,

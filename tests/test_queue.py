@@ -339,6 +339,19 @@ def test_server_poll_stops_at_a_byte_budget(shm_broker: ShmBroker) -> None:
     assert q.take_block("default", 3, max_bytes=10) is None  # a run of one is not a run
 
 
+def test_the_largest_message_travels_both_ways(broker: shmq.Broker) -> None:
+    """max_message_size stops at 16 MiB so that every message fits one TCP frame."""
+    with pytest.raises(shmq.InvalidArgument, match="one TCP frame"):
+        broker.create_queue("huge", max_bytes=64 << 20, max_message_size=options.MAX_MESSAGE_SIZE + 1)
+    q = broker.create_queue("huge", max_bytes=40 << 20, max_message_size=options.MAX_MESSAGE_SIZE)
+    big = bytes(range(256)) * (options.MAX_MESSAGE_SIZE // 256)
+    q.put_many([big, b"small"])
+    got = q.get_many(2, timeout=5)  # over TCP: the first fills a frame, the second comes next
+    got += q.get_many(2, timeout=5) if len(got) < 2 else []
+    assert [m.payload for m in got] == [big, b"small"]
+    q.ack_many(got)
+
+
 def test_read_replays_without_leasing(broker: shmq.Broker) -> None:
     q = broker.create_queue("replay")
     q.put_many([f"{i}".encode() for i in range(10)])
