@@ -90,13 +90,20 @@ except ImportError:
 
 
 RLIST, RSTREAM = "redis-lists", "redis-streams"
-# the workloads of this bench: common's, plus one message per call with the ack not waited for
+# the workloads of this bench: common's, and each again with the acks not waited for
 TCP_WORKLOADS = {"single": 1, "single-nowait": 1, "batch": BATCH, "batch-nowait": BATCH}
 TCP_LABELS = {**WORKLOAD_LABELS, "single-nowait": "1 / call, nowait",
               "batch-nowait": f"batch {BATCH}, nowait"}
 NOWAIT = {"single-nowait", "batch-nowait"}
 PING_VARIANTS = {"ping-pong": False, "ping-pong, nowait": True}  # label -> ack not waited
-ALL_WORKLOADS = [*TCP_WORKLOADS, *(v.replace(", ", "-") for v in PING_VARIANTS)]  # --workloads names
+
+
+def _ping_name(variant: str) -> str:
+    """A ping-pong variant's name for --workloads ("ping-pong, nowait" -> "ping-pong-nowait")."""
+    return variant.replace(", ", "-")
+
+
+ALL_WORKLOADS = [*TCP_WORKLOADS, *map(_ping_name, PING_VARIANTS)]  # --workloads names
 SIZE = 100
 
 SERVER_START_TIMEOUT = 60.0
@@ -761,7 +768,7 @@ def run(args: argparse.Namespace, out: Out, bench: Bench, systems: list[str]) ->
     lat_systems = [s for s in systems if s != RSTREAM]
     for rnd in range(1, args.rounds + 1):
         for variant, nowait in PING_VARIANTS.items():
-            if variant.replace(", ", "-") not in args.workloads:
+            if _ping_name(variant) not in args.workloads:
                 continue
             for system in lat_systems:
                 p50: float | None

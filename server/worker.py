@@ -453,7 +453,7 @@ class Connection(asyncio.Protocol):
             return j
         mark = self.w.take_mark() if self.w.pending_mark is not None else None
         for (f, _), off in zip(run, offs, strict=True):
-            data = frame(T.PRODUCE_OK, f.msg_id, offset=off)
+            data = produce_ok_frame(f.msg_id, off)
             if mark is None:
                 self.send(data)
             else:  # one mark covers the run: confirmed together once the journal has it
@@ -710,12 +710,8 @@ class Connection(asyncio.Protocol):
         False: only its deadline is checked (an earlier produce of ours still waits)."""
         f, d = w.frame, w.fields
         try:
-            if not try_put:
-                pass
-            elif f.type in (T.CONSUME, T.CONSUME_BATCH):
-                if self._try_consume(f, d):
-                    return True
-            elif self._try_produce(f, d):
+            if try_put and (self._try_consume(f, d) if f.type in (T.CONSUME, T.CONSUME_BATCH)
+                            else self._try_produce(f, d)):
                 return True
         except ShmqError as e:
             self.send_error(f.msg_id, e.code, str(e))
@@ -731,20 +727,15 @@ class Connection(asyncio.Protocol):
         return False
 
     def ack(self, f: Frame, d: dict[str, Any]) -> None:
+        """ACK, answered; ACK_NO_REPLY, answered only when it fails (by handle())."""
         m, held = self._held(d)
         try:
             m.ack()
         finally:
             self._settled(held, m[3])
-        self.reply(f, T.ACK_OK)
-
-    def ack_no_reply(self, f: Frame, d: dict[str, Any]) -> None:
-        """ACK whose success is not answered (an error still is, by handle())."""
-        m, held = self._held(d)
-        try:
-            m.ack()
-        finally:
-            self._settled(held, m[3])
+        if f.type == T.ACK:
+            self.reply(f, T.ACK_OK)
+        else:
             self.w.pending_mark = None  # an `always` ack: nobody waits for the journal either
 
     def ack_batch(self, f: Frame, d: dict[str, Any]) -> None:
@@ -922,7 +913,7 @@ HANDLERS: dict[int, Any] = {
     T.PRODUCE: Connection.produce, T.PRODUCE_BATCH: Connection.produce,
     T.PRODUCE_IDEMPOTENT: Connection.produce,
     T.CONSUME: Connection.consume, T.CONSUME_BATCH: Connection.consume,
-    T.ACK: Connection.ack, T.ACK_NO_REPLY: Connection.ack_no_reply, T.ACK_BATCH: Connection.ack_batch,
+    T.ACK: Connection.ack, T.ACK_NO_REPLY: Connection.ack, T.ACK_BATCH: Connection.ack_batch,
     T.ACK_BATCH_NO_REPLY: Connection.ack_batch,
     T.NACK: Connection.nack,
     T.TOUCH: Connection.touch, T.DEAD_LETTER: Connection.dead_letter,

@@ -49,16 +49,15 @@ _unpack_slot = L.SLOT_HEAD.unpack_from
 DeadItem = tuple[int, int, int, str]
 
 
-def _sizes(lens: list[int]) -> list[int]:
-    """Record sizes (payload + metadata bytes) from slots' S_LENS words."""
-    return [(x & 0xFFFFFFFF) + (x >> 32) for x in lens]
-
-
-def _within(lens: list[int], used: int, max_bytes: int, got: int) -> int:
-    """How many of these records (S_LENS words) fit a byte budget of which ``used`` is
-    spent; at least one when nothing was taken yet (``got`` == 0)."""
-    k = max(bisect_right(list(accumulate(_sizes(lens), initial=used)), max_bytes) - 1, 0)
-    return k if k or got else 1
+def _within(lens: list[int], used: int, max_bytes: int, got: int) -> tuple[int, int]:
+    """How many of these records (slots' S_LENS words: payload | metadata length << 32)
+    fit a byte budget of which ``used`` is spent, at least one when nothing was taken
+    yet (``got`` == 0); and the budget spent once they are taken."""
+    cum = list(accumulate([(x & 0xFFFFFFFF) + (x >> 32) for x in lens], initial=used))
+    k = max(bisect_right(cum, max_bytes) - 1, 0)
+    if not k and not got:
+        k = 1
+    return k, cum[k]
 
 
 class Groups:
@@ -263,11 +262,10 @@ class Groups:
             end = b0 + k * sw
             if k > 1 and not any(w[b0 + lw:end:sw].tolist()):
                 if max_bytes:  # as many as the byte budget holds (at least one in all)
-                    k = _within(w[b0 + 2:end:sw].tolist(), used, max_bytes, got)
+                    k, used = _within(w[b0 + 2:end:sw].tolist(), used, max_bytes, got)
                     if not k:
                         break
                     end = b0 + k * sw
-                    used += sum(_sizes(w[b0 + 2:end:sw].tolist()))
                 w[b0 + lw:end:sw] = array("Q", [word]) * k
                 runs = zip(range(cur, cur + k), w[b0 + 1:end:sw].tolist(),
                            w[b0 + 2:end:sw].tolist(), w[b0 + 3:end:sw].tolist(), strict=True)
@@ -275,10 +273,9 @@ class Groups:
                 cur += k
             else:  # one at a time, stepping over words handled before a crash
                 if max_bytes and not w[b0 + lw]:
-                    k = _within(w[b0 + 2:b0 + 3].tolist(), used, max_bytes, got)
+                    k, used = _within([w[b0 + 2]], used, max_bytes, got)
                     if not k:
                         break
-                    used += _sizes(w[b0 + 2:b0 + 3].tolist())[0]
                 cur += 1
                 if w[b0 + lw]:
                     continue
@@ -351,7 +348,7 @@ class Groups:
         if max(lens) > 0xFFFFFFFF:  # some record has metadata
             return None
         if max_bytes and sum(lens) > max_bytes:
-            k = _within(lens, 0, max_bytes, 1)
+            k, _ = _within(lens, 0, max_bytes, 1)
             if k < 2:
                 return None
             end = b0 + k * sw
@@ -396,11 +393,10 @@ class Groups:
                 t = word >> 24
                 if t <= now:
                     if max_bytes:
-                        size = _sizes([w[base - lw + L.S_LENS]])[0]
-                        if out and used + size > max_bytes:
+                        fits, used = _within([w[base - lw + L.S_LENS]], used, max_bytes, len(out))
+                        if not fits:
                             spent = True
                             break  # o stays READY (see "stopped early" below)
-                        used += size
                     dc = min(((word >> 3) & 0xFF) + 1, L.DC_MASK)
                     w[base] = _LEASED | (dc << 3) | (owner << 11) | (deadline << 24)
                     payload, meta, ts = self.ring.record(o)

@@ -370,24 +370,33 @@ class ShmQueue(QueueABC):
 
     def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
             visibility_timeout: float | None = None) -> Message:
+        if visibility_timeout is None:
+            one = self._take_one(group)
+            if one is not None and one[0] is not None:
+                return one[0]
+        return self._take(group, 1, block, timeout, visibility_timeout)[0]
+
+    def _take_one(self, group: str) -> tuple[Message | None, int, int] | None:
+        """The hot path of taking one message: a known group, the queue's groups
+        unchanged, a client slot of ours.  None when it does not apply; else (the message
+        leased, or None when no new one was ready, the group index, the time in ms).
+        Taking the consumer lock is also the full barrier a doorbell's flag needs."""
         gi = self._gcache.get(group)
         owner = self._att._slot
         w = self._w
-        if (gi is not None and owner is not None and visibility_timeout is None and w[35] == self._ggen
-                and w[4] == 1):  # the hot path: a known group, one new message ready now
-            now = _monotonic_ns() // 1_000_000 if self._real_clock else self._now()
-            addr = self._clock_addr
-            rc = trylock(addr)
-            if rc:
-                self._ring.clock.acquire_slow(rc)
-            try:
-                m = self._groups.deliver_one(gi, 9 | (owner << 11) | ((now + self._vis) << 24), now,
-                                             Message, self, group)
-            finally:
-                unlock(addr)
-            if m is not None:
-                return m  # type: ignore[no-any-return]
-        return self._take(group, 1, block, timeout, visibility_timeout)[0]
+        if gi is None or owner is None or w[35] != self._ggen or w[4] != 1:  # Q_GROUP_GEN, Q_STATE
+            return None
+        now = _monotonic_ns() // 1_000_000 if self._real_clock else self._now()
+        addr = self._clock_addr
+        rc = trylock(addr)
+        if rc:
+            self._ring.clock.acquire_slow(rc)
+        try:
+            m = self._groups.deliver_one(gi, 9 | (owner << 11) | ((now + self._vis) << 24), now,
+                                         Message, self, group)
+        finally:
+            unlock(addr)
+        return m, gi, now
 
     def get_many(self, max_messages: int, group: str = options.DEFAULT_GROUP, block: bool = True,
                  timeout: float | None = None, visibility_timeout: float | None = None) -> list[Message]:
@@ -483,28 +492,17 @@ class ShmQueue(QueueABC):
         """``get_many(max_n, block=False)`` for the server, which polls often and finds
         nothing as often: an empty list then, not an exception.  ``max_bytes``: stop
         before the payloads and metadata pass it, one message at least (0: no limit)."""
-        if max_n == 1 and visibility_timeout is None:
-            gi = self._gcache.get(group)
-            owner = self._att._slot
+        one = self._take_one(group) if max_n == 1 and visibility_timeout is None else None
+        if one is not None:
+            m, gi, now = one
+            if m is not None:
+                return [m]
             w = self._w
-            if gi is not None and owner is not None and w[35] == self._ggen and w[4] == 1:
-                now = _monotonic_ns() // 1_000_000 if self._real_clock else self._now()
-                addr = self._clock_addr
-                rc = trylock(addr)  # also the full barrier a doorbell's flag needs (see doorbell)
-                if rc:
-                    self._ring.clock.acquire_slow(rc)
-                try:
-                    m = self._groups.deliver_one(gi, 9 | (owner << 11) | ((now + self._vis) << 24), now,
-                                                 Message, self, group)
-                finally:
-                    unlock(addr)
-                if m is not None:
-                    return [m]
-                g = self._ring.groups_w + gi * L.G_WORDS
-                ne = w[g + L.G_NEXT_EXPIRY]
-                if w[self._groups.tail_word] <= w[g + L.G_CURSOR] and not w[g + L.G_REDELIVER] and (
-                        not ne or now < ne):
-                    return []  # nothing new, nothing to give back, nothing expired
+            g = self._ring.groups_w + gi * L.G_WORDS
+            ne = w[g + L.G_NEXT_EXPIRY]
+            if w[self._groups.tail_word] <= w[g + L.G_CURSOR] and not w[g + L.G_REDELIVER] and (
+                    not ne or now < ne):
+                return []  # nothing new, nothing to give back, nothing expired
         try:
             return self._take(group, max_n, False, None, visibility_timeout, max_bytes)
         except Empty:
@@ -523,14 +521,8 @@ class ShmQueue(QueueABC):
         if owner is None:
             owner = self._att.client_slot()
         vis = self._vis if visibility_timeout is None else _ms(visibility_timeout, "visibility_timeout")
-        addr = self._clock_addr
-        rc = trylock(addr)
-        if rc:
-            self._ring.clock.acquire_slow(rc)
-        try:
+        with self._ring.clock:
             return self._groups.deliver_block(gi, owner, self._now(), max_n, vis, max_bytes)
-        finally:
-            unlock(addr)
 
     # ------------------------------------------------------------ settle
     def _ack_nowait(self, msg: Message) -> None:
@@ -618,12 +610,8 @@ class ShmQueue(QueueABC):
         """``ack_many`` for the server, which keeps its leases as (group index, offset,
         deliveries): returns the offsets that were stale (the others are acknowledged)."""
         stale: list[int] = []
-        clock = self._ring.clock
-        clock.acquire()
-        try:
+        with self._ring.clock:
             freed = self._groups.ack_offsets(gi, offsets, deliveries, stale)
-        finally:
-            clock.release()
         self._after_acks(freed, len(offsets))
         return stale
 

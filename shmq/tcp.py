@@ -169,19 +169,17 @@ class TcpBroker(Broker):
     def _start(self, type_: int, **fields: Any) -> int:
         """Send a request; its message id."""
         msg_id = self._next_id()
-        self._send_request(type_, msg_id, 0, fields)
+        self._send_frame(frame(type_, msg_id, **fields))  # a bad argument raises before sending
         return msg_id
 
-    def _send_no_reply(self, type_: int, **fields: Any) -> None:
-        """Send a request that is answered only if it fails (ACK_NO_REPLY, ACK_BATCH_NO_REPLY;
-        the reader keeps such errors in ``nowait_errors``).  The kernel may hold the frame back
-        (``MSG_MORE``) until this connection's next request, its close, or its cork timer
-        (about 200 ms on Linux), whichever comes first: the next request then carries it
-        in the same segment, and the broker reads both at once and applies them in order."""
-        self._send_request(type_, NO_REPLY_ID, MSG_MORE, fields)
-
-    def _send_request(self, type_: int, msg_id: int, flags: int, fields: dict[str, Any]) -> None:
-        self._send_frame(frame(type_, msg_id, **fields), flags)  # a bad argument raises before sending
+    def _send_no_reply(self, data: bytes) -> None:
+        """Send a request frame (message id NO_REPLY_ID) that is answered only if it fails
+        (ACK_NO_REPLY, ACK_BATCH_NO_REPLY; the reader keeps such errors in
+        ``nowait_errors``).  The kernel may hold the frame back (``MSG_MORE``) until this
+        connection's next request, its close, or its cork timer (about 200 ms on Linux),
+        whichever comes first: the next request then carries it in the same segment, and
+        the broker reads both at once and applies them in order."""
+        self._send_frame(data, MSG_MORE)
 
     def _send_frame(self, data: bytes, flags: int = 0) -> None:
         if self._closed:
@@ -305,7 +303,8 @@ class TcpQueue(Queue):
         msgs = list(messages)
         if not wait:  # ACK_BATCH_NO_REPLY, riding with the next request as ack(wait=False) does
             for group, settles in settles_by_group(msgs):
-                self._b._send_no_reply(T.ACK_BATCH_NO_REPLY, queue=self.name, group=group, settles=settles)
+                self._b._send_no_reply(frame(T.ACK_BATCH_NO_REPLY, NO_REPLY_ID, queue=self.name, group=group,
+                                             settles=settles))
             return
         stale: list[int] = []
         for group, settles in settles_by_group(msgs):
@@ -320,8 +319,8 @@ class TcpQueue(Queue):
     def _ack_nowait(self, msg: Message) -> None:
         if msg.group is None:
             raise StaleAck(f"message {msg.offset} was read, not leased: it cannot be settled")
-        self._b._send_frame(settle_frame(T.ACK_NO_REPLY, NO_REPLY_ID, self._qb, str.encode(msg[2]), msg[3],
-                                         msg[4]), MSG_MORE)  # as _send_no_reply, with the frame made here
+        self._b._send_no_reply(settle_frame(T.ACK_NO_REPLY, NO_REPLY_ID, self._qb, str.encode(msg[2]),
+                                            msg[3], msg[4]))
 
     def _settle(self, msg: Message, action: int, arg: float | None) -> None:
         if msg.group is None:

@@ -50,6 +50,18 @@ def reopen(root: Path, name: str = "q", **kw: Any) -> Journal:
     return Journal(root, name, **kw)
 
 
+def bit_flips(seg: Path, original: bytes, start: int, end: int) -> Iterator[tuple[int, bytearray]]:
+    """For each position in [start, end): ``seg`` rewritten as ``original`` with one bit of
+    that byte flipped, and the quarantined copies of earlier rounds removed."""
+    for pos in range(start, end):
+        flipped = bytearray(original)
+        flipped[pos] ^= 1 << (pos % 8)
+        seg.write_bytes(flipped)
+        for q in seg.parent.glob("*.corrupt-*"):
+            q.unlink()
+        yield pos, flipped
+
+
 def zeros_after(path: Path, end: int) -> bool:
     """Is everything in the file past ``end`` zero (preallocated, nothing partial)?"""
     rest = path.read_bytes()[end:]
@@ -322,12 +334,7 @@ def test_bit_flip_in_the_last_record_is_corrupt_not_torn(tmp_path: Path) -> None
     seg = tmp_path / "q-q" / segment_name(6)
     original = seg.read_bytes()
     assert len(original) > end and zeros_after(seg, end)
-    for pos in range(start, end):
-        flipped = bytearray(original)
-        flipped[pos] ^= 1 << (pos % 8)
-        seg.write_bytes(flipped)
-        for q in seg.parent.glob("*.corrupt-*"):
-            q.unlink()
+    for pos, flipped in bit_flips(seg, original, start, end):
         j = reopen(tmp_path)
         r = j.recover()
         assert r.messages == before and r.state == state, pos
@@ -509,12 +516,7 @@ def test_bit_flip_anywhere_in_a_record_is_quarantined(tmp_path: Path, kind: str,
     assert len(original) == 700 and zeros_after(first, r2_end + 24 + 20 + 30)  # preallocated
     expected_state = b"s2" * 30 if kind == "state" else b"s1"  # the copy in the second segment
     assert r2_end - r2_start > 24
-    for pos in range(r2_start, r2_end):
-        flipped = bytearray(original)
-        flipped[pos] ^= 1 << (pos % 8)
-        first.write_bytes(flipped)
-        for q in first.parent.glob("*.corrupt-*"):
-            q.unlink()
+    for pos, flipped in bit_flips(first, original, r2_start, r2_end):
         caplog.clear()
         j = reopen(tmp_path)
         r = j.recover()
