@@ -368,7 +368,7 @@ class Connection(asyncio.Protocol):
         self.ready = False
         self.closed = False
         self.busy = False
-        # the leases this connection holds: (queue handle, group index) -> {offset: deliveries}
+        # the leases this connection holds: (queue handle, group reference) -> {offset: deliveries}
         self.held: dict[tuple[ShmQueue, int], dict[int, int]] = {}
         self.inflight = 0  # leases held, all queues
         self.subs: dict[int, Subscription] = {}
@@ -505,10 +505,10 @@ class Connection(asyncio.Protocol):
         """Return every lease this connection holds to its queue, at once."""
         held, self.held, self.inflight = self.held, {}, 0
         touched = set()
-        for (q, gi), leases in held.items():
+        for (q, ref), leases in held.items():
             for offset, dc in leases.items():
                 try:
-                    _message(q, gi, None, offset, dc).nack()
+                    _message(q, ref, None, offset, dc).nack()
                     touched.add(q.name)
                 except ShmqError:
                     pass  # expired and taken back already, or the queue is gone
@@ -581,10 +581,10 @@ class Connection(asyncio.Protocol):
                    server=SERVER_NAME)
 
     # ------------------------------------------------------------ leases
-    def _lease(self, q: ShmQueue, gi: int, offsets: Any, deliveries: Any) -> None:
-        held = self.held.get((q, gi))
+    def _lease(self, q: ShmQueue, ref: int, offsets: Any, deliveries: Any) -> None:
+        held = self.held.get((q, ref))
         if held is None:
-            held = self.held[(q, gi)] = {}
+            held = self.held[(q, ref)] = {}
         before = len(held)
         held.update(zip(offsets, deliveries, strict=True))
         self.inflight += len(held) - before
@@ -595,21 +595,22 @@ class Connection(asyncio.Protocol):
                                 f"the limit is {options.MAX_INFLIGHT_PER_CONNECTION}")
 
     def _leases(self, d: dict[str, Any]) -> tuple[ShmQueue, int, dict[int, int]]:
-        """The queue, group index and leases of ours that a settle request names."""
+        """The queue, group reference and leases of ours that a settle request names
+        (none when the group was deleted since, even if created again)."""
         q = self.w.queue(d["queue"])
         try:
-            gi = q._group(d["group"], create=False)
+            ref = q._group_ref(d["group"], create=False)
         except GroupNotFound:
-            gi = -1
-        return q, gi, self.held.get((q, gi), _NONE_HELD)
+            ref = -1
+        return q, ref, self.held.get((q, ref), _NONE_HELD)
 
     def _held(self, d: dict[str, Any]) -> tuple[Message, dict[int, int]]:
         """The lease a settle request names, as a Message to settle, and the leases it is in."""
-        q, gi, held = self._leases(d)
+        q, ref, held = self._leases(d)
         if held.get(d["offset"]) != d["deliveries"]:
             raise StaleAck(f"message {d['offset']} (delivery {d['deliveries']}) of "
                            f"{d['queue']!r} is not leased to this connection")
-        return _message(q, gi, d["group"], d["offset"], d["deliveries"]), held
+        return _message(q, ref, d["group"], d["offset"], d["deliveries"]), held
 
     def _settled(self, held: dict[int, int], offset: int) -> None:
         """Settled, or found stale: either way no longer ours."""
@@ -678,7 +679,7 @@ class Connection(asyncio.Protocol):
                 first, stamps, lens, data = block
                 k = len(lens)
                 offsets = range(first, first + k)
-                self._lease(q, q._group(d["group"]), offsets, repeat(1, k))
+                self._lease(q, q._group_ref(d["group"]), offsets, repeat(1, k))
                 body = records_field(offsets, [1] * k, stamps, [0] * k, lens, data)
                 self.send_reply(f, encode_frame(T.DELIVER_BATCH, f.msg_id, body))
                 return True
@@ -741,7 +742,7 @@ class Connection(asyncio.Protocol):
     def ack_batch(self, f: Frame, d: dict[str, Any]) -> None:
         """ACK_BATCH, answered with the offsets that were stale; ACK_BATCH_NO_REPLY, answered
         only when some were (with ERROR STALE_ACK)."""
-        q, gi, held = self._leases(d)
+        q, ref, held = self._leases(d)
         offsets, asked = map(list, zip(*d["settles"], strict=True)) if d["settles"] else ([], [])
         had = list(map(held.pop, offsets, repeat(None)))  # ours are no longer ours, settled or stale
         stale: list[int]
@@ -759,7 +760,7 @@ class Connection(asyncio.Protocol):
                         held[o] = h
         self.inflight -= len(mine)
         if mine:
-            stale += q.ack_offsets(gi, mine, dcs)
+            stale += q.ack_offsets(ref, mine, dcs)
         if f.type == T.ACK_BATCH:
             self.reply(f, T.ACK_BATCH_OK, stale=stale)
             return
@@ -902,9 +903,9 @@ class Connection(asyncio.Protocol):
 _NONE_HELD: dict[int, int] = {}  # the leases of a queue and group we hold none of (never written)
 
 
-def _message(q: ShmQueue, gi: int, group: str | None, offset: int, deliveries: int) -> Message:
+def _message(q: ShmQueue, ref: int, group: str | None, offset: int, deliveries: int) -> Message:
     """A lease as a Message to settle (settling needs no payload)."""
-    return tuple.__new__(Message, (q, gi, group, offset, deliveries, b"", b"", 0))
+    return tuple.__new__(Message, (q, ref, group, offset, deliveries, b"", b"", 0))
 
 
 PRODUCE_TYPES = frozenset((T.PRODUCE, T.PRODUCE_BATCH, T.PRODUCE_IDEMPOTENT))

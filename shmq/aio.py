@@ -28,12 +28,13 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+from collections import deque
 from collections.abc import AsyncGenerator, Iterable, Sequence
 from typing import Any
 
 from . import options
 from .api import Message, Payload, QueueConfig, QueueInfo
-from .codec import Frame, FrameDecoder, T, decode_body, frame
+from .codec import Frame, FrameDecoder, T, decode_body, frame, settle_frame
 from .errors import (
     AuthError,
     ConnectionLost,
@@ -45,12 +46,12 @@ from .errors import (
 )
 from .names import check_queue_name
 from .queue import _as_bytes
-from .tcp import _ms, _timeout_ms, _vis, parse_tcp_url, produce_request, settles_by_group
+from .tcp import NO_REPLY_ID, _ms, _timeout_ms, _vis, parse_tcp_url, produce_request, settles_by_group
 
 __all__ = ["AsyncBroker", "AsyncMessage", "AsyncQueue", "connect"]
 
 _CONSUMES = (T.CONSUME, T.CONSUME_BATCH)
-_MAX_ID = 0xFFFFFFFF
+_MAX_ID = NO_REPLY_ID - 1  # ids 1 .. 2**32-2, wrapping: 0xFFFFFFFF is the unwaited acks'
 
 
 async def connect(url: str, token: str | None = None, *, connect_timeout: float = 10.0,
@@ -98,6 +99,7 @@ class AsyncBroker:
         self._orphans: dict[int, tuple[str, str]] = {}  # cancelled consumes -> (queue, group)
         self._closed = False
         self._close_reason = ""
+        self.nowait_errors: deque[ShmqError] = deque(maxlen=100)  # the latest errors of unwaited acks
         self._reader_task = asyncio.get_running_loop().create_task(self._read_loop(),
                                                                    name=f"shmq.aio reader {url}")
 
@@ -128,9 +130,14 @@ class AsyncBroker:
         return self._closed or self._writer.is_closing()
 
     def _send(self, type_: int, msg_id: int, **fields: Any) -> None:
+        self._send_frame(frame(type_, msg_id, **fields))
+
+    def _send_frame(self, data: bytes) -> None:
+        """Send a frame whose answer nobody awaits (ACK_NO_REPLY and the like: a failure
+        lands in ``nowait_errors``)."""
         if self._gone():
             raise self._lost()
-        self._writer.write(frame(type_, msg_id, **fields))
+        self._writer.write(data)
 
     def _start(self, type_: int, **fields: Any) -> tuple[int, asyncio.Future[Frame]]:
         """Send a request; the future gets its answer."""
@@ -190,6 +197,10 @@ class AsyncBroker:
                        deliveries=deliveries, delay_ms=0)
 
     def _dispatch(self, f: Frame) -> None:
+        if f.msg_id == NO_REPLY_ID:  # an ACK_NO_REPLY or ACK_BATCH_NO_REPLY failed
+            if f.type == T.ERROR:
+                self.nowait_errors.append(error_for(f.status, decode_body(T.ERROR, f.body)["message"]))
+            return
         inbox = self._subs.get(f.msg_id)
         if inbox is not None:
             inbox.put_nowait(f)
@@ -322,8 +333,13 @@ class AsyncMessage(Message):
 
     __slots__ = ()
 
-    async def ack(self) -> None:  # type: ignore[override]
-        await self[0]._settle(self, 0, 0.0)
+    async def ack(self, wait: bool = True) -> None:  # type: ignore[override]
+        """Acknowledge.  ``wait=False``: without waiting for the broker's answer (as
+        ``shmq.Message.ack``: a stale ack is then kept in ``broker.nowait_errors``)."""
+        if wait:
+            await self[0]._settle(self, 0, 0.0)
+        else:
+            self[0]._ack_nowait(self)
 
     async def nack(self, delay: float = 0.0) -> None:  # type: ignore[override]
         """Give the message back; it is delivered again after ``delay`` seconds."""
@@ -392,10 +408,16 @@ class AsyncQueue:
                                    visibility_ms=_vis(visibility_timeout))
         return [self._msg(group, rec) for rec in r["records"]]
 
-    async def ack_many(self, messages: Iterable[Message]) -> None:
+    async def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:
         """Ack many leases, one ACK_BATCH per group (pipelined).  Raises StaleAck, with
-        ``.stale`` the offsets, if some were stale; the others are applied."""
+        ``.stale`` the offsets, if some were stale; the others are applied.  ``wait=False``:
+        ACK_BATCH_NO_REPLY, not waited for (stale ones are reported in ``broker.nowait_errors``)."""
         msgs = list(messages)
+        if not wait:
+            for group, settles in settles_by_group(msgs):
+                self._b._send(T.ACK_BATCH_NO_REPLY, NO_REPLY_ID, queue=self.name, group=group,
+                              settles=settles)
+            return
         replies = await asyncio.gather(*(
             self._b._request(T.ACK_BATCH, T.ACK_BATCH_OK, queue=self.name, group=group, settles=settles)
             for group, settles in settles_by_group(msgs)))
@@ -405,6 +427,12 @@ class AsyncQueue:
                            "the others were applied")
             err.stale = stale  # type: ignore[attr-defined]
             raise err
+
+    def _ack_nowait(self, msg: Message) -> None:
+        if msg.group is None:
+            raise StaleAck(f"message {msg.offset} was read, not leased: it cannot be settled")
+        self._b._send_frame(settle_frame(T.ACK_NO_REPLY, NO_REPLY_ID, self.name.encode(), msg[2].encode(),
+                                         msg[3], msg[4]))
 
     async def _settle(self, msg: Message, action: int, arg: float | None) -> None:
         if msg.group is None:

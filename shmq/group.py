@@ -13,6 +13,11 @@ leaves nothing to repair:
   stepped over by the next delivery, and its lease comes back as any other;
 * a floor left behind DONE words is advanced by the next settle;
 * the ``G_REDELIVER`` / ``G_NEXT_EXPIRY`` hints are recomputed by every scan;
+
+Deliveries name their group by reference (``layout.group_ref``: the index and the
+group's serial), and every settle checks the serial first: a group deleted and
+created again reuses an index, and a lease of the old group must not settle a
+delivery of the new one that happens to have the same offset and delivery count.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ _unpack_slot = L.SLOT_HEAD.unpack_from
 
 # dead-letter work item: (group index, offset, deliveries, reason)
 DeadItem = tuple[int, int, int, str]
+
+assert options.MAX_GROUPS_LIMIT <= L.GI_MASK + 1  # a group reference holds any index
 
 
 def _within(lens: list[int], used: int, max_bytes: int, got: int) -> tuple[int, int]:
@@ -130,6 +137,7 @@ class Groups:
             mm[(g + L.G_NAME) * 8:(g + L.G_NAME) * 8 + len(raw)] = raw
             w[g + L.G_STATE] = L.GS_ACTIVE
             w[L.Q_GROUP_GEN] += 1
+            w[g + L.G_SERIAL] = w[L.Q_GROUP_GEN]
             return gi
         raise LimitExceeded(f"queue {self.ring.name!r} has {self.max_groups} groups already (max_groups)")
 
@@ -138,8 +146,21 @@ class Groups:
         if self.journaled:  # the journal writer snapshots the groups once this moves
             self.w[L.Q_SETTLE_SEQ] += 1
         self.w[self.gw + gi * L.G_WORDS + L.G_STATE] = L.GS_FREE
+        self.w[self.gw + gi * L.G_WORDS + L.G_SERIAL] = 0  # its leases are stale from now on
         self.w[L.Q_GROUP_GEN] += 1
         return self._recompute_free()
+
+    def ref(self, gi: int) -> int:
+        """The reference deliveries of group ``gi`` carry (``layout.group_ref``)."""
+        return L.group_ref(gi, self.w[self.gw + gi * L.G_WORDS + L.G_SERIAL])
+
+    def live(self, ref: int) -> int:
+        """The index of the group ``ref`` names, or -1 when that group is gone (deleted,
+        maybe created again since)."""
+        gi = ref & L.GI_MASK
+        if ref < 0 or self.w[self.gw + gi * L.G_WORDS + L.G_SERIAL] != ref >> L.GI_BITS:
+            return -1
+        return gi
 
     # ------------------------------------------------------------ journal snapshot
     _COUNTERS = (L.G_ACKED, L.G_NACKED, L.G_REDELIVERED, L.G_DEAD_LETTERED, L.G_EXPIRED, L.G_CREATED_NS)
@@ -211,6 +232,8 @@ class Groups:
             self.mm[(g + L.G_NAME) * 8:(g + L.G_NAME) * 8 + len(raw)] = raw
             w[g + L.G_STATE] = L.GS_ACTIVE
         w[L.Q_GROUP_GEN] += 1
+        for gi in range(len(groups[:self.max_groups])):
+            w[self.gw + gi * L.G_WORDS + L.G_SERIAL] = w[L.Q_GROUP_GEN]
         self._recompute_free()
         for g in range(len(groups[:self.max_groups])):
             self.advance_floor(g)
@@ -294,10 +317,11 @@ class Groups:
         if not ne or deadline < ne:
             w[g + 5] = deadline
 
-    def deliver_one(self, gi: int, word: int, now: int, cls: type, q: Any, group: str) -> Any:
+    def deliver_one(self, gi: int, ref: int, word: int, now: int, cls: type, q: Any, group: str) -> Any:
         """The hot path of ``deliver`` for a single new message; None when the general
         path is needed (expiry due, redeliveries pending, nothing new, crash leftovers).
-        ``word`` is the LEASED lease word (1 delivery, owner, deadline) to store."""
+        ``word`` is the LEASED lease word (1 delivery, owner, deadline) to store; ``ref``
+        the group's reference, for the message."""
         w = self.w
         g = self.gw + gi * 32
         ne = w[g + 5]  # G_NEXT_EXPIRY
@@ -316,8 +340,8 @@ class Groups:
         mlen = lens >> 32
         if mlen:
             payload = self.mm[start + mlen:start + mlen + (lens & 0xFFFFFFFF)]
-            return tuple.__new__(cls, (q, gi, group, cur, 1, payload, self.mm[start:start + mlen], ts))
-        return tuple.__new__(cls, (q, gi, group, cur, 1, self.mm[start:start + lens], b"", ts))
+            return tuple.__new__(cls, (q, ref, group, cur, 1, payload, self.mm[start:start + mlen], ts))
+        return tuple.__new__(cls, (q, ref, group, cur, 1, self.mm[start:start + lens], b"", ts))
 
     def deliver_block(self, gi: int, owner: int, now: int, max_n: int, vis_ms: int,
                       max_bytes: int = 0) -> tuple[int, list[int], list[int], bytes] | None:
@@ -426,18 +450,21 @@ class Groups:
         return spent
 
     # ------------------------------------------------------------ settling
-    def settle(self, gi: int, offset: int, dc: int, action: int, owner: int, now: int,
+    def settle(self, ref: int, offset: int, dc: int, action: int, owner: int, now: int,
                arg_ms: int = 0) -> int:
-        """Nack / touch / dead-letter one delivery (acks go through ``ack``).
-        Returns OK, STALE or TO_DLQ.
+        """Nack / touch / dead-letter one delivery of the group ``ref`` names (acks go
+        through ``ack``).  Returns OK, STALE or TO_DLQ.
 
-        Valid only while the delivery's lease is held: the lease word is LEASED
-        with the same delivery count.  TO_DLQ: the word is now DEADING (owned by
-        ``owner``); the caller copies the record to the dead-letter queue and
-        then calls ``finish_dead``.
+        Valid only while the delivery's lease is held: the group is the one that
+        delivered it, and the lease word is LEASED with the same delivery count.
+        TO_DLQ: the word is now DEADING (owned by ``owner``); the caller copies the
+        record to the dead-letter queue and then calls ``finish_dead``.
         """
         if self.journaled:  # the journal writer snapshots the groups once this moves
             self.w[L.Q_SETTLE_SEQ] += 1
+        gi = self.live(ref)
+        if gi < 0:
+            return STALE
         w = self.w
         base = self.sl + (offset % self.cap) * self.sw
         lw = base + 4 + gi
@@ -454,11 +481,14 @@ class Groups:
         w[lw] = _DEADING | (dc << 3) | (owner << 11)  # DEAD
         return TO_DLQ
 
-    def ack(self, gi: int, offset: int, dc: int) -> int:
+    def ack(self, ref: int, offset: int, dc: int) -> int:
         """settle(ACK) and advance_floor in one step (the hot path): STALE, OK or FREED."""
         if self.journaled:  # the journal writer snapshots the groups once this moves
             self.w[L.Q_SETTLE_SEQ] += 1
         w = self.w
+        gi = ref & 63  # L.GI_MASK
+        if w[self.gw + gi * 32 + 22] != ref >> 6:  # G_SERIAL: the group is gone
+            return STALE
         sl, cap, sw = self.sl, self.cap, self.sw
         base = sl + (offset % cap) * sw
         lw = 4 + gi
@@ -470,8 +500,8 @@ class Groups:
         return FREED if self.advance_floor(gi) else OK
 
     def ack_batch(self, deliveries: Sequence[Sequence[Any]], stale: list[int]) -> bool:
-        """ACK many deliveries, each a sequence whose items 1, 3, 4 are (group index, offset,
-        deliveries) -- the API's Message is one.  Offsets of stale ones go to ``stale``.
+        """ACK many deliveries, each a sequence whose items 1, 3, 4 are (group reference,
+        offset, deliveries) -- the API's Message is one.  Offsets of stale ones go to ``stale``.
         True when queue storage was freed."""
         by_group: dict[int, tuple[list[int], list[int]]] = {}
         for d in deliveries:
@@ -482,15 +512,20 @@ class Groups:
             offs.append(d[3])
             dcs.append(d[4])
         freed = False
-        for gi, (offs, dcs) in by_group.items():
-            freed = self.ack_offsets(gi, offs, dcs, stale) or freed
+        for ref, (offs, dcs) in by_group.items():
+            freed = self.ack_offsets(ref, offs, dcs, stale) or freed
         return freed
 
-    def ack_offsets(self, gi: int, offsets: list[int], dcs: list[int], stale: list[int]) -> bool:
-        """ACK the deliveries (offsets[i], dcs[i]) of group ``gi``; offsets that are not
-        leased with that delivery count go to ``stale``.  True when storage was freed."""
+    def ack_offsets(self, ref: int, offsets: list[int], dcs: list[int], stale: list[int]) -> bool:
+        """ACK the deliveries (offsets[i], dcs[i]) of the group ``ref`` names; offsets that
+        are not leased with that delivery count go to ``stale`` (all of them when the
+        group is gone).  True when storage was freed."""
         if self.journaled:  # the journal writer snapshots the groups once this moves
             self.w[L.Q_SETTLE_SEQ] += 1
+        gi = self.live(ref)
+        if gi < 0:
+            stale.extend(offsets)
+            return False
         w = self.w
         sl, cap, sw = self.sl, self.cap, self.sw
         tail = w[24]

@@ -213,6 +213,7 @@ G_EXPIRED = 11
 G_CREATED_NS = 12
 G_NAME_LEN = 13
 G_NAME = 14  # 8 words = 64 bytes
+G_SERIAL = 22  # Q_GROUP_GEN when this group was created, 0 while free: see group_ref
 G_WORDS = 32
 GS_FREE = 0
 GS_ACTIVE = 1
@@ -251,6 +252,17 @@ TIME_SHIFT = 24
 TIME_MASK = (1 << 40) - 1
 MAX_OWNER = OWNER_MASK  # client slots are 0 .. MAX_OWNER - 1; MAX_OWNER means "nobody"
 NO_OWNER = OWNER_MASK
+
+
+def group_ref(gi: int, serial: int) -> int:
+    """What a Message holds for its group: the index and the incarnation (G_SERIAL).
+    A group deleted and created again at the same index has a new serial, so a lease
+    of the old one never settles a delivery of the new one."""
+    return gi | (serial << GI_BITS)
+
+
+GI_BITS = 6  # group indexes are 0 .. options.MAX_GROUPS_LIMIT - 1
+GI_MASK = (1 << GI_BITS) - 1
 
 
 def lease_word(state: int, deliveries: int, owner: int, time_ms: int) -> int:

@@ -36,7 +36,7 @@ from .errors import (
     StorageError,
     Timeout,
 )
-from .group import ACK, DEAD, FREED, NACK, STALE, TO_DLQ, TOUCH, DeadItem, Groups
+from .group import ACK, DEAD, FREED, NACK, OK, STALE, TO_DLQ, TOUCH, DeadItem, Groups
 from .lock import trylock, unlock
 from .names import check_group_name as _check_group_name
 from .ring import DUPLICATE, Ring, producer_key
@@ -84,7 +84,7 @@ class ShmQueue(QueueABC):
         self._defer_marks: Callable[[ShmQueue, int, int], None] | None = None
         self.name = ring.name
         self._max = ring.max_message_size
-        self._gcache: dict[str, int] = {}
+        self._gcache: dict[str, int] = {}  # group name -> reference (layout.group_ref)
         self._ggen = -1
         self._now = att.now_ms
         self._real_clock = att.now_ms is monotonic_ms  # the hot path reads it inline
@@ -352,12 +352,16 @@ class ShmQueue(QueueABC):
     # ------------------------------------------------------------ consume
     def _group(self, name: str, create: bool = True) -> int:
         """The index of a group (created, from the earliest retained offset, if new)."""
+        return self._group_ref(name, create) & L.GI_MASK
+
+    def _group_ref(self, name: str, create: bool = True) -> int:
+        """The reference of a group, which its deliveries carry (``layout.group_ref``)."""
         gen = self._w[L.Q_GROUP_GEN]
         if gen != self._ggen:
             self._gcache = {}
             self._ggen = gen
-        gi = self._gcache.get(name)
-        if gi is None:
+        ref = self._gcache.get(name)
+        if ref is None:
             with self._ring.clock:
                 gi = self._groups.index(name)
                 if gi < 0:
@@ -365,8 +369,9 @@ class ShmQueue(QueueABC):
                         self._groups.require(name)
                     _check_group_name(name)
                     gi = self._groups.create(name, "earliest")
-            self._gcache[name] = gi
-        return gi
+                ref = self._groups.ref(gi)
+            self._gcache[name] = ref
+        return ref
 
     def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
             visibility_timeout: float | None = None) -> Message:
@@ -381,18 +386,19 @@ class ShmQueue(QueueABC):
         unchanged, a client slot of ours.  None when it does not apply; else (the message
         leased, or None when no new one was ready, the group index, the time in ms).
         Taking the consumer lock is also the full barrier a doorbell's flag needs."""
-        gi = self._gcache.get(group)
+        ref = self._gcache.get(group)
         owner = self._att._slot
         w = self._w
-        if gi is None or owner is None or w[35] != self._ggen or w[4] != 1:  # Q_GROUP_GEN, Q_STATE
+        if ref is None or owner is None or w[35] != self._ggen or w[4] != 1:  # Q_GROUP_GEN, Q_STATE
             return None
+        gi = ref & 63  # L.GI_MASK
         now = _monotonic_ns() // 1_000_000 if self._real_clock else self._now()
         addr = self._clock_addr
         rc = trylock(addr)
         if rc:
             self._ring.clock.acquire_slow(rc)
         try:
-            m = self._groups.deliver_one(gi, 9 | (owner << 11) | ((now + self._vis) << 24), now,
+            m = self._groups.deliver_one(gi, ref, 9 | (owner << 11) | ((now + self._vis) << 24), now,
                                          Message, self, group)
         finally:
             unlock(addr)
@@ -410,7 +416,8 @@ class ShmQueue(QueueABC):
         tw = self._groups.tail_word
         if w[4] != 1:  # Q_STATE
             self._alive()
-        gi = self._group(group)
+        ref = self._group_ref(group)
+        gi = ref & L.GI_MASK
         att = self._att
         owner = att._slot
         if owner is None:
@@ -429,7 +436,7 @@ class ShmQueue(QueueABC):
         waiting = False
         got: list[Message] = []
         dead: list[DeadItem] = []
-        prefix = (self, gi, group)
+        prefix = (self, ref, group)
         g = self._ring.groups_w + gi * L.G_WORDS
         announce = False
         while True:
@@ -529,15 +536,15 @@ class ShmQueue(QueueABC):
         self._ack(msg, wait_durable=False)
 
     def _ack(self, msg: Message, wait_durable: bool = True) -> None:
-        gi = msg[1]
-        if gi < 0 or msg[0] is not self:
+        ref = msg[1]
+        if ref < 0 or msg[0] is not self:
             raise self._not_ours(msg)
         addr = self._clock_addr
         rc = trylock(addr)
         if rc:
             self._ring.clock.acquire_slow(rc)
         try:
-            result = self._groups.ack(gi, msg[3], msg[4])
+            result = self._groups.ack(ref, msg[3], msg[4])
         finally:
             unlock(addr)
         if result == FREED:
@@ -563,8 +570,8 @@ class ShmQueue(QueueABC):
         """nack / touch / dead-letter (ack has its own path, ``_ack``)."""
         if action == ACK:
             return self._ack(msg)
-        gi = msg[1]
-        if gi < 0 or msg[0] is not self:
+        ref = msg[1]
+        if ref < 0 or msg[0] is not self:
             raise self._not_ours(msg)
         if action == TOUCH:
             arg_ms = self._ring.visibility_ms if arg is None else _ms(arg, "visibility_timeout")
@@ -576,13 +583,16 @@ class ShmQueue(QueueABC):
         if owner is None:
             owner = self._att.client_slot()
         with self._ring.clock:
-            result = self._groups.settle(gi, msg[3], msg[4], action, owner, self._now(), arg_ms)
+            result = self._groups.settle(ref, msg[3], msg[4], action, owner, self._now(), arg_ms)
         if result == STALE:
             raise self._stale(msg)
         if self._durable and action != TOUCH:
             self._settled()
+        if result == OK and action == NACK and not arg_ms:
+            self._wake_consumers(1)  # deliverable again now, wherever its consumers wait
         if result == TO_DLQ:
-            self._dead_letter([(gi, msg[3], msg[4], "nack" if action == NACK else "dead_letter")])
+            reason = "nack" if action == NACK else "dead_letter"
+            self._dead_letter([(ref & L.GI_MASK, msg[3], msg[4], reason)])
 
     def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:
         msgs = list(messages)
@@ -606,12 +616,12 @@ class ShmQueue(QueueABC):
             err.stale = stale  # type: ignore[attr-defined]
             raise err
 
-    def ack_offsets(self, gi: int, offsets: list[int], deliveries: list[int]) -> list[int]:
-        """``ack_many`` for the server, which keeps its leases as (group index, offset,
+    def ack_offsets(self, ref: int, offsets: list[int], deliveries: list[int]) -> list[int]:
+        """``ack_many`` for the server, which keeps its leases as (group reference, offset,
         deliveries): returns the offsets that were stale (the others are acknowledged)."""
         stale: list[int] = []
         with self._ring.clock:
-            freed = self._groups.ack_offsets(gi, offsets, deliveries, stale)
+            freed = self._groups.ack_offsets(ref, offsets, deliveries, stale)
         self._after_acks(freed, len(offsets))
         return stale
 
@@ -666,6 +676,8 @@ class ShmQueue(QueueABC):
                 self._groups.reap_owner(L.NO_OWNER, owner, now, dead)
         if dead:
             self._dead_letter(dead)
+        if n:
+            self._wake_consumers(n)
         return n
 
     def _reap_client(self, client: int, now: int) -> int:

@@ -113,6 +113,35 @@ def test_put_get_ack_round_trip(server: Server, request: pytest.FixtureRequest) 
     run(main)
 
 
+def test_acks_without_waiting_are_applied_before_the_next_request(server: Server,
+                                                                   request: pytest.FixtureRequest) -> None:
+    """ack(wait=False) / ack_many(wait=False): no answer awaited; the broker applies them
+    in order before the connection's next request, and reports stale ones in
+    ``nowait_errors`` (the rest of a batch is applied)."""
+    async def main() -> None:
+        async with fresh_queue(server, qname(request)) as (b, q):
+            await q.put_many([b"%d" % i for i in range(6)])
+            read = (await q.read(0))[0]
+            with pytest.raises(shmq.StaleAck):  # read() is not a lease: known at once
+                await read.ack(wait=False)
+            one, two = await q.get(timeout=5), await q.get(timeout=5)
+            await one.ack(wait=False)
+            rest = await q.get_many(10, timeout=5)
+            assert len(rest) == 4
+            await q.ack_many(rest, wait=False)
+            st = await q.stats()
+            assert st["groups"]["default"]["acked"] == 5 and st["groups"]["default"]["in_flight"] == 1
+            assert not b.nowait_errors
+            await one.ack(wait=False)  # stale: settled already
+            await q.ack_many([two, rest[0]], wait=False)  # one stale, one applied
+            st = await q.stats()  # the errors come before this answer
+            errs = list(b.nowait_errors)
+            assert [type(e) for e in errs] == [shmq.StaleAck, shmq.StaleAck] and "1 of 2" in str(errs[1])
+            assert st["groups"]["default"]["acked"] == 6 and st["retained"] == 0
+
+    run(main)
+
+
 def test_put_many_get_many_ack_many(server: Server, request: pytest.FixtureRequest) -> None:
     async def main() -> None:
         async with fresh_queue(server, qname(request)) as (_, q):

@@ -7,6 +7,9 @@ import secrets
 
 from shmq import layout as L
 from shmq.doorbell import NO_BELLS, RINGER, Bell, Ringer
+from shmq.shm import ShmBroker
+
+from .conftest import FakeClock
 
 
 def _flags(*workers: int) -> bytes:
@@ -77,3 +80,29 @@ def test_a_forked_child_rings_too() -> None:
 
 def test_no_bells_is_a_table_with_no_flag() -> None:
     assert NO_BELLS == bytes(L.Q_BELLS_SIZE) and len(NO_BELLS) == L.Q_BELLS_SIZE
+
+
+def test_messages_given_back_ring_as_a_put_does(clocked: ShmBroker, clock: FakeClock) -> None:
+    """A nack without delay and a lease expired by maintenance make a message deliverable
+    again: like a put, they ring the workers with requests parked on the queue, so a get
+    parked on another worker is retried at once rather than on its tick."""
+    q = clocked.create_queue("giveback", visibility_timeout=5)
+    qid = q._ring.queue_id
+    bell = Bell(q._ring.instance_uid, 5)
+    try:
+        q._mm[L.Q_BELLS + 5] = 1  # worker 5 has a request parked here
+        q.put_many([b"a", b"b"])
+        assert bell.drain() == {qid}
+        a, b = q.get_many(2)
+        a.nack(delay=1)  # deliverable only later: no ring (the waiter's tick covers it)
+        assert bell.drain() == set()
+        b.nack()
+        assert bell.drain() == {qid}
+        again = q.get(timeout=0)
+        assert again.payload == b"b" and bell.drain() == set()
+        clock.advance(10)  # its lease expires
+        assert q.maintain() == 1
+        assert bell.drain() == {qid}
+        assert q.maintain() == 0 and bell.drain() == set()
+    finally:
+        bell.close()

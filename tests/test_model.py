@@ -164,7 +164,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert len(stamps) == len(offsets) and sum(lens) == len(data)
         if budget:
             assert sum(lens) <= budget
-        gi = self.q._group(group)
+        ref = self.q._group_ref(group)  # as the server keeps it
         got = []
         pos = 0
         for o, ln, ts in zip(offsets, lens, stamps, strict=True):
@@ -173,7 +173,7 @@ class QueueMachine(RuleBasedStateMachine):
             assert payload == self.model.payloads[o]
             lease = leases[o]
             lease.state, lease.dc, lease.t = LEASED, 1, now + VIS
-            got.append(tuple.__new__(shmq.Message, (self.q, gi, group, o, 1, payload, b"", ts)))
+            got.append(tuple.__new__(shmq.Message, (self.q, ref, group, o, 1, payload, b"", ts)))
         self.held = (self.held + got)[-12:]
 
     def _current(self, m: shmq.Message) -> bool:
@@ -217,7 +217,7 @@ class QueueMachine(RuleBasedStateMachine):
         if not ms:
             return
         current = [m for m in ms if self._current(m)]
-        stale = self.q.ack_offsets(self.q._group(group), [m.offset for m in ms], [m.deliveries for m in ms])
+        stale = self.q.ack_offsets(self.q._group_ref(group), [m.offset for m in ms], [m.deliveries for m in ms])
         assert sorted(stale) == sorted(m.offset for m in ms if not self._current(m))
         for m in current:
             self.model.leases[m.group][m.offset].state = DONE

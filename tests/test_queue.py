@@ -148,6 +148,42 @@ def test_groups_bound(broker: shmq.Broker) -> None:
     assert sorted(q.groups()) == ["default", "two"]
 
 
+def test_a_lease_of_a_deleted_group_never_settles_its_successors_delivery(broker: shmq.Broker) -> None:
+    """A group deleted and created again takes the same place in the group table, and
+    delivers the same message with the same offset and delivery count: the old group's
+    lease is stale all the same, and the new lease (another client's) stays held."""
+    q = broker.create_queue("reborn")
+    q.create_group("g")
+    q.put_many([b"m", b"n"])
+    old = q.get_many(2, group="g", timeout=1)
+    q.delete_group("g")
+    q.create_group("g")  # from the earliest offset: both are new to it
+    other = shmq.connect(broker.url)
+    try:
+        oq = other.queue("reborn")
+        new = oq.get_many(2, group="g", timeout=1)
+        assert [(m.offset, m.deliveries) for m in new] == [(m.offset, m.deliveries) for m in old]
+        with pytest.raises(shmq.StaleAck):
+            old[0].ack()
+        with pytest.raises(shmq.StaleAck):
+            old[0].nack()
+        with pytest.raises(shmq.StaleAck):
+            q.ack_many(old)
+        assert q.stats()["groups"]["g"]["acked"] == 0
+        new[0].ack()  # still held by the other client
+        q.delete_group("g")
+        q.create_group("h")  # another name, the same place in the table
+        h = oq.get(group="h", timeout=1)
+        with pytest.raises(shmq.StaleAck):
+            old[0].ack()
+        with pytest.raises(shmq.StaleAck):
+            old[0].dead_letter()
+        h.ack()
+        assert q.stats()["groups"]["h"]["acked"] == 1
+    finally:
+        other.close()
+
+
 # ---------------------------------------------------------------- acks, nacks, leases
 def test_acknowledged_message_is_never_redelivered(clocked: ShmBroker, clock: FakeClock) -> None:
     q = clocked.create_queue("acks", visibility_timeout=5)
@@ -296,12 +332,12 @@ def test_server_batch_path_takes_runs_and_acks_them_as_columns(shm_broker: ShmBr
     first, stamps, lens, data = q.take_block("default", 4)  # type: ignore[misc]
     assert (first, lens, data) == (0, [1, 2, 3, 4], b"abbcccdddd") and len(stamps) == 4
     assert [m.offset for m in q.get_many(10)] == [4, 5]  # the rest, the general way
-    gi = q._group("default")
-    assert q.ack_offsets(gi, [0, 1], [1, 1]) == []  # a run: one strided store, the floor jumps
+    ref = q._group_ref("default")
+    assert q.ack_offsets(ref, [0, 1], [1, 1]) == []  # a run: one strided store, the floor jumps
     assert q.offsets() == (2, 6)  # exactly past the acked run: 2 and 3 are still leased
-    assert q.ack_offsets(gi, [2, 2, 3, 9], [1, 1, 2, 1]) == [2, 3, 9]  # twice / wrong delivery / never
+    assert q.ack_offsets(ref, [2, 2, 3, 9], [1, 1, 2, 1]) == [2, 3, 9]  # twice / wrong delivery / never
     assert q.offsets() == (3, 6)
-    assert q.ack_offsets(gi, [3, 4, 5], [1, 1, 1]) == [] and q.offsets() == (6, 6)
+    assert q.ack_offsets(ref, [3, 4, 5], [1, 1, 1]) == [] and q.offsets() == (6, 6)
     assert q.stats()["groups"]["default"]["acked"] == 6
 
 
