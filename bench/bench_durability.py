@@ -236,10 +236,10 @@ def main() -> None:
             for batch, window in MODES:
                 s = med[("shmq shm", policy, producers, batch, window)]
                 c = med[("shmq tcp", policy, producers, batch, window)]
-                r = med.get(("redis", policy, producers, batch, window))
+                rd = med.get(("redis", policy, producers, batch, window))
                 t.add_row(policy, str(producers), mode_label(batch, window),
-                          f"{s:,.0f}", f"{c:,.0f}", f"{r:,.0f}" if r else "-", f"{s / r:.2f}x" if r else "-",
-                          f"{c / r:.2f}x" if r else "-")
+                          f"{s:,.0f}", f"{c:,.0f}", f"{rd:,.0f}" if rd else "-",
+                          f"{s / rd:.2f}x" if rd else "-", f"{c / rd:.2f}x" if rd else "-")
     Console(width=130).print(t)
     print(f"the issue's RabbitMQ figure: {RABBITMQ_CONFIRMS:,} msgs/s with publisher confirms "
           "(must 3x, aim 5x)")

@@ -26,6 +26,10 @@ parent only coordinates); payloads are 100 B.  Workloads:
    ``batch-nowait``: the same with shmq's ``ack_many(msgs, wait=False)`` (one
    ACK_BATCH_NO_REPLY frame, sent with the next ``get_many``) and the Streams
    consumer pipelining its XACK with the next XREADGROUP; Redis lists as in ``batch``.
+   ``batch-push``: shmq's consumer subscribes (push mode, ``q.subscribe(credit=200)``:
+   the broker pushes what is ready in batches, without a request per batch) and acks
+   each 100 with ``ack_many(msgs, wait=False)``; the producer and the Redis consumers
+   as in ``batch-nowait``.
 3. ``ping-pong``: round-trip latency over two queues (ping, pong): A puts on
    ping and waits on pong, B gets (+acks) ping and puts the payload on pong.
    Redis: ``LPUSH`` / ``BRPOP`` pairs.  Each round trip is timed with
@@ -91,10 +95,11 @@ except ImportError:
 
 RLIST, RSTREAM = "redis-lists", "redis-streams"
 # the workloads of this bench: common's, and each again with the acks not waited for
-TCP_WORKLOADS = {"single": 1, "single-nowait": 1, "batch": BATCH, "batch-nowait": BATCH}
+TCP_WORKLOADS = {"single": 1, "single-nowait": 1, "batch": BATCH, "batch-nowait": BATCH, "batch-push": BATCH}
 TCP_LABELS = {**WORKLOAD_LABELS, "single-nowait": "1 / call, nowait",
-              "batch-nowait": f"batch {BATCH}, nowait"}
-NOWAIT = {"single-nowait", "batch-nowait"}
+              "batch-nowait": f"batch {BATCH}, nowait", "batch-push": f"batch {BATCH}, push"}
+NOWAIT = {"single-nowait", "batch-nowait", "batch-push"}
+PUSH = {"batch-push"}  # shmq's consumer subscribes (push mode) instead of calling get_many
 PING_VARIANTS = {"ping-pong": False, "ping-pong, nowait": True}  # label -> ack not waited
 
 
@@ -206,7 +211,7 @@ def _producer(system: str, handle: Handle, n: int, size: int, batch: int, ready:
 
 
 def _consumer(system: str, handle: Handle, n: int, batch: int, size: int, ready: Any, start: Any,
-              result: Any, workers: Any, nowait: bool = False, want: int = -1) -> None:
+              result: Any, workers: Any, nowait: bool = False, want: int = -1, push: bool = False) -> None:
     c = _Client(system, handle, want)
     try:
         workers[1] = c.worker
@@ -214,7 +219,7 @@ def _consumer(system: str, handle: Handle, n: int, batch: int, size: int, ready:
         got = 0
         last: Any = None
         if system == SHMQ:
-            got, last = common.shmq_consume(c.q, n, batch, nowait)
+            got, last = common.shmq_consume(c.q, n, batch, nowait, push)
         elif system == RLIST:
             key = c.key
             if batch == 1:
@@ -601,7 +606,7 @@ class Bench:
 
     # ------------------------------------------------------------ workloads
     def throughput(self, system: str, n: int, batch: int,
-                   nowait: bool = False) -> tuple[float, tuple[int, int]]:
+                   nowait: bool = False, push: bool = False) -> tuple[float, tuple[int, int]]:
         """One run: messages per second seen by the consumer, and the shmq workers (producer,
         consumer) the two connections landed on."""
         ctx = self.ctx
@@ -612,7 +617,7 @@ class Bench:
         (handle,) = self._setup(system, ("bench",))
         try:
             cons = self.children.start(f"{system}-consumer", _consumer, system, handle, n, batch, SIZE,
-                                       ready, start, result, workers, nowait, self.place[1])
+                                       ready, start, result, workers, nowait, self.place[1], push)
             prod = self.children.start(f"{system}-producer", _producer, system, handle, n, SIZE, batch,
                                        ready, start, workers, self.place[0])
             self.children.wait([cons, prod], self.timeout)
@@ -755,7 +760,7 @@ def run(args: argparse.Namespace, out: Out, bench: Bench, systems: list[str]) ->
             for system in systems:
                 where = ""
                 try:
-                    v, ws = bench.throughput(system, n, batch, workload in NOWAIT)
+                    v, ws = bench.throughput(system, n, batch, workload in NOWAIT, workload in PUSH)
                     shown = common.fmt_progress_rate(v)
                     if system == SHMQ:
                         where = f"   (producer/consumer on worker {fmt_workers(ws)})"
@@ -887,10 +892,13 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str],
     single, single_note = vs_best("single")
     single_nw, single_nw_note = vs_best("single-nowait")
     batched_nw, batched_nw_note = vs_best("batch-nowait")
+    batched_push, batched_push_note = vs_best("batch-push")
     targets: list[tuple[str, float | None, float, float, str]] = [t for w, t in [
         ("batch", (f"batched (x{BATCH}) vs Redis pipelined", batched, 1.5, 2.8, batched_note)),
         ("batch-nowait", (f"batched (x{BATCH}), nowait vs Redis pipelined", batched_nw, 1.5, 2.8,
                           batched_nw_note)),
+        ("batch-push", (f"batched (x{BATCH}), push vs Redis pipelined", batched_push, 1.5, 2.8,
+                        batched_push_note)),
         ("single", ("one at a time + ack vs Redis", single, 1.0, 1.6, single_note)),
         ("single-nowait",
          ("one at a time + ack(wait=False) vs Redis", single_nw, 1.0, 1.6, single_nw_note)),

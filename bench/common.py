@@ -112,9 +112,12 @@ def shmq_produce(q: Any, payload: bytes, n: int, batch: int) -> None:
             put_many(chunk)
 
 
-def shmq_consume(q: Any, n: int, batch: int, nowait: bool = False) -> tuple[int, bytes]:
+def shmq_consume(q: Any, n: int, batch: int, nowait: bool = False, push: bool = False) -> tuple[int, bytes]:
     """Get and ack ``n`` messages from the shmq queue ``q``, ``batch`` per call: the count and
-    the last payload.  ``nowait``: ``ack(wait=False)`` (no round trip of its own)."""
+    the last payload.  ``nowait``: ``ack(wait=False)`` (no round trip of its own).  ``push``:
+    subscribe (a credit of two batches) and ack each ``batch`` messages as one."""
+    if push:
+        return _shmq_consume_pushed(q, n, batch, not nowait)
     if batch == 1:
         get, wait = q.get, not nowait
         for _ in range(n):
@@ -128,6 +131,26 @@ def shmq_consume(q: Any, n: int, batch: int, nowait: bool = False) -> tuple[int,
         ack_many(msgs, wait)
         got += len(msgs)
     return got, msgs[-1].payload
+
+
+def _shmq_consume_pushed(q: Any, n: int, batch: int, wait: bool) -> tuple[int, bytes]:
+    sub = q.subscribe(credit=2 * batch)
+    ack_many = q.ack_many
+    got = 0
+    msgs: list[Any] = []
+    try:
+        for m in sub:
+            msgs.append(m)
+            if len(msgs) == batch or got + len(msgs) == n:
+                ack_many(msgs, wait)
+                got += len(msgs)
+                last = m.payload
+                msgs = []
+                if got == n:
+                    break
+    finally:
+        sub.close()
+    return got, last
 
 
 def shmq_ping(put: Callable[[bytes], Any], get: Callable[[], Any], payload: bytes, total: int,

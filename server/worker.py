@@ -667,34 +667,42 @@ class Connection(asyncio.Protocol):
             self._wait_or_fail(f, d, lambda: Empty(f"no message for group {d['group']!r} of {d['queue']!r}"))
 
     def _try_consume(self, f: Frame, d: dict[str, Any]) -> bool:
-        q = self.w.queue(d["queue"])
-        vis = d["visibility_ms"] / 1000 if d["visibility_ms"] else None
-        n = d.get("max", 1)
-        self._check_inflight(n)
+        self._check_inflight(d.get("max", 1))
+        return self._deliver(self.w.queue(d["queue"]), d["group"], d.get("max", 1), d["visibility_ms"],
+                             f.msg_id, f.type == T.CONSUME, f) > 0
+
+    def _deliver(self, q: ShmQueue, group: str, n: int, vis_ms: int, msg_id: int, one: bool,
+                 f: Frame | None = None) -> int:
+        """Lease up to ``n`` messages of ``group`` and send them with ``msg_id``: one
+        DELIVER when ``one``, else one DELIVER_BATCH.  ``f``: the request this answers
+        (its reply may be held for the journal); None for a subscription's push.  The
+        number sent, 0 when none was ready."""
+        vis = vis_ms / 1000 if vis_ms else None
+        send = self.send if f is None else partial(self.send_reply, f)
         budget = 0
-        if n > 1:  # a batch: new messages stored back to back go out as columns
+        if not one:  # a batch: new messages stored back to back go out as columns
             budget = options.MAX_FRAME - 4 - 26 * n  # its records fit one frame (26 B of columns each)
-            block = q.take_block(d["group"], n, vis, budget)
+            block = q.take_block(group, n, vis, budget) if n > 1 else None
             if block is not None:
                 first, stamps, lens, data = block
                 k = len(lens)
                 offsets = range(first, first + k)
-                self._lease(q, q._group_ref(d["group"]), offsets, repeat(1, k))
-                body = records_field(offsets, [1] * k, stamps, [0] * k, lens, data)
-                self.send_reply(f, encode_frame(T.DELIVER_BATCH, f.msg_id, body))
-                return True
-        msgs = q.poll(d["group"], n, vis, budget)
+                self._lease(q, q._group_ref(group), offsets, repeat(1, k))
+                send(encode_frame(T.DELIVER_BATCH, msg_id, records_field(offsets, [1] * k, stamps, [0] * k,
+                                                                         lens, data)))
+                return k
+        msgs = q.poll(group, n, vis, budget)
         if not msgs:
-            return False
-        if f.type == T.CONSUME:
-            m = msgs[0]  # (queue, group index, group, offset, deliveries, payload, meta, timestamp_ns)
+            return 0
+        if one:
+            m = msgs[0]  # (queue, group reference, group, offset, deliveries, payload, meta, timestamp_ns)
             self._lease(q, m[1], (m[3],), (m[4],))
-            self.send_reply(f, deliver_frame(f.msg_id, m[3], m[4], m[7], bytes(m[6]), m[5]))
+            send(deliver_frame(msg_id, m[3], m[4], m[7], bytes(m[6]), m[5]))
         else:
             self._lease(q, msgs[0][1], [m[3] for m in msgs], [m[4] for m in msgs])
-            self.reply(f, T.DELIVER_BATCH, records=[(m.offset, m.deliveries, m.timestamp_ns, bytes(m.meta),
-                                                     m.payload) for m in msgs])
-        return True
+            records = [(m[3], m[4], m[7], bytes(m[6]), m[5]) for m in msgs]
+            send(frame(T.DELIVER_BATCH, msg_id, records=records))
+        return len(msgs)
 
     def _wait_or_fail(self, f: Frame, d: dict[str, Any], err: Callable[[], ShmqError]) -> None:
         """Park the request until its queue changes, or raise ``err()`` when it may not wait."""
@@ -862,23 +870,19 @@ class Connection(asyncio.Protocol):
     def push(self, s: Subscription) -> None:
         """Send up to the subscription's credit; the broker's round robin between a
         group's subscribers comes from each taking at most its credit."""
-        if s.credit <= 0:
+        total = 0
+        while s.credit > 0:
+            n = min(s.credit, options.MAX_INFLIGHT_PER_CONNECTION - self.inflight, options.MAX_BATCH)
+            if n <= 0:
+                break
+            # what is ready goes out in frames of up to MAX_BATCH (DELIVER for a credit of one)
+            sent = self._deliver(self.w.queue(s.queue), s.group, n, s.vis, s.sub_id, s.credit == 1)
+            if not sent:
+                break
+            s.credit -= sent
+            total += sent
+        if not total:
             return
-        q = self.w.queue(s.queue)
-        vis = s.vis / 1000 if s.vis else None
-        n = min(s.credit, options.MAX_INFLIGHT_PER_CONNECTION - self.inflight)
-        if n <= 0:
-            return
-        try:
-            msgs = q.get_many(n, group=s.group, block=False, visibility_timeout=vis)
-        except Empty:
-            return
-        self._lease(q, msgs[0][1], [m[3] for m in msgs], [m[4] for m in msgs])
-        s.credit -= len(msgs)
-        for m in msgs:
-            self.send(encode_frame(T.DELIVER, s.sub_id, encode_body(
-                T.DELIVER, offset=m.offset, deliveries=m.deliveries, timestamp_ns=m.timestamp_ns,
-                meta=bytes(m.meta), payload=m.payload)))
         # rotate so that the next subscriber of this worker goes first next time
         lst = self.w.subs.get(s.queue)
         if lst and s in lst:

@@ -46,7 +46,16 @@ from .errors import (
 )
 from .names import check_queue_name
 from .queue import _as_bytes
-from .tcp import NO_REPLY_ID, _ms, _timeout_ms, _vis, parse_tcp_url, produce_request, settles_by_group
+from .tcp import (
+    NO_REPLY_ID,
+    _ms,
+    _pushed,
+    _timeout_ms,
+    _vis,
+    parse_tcp_url,
+    produce_request,
+    settles_by_group,
+)
 
 __all__ = ["AsyncBroker", "AsyncMessage", "AsyncQueue", "connect"]
 
@@ -185,16 +194,15 @@ class AsyncBroker:
 
     def _give_back(self, where: tuple[str, str], f: Frame) -> None:
         """NACK the leases of a DELIVER / DELIVER_BATCH nobody will see (the answers are not awaited)."""
-        if self._gone() or f.type not in (T.DELIVER, T.DELIVER_BATCH):
+        if f.type in (T.DELIVER, T.DELIVER_BATCH):
+            self._give_back_records(where, _pushed(f))
+
+    def _give_back_records(self, where: tuple[str, str], recs: Iterable[Sequence[Any]]) -> None:
+        if self._gone():
             return
-        if f.type == T.DELIVER:
-            d = decode_body(T.DELIVER, f.body)
-            settles = [(d["offset"], d["deliveries"])]
-        else:
-            settles = [(r[0], r[1]) for r in decode_body(T.DELIVER_BATCH, f.body)["records"]]
-        for offset, deliveries in settles:
-            self._send(T.NACK, self._new_id(), queue=where[0], group=where[1], offset=offset,
-                       deliveries=deliveries, delay_ms=0)
+        for r in recs:
+            self._send(T.NACK, self._new_id(), queue=where[0], group=where[1], offset=r[0],
+                       deliveries=r[1], delay_ms=0)
 
     def _dispatch(self, f: Frame) -> None:
         if f.msg_id == NO_REPLY_ID:  # an ACK_NO_REPLY or ACK_BATCH_NO_REPLY failed
@@ -476,8 +484,8 @@ class AsyncQueue:
     async def subscribe(self, group: str = options.DEFAULT_GROUP, credit: int = options.DEFAULT_CREDIT,
                         visibility_timeout: float | None = None) -> AsyncGenerator[AsyncMessage, None]:
         """Push mode, ``async for msg in q.subscribe(...)``: the broker sends up to
-        ``credit`` unacknowledged messages ahead; each message handed out here
-        returns one credit.
+        ``credit`` unacknowledged messages ahead (in batches when ``credit`` > 1); the
+        messages handed out here return their credit in steps of half the window.
 
         Closing the iterator (``aclose()``, or ``contextlib.aclosing``; leaving an
         ``async for`` closes it once it is garbage) unsubscribes, and gives the
@@ -489,25 +497,34 @@ class AsyncQueue:
         b._send(T.SUBSCRIBE, sub, queue=self.name, group=group, credit=credit, visibility_ms=vis)
         b._subs[sub] = inbox
         subscribed = refused = False
+        step = max(1, credit // 2)
+        owed = 0
+        ready: deque[Sequence[Any]] = deque()  # received, not handed out yet
         try:
             while True:
-                f = await inbox.get()
-                if isinstance(f, ShmqError):
-                    raise f
-                if f.type == T.ERROR:  # only the SUBSCRIBE is answered with one
-                    refused = True
-                    raise error_for(f.status, decode_body(T.ERROR, f.body)["message"])
-                if not subscribed:
-                    if f.type != T.SUBSCRIBE_OK:
-                        raise ShmqError(f"unexpected reply type 0x{f.type:02x} to SUBSCRIBE")
-                    subscribed = True
+                if not ready:
+                    f = await inbox.get()
+                    if isinstance(f, ShmqError):
+                        raise f
+                    if f.type == T.ERROR:  # only the SUBSCRIBE is answered with one
+                        refused = True
+                        raise error_for(f.status, decode_body(T.ERROR, f.body)["message"])
+                    if not subscribed:
+                        if f.type != T.SUBSCRIBE_OK:
+                            raise ShmqError(f"unexpected reply type 0x{f.type:02x} to SUBSCRIBE")
+                        subscribed = True
+                        continue
+                    ready.extend(_pushed(f))
                     continue
-                d = decode_body(T.DELIVER, f.body)
-                b._send(T.CREDIT, b._new_id(), subscription=sub, credit=1)
-                yield self._msg(group, self._rec(d))
+                owed += 1
+                if owed >= step:
+                    b._send(T.CREDIT, b._new_id(), subscription=sub, credit=owed)
+                    owed = 0
+                yield self._msg(group, ready.popleft())
         finally:
             if refused:
                 b._subs.pop(sub, None)
             else:  # also when SUBSCRIBE_OK is still to come: the broker answers in order
+                b._give_back_records((self.name, group), ready)
                 await b._unsubscribe(sub, (self.name, group))
 

@@ -407,13 +407,14 @@ def test_a_thousand_idle_connections(server: Server) -> None:
             s.close()
 
 
-def test_push_subscription_with_credit(server: Server) -> None:
+@pytest.mark.parametrize("credit", [1, 5])
+def test_push_subscription_with_credit(server: Server, credit: int) -> None:
     b = shmq.connect(server.url)
     sub_b = shmq.connect(server.url)
     try:
         q = b.create_queue("push")
         q.put_many([f"{i}".encode() for i in range(20)])
-        it = sub_b.queue("push").subscribe(credit=5)
+        it = sub_b.queue("push").subscribe(credit=credit)
         got = []
         for m in it:
             got.append(m.payload)
@@ -425,6 +426,36 @@ def test_push_subscription_with_credit(server: Server) -> None:
         assert q.stats()["retained"] == 0
     finally:
         b.delete_queue("push")
+        sub_b.close()
+        b.close()
+
+
+def test_push_subscription_sends_at_most_its_credit_and_gives_back_the_rest(server: Server) -> None:
+    """The broker pushes what is ready up to the credit (a batch), and no more until the
+    client grants some back; closing the iterator gives back at once what was pushed
+    but never handed out (not after the visibility timeout)."""
+    b = shmq.connect(server.url)
+    sub_b = shmq.connect(server.url)
+    try:
+        q = b.create_queue("pushback", visibility_timeout=30)
+        q.put_many([f"{i}".encode() for i in range(20)])
+        it = sub_b.queue("pushback").subscribe(credit=4)
+        first = next(it)  # the first push came with 4: one handed out, no credit back yet
+        assert q.stats()["groups"]["default"]["in_flight"] == 4
+        first.ack()
+        assert q.stats()["groups"]["default"]["in_flight"] == 3
+        second = next(it)  # two handed out: half the window goes back, two more come
+        wait_until(lambda: q.stats()["groups"]["default"]["in_flight"] == 5, timeout=5)
+        it.close()  # 4 pushed and not handed out: given back now
+        assert q.stats()["groups"]["default"]["in_flight"] == 1  # only `second`, still held
+        rest = q.get_many(20, timeout=5)
+        assert sorted(int(m.payload) for m in rest) == list(range(2, 20))
+        assert all(m.deliveries == (2 if int(m.payload) < 6 else 1) for m in rest)
+        second.ack()  # a lease is its connection's
+        q.ack_many(rest)
+        assert q.stats()["retained"] == 0
+    finally:
+        b.delete_queue("pushback")
         sub_b.close()
         b.close()
 
