@@ -686,6 +686,8 @@ class Connection(asyncio.Protocol):
             if block is not None:
                 first, stamps, lens, data = block
                 k = len(lens)
+                if not k:
+                    return 0  # nothing to deliver at all
                 offsets = range(first, first + k)
                 self._lease(q, q._group_ref(group), offsets, repeat(1, k))
                 send(encode_frame(T.DELIVER_BATCH, msg_id, records_field(offsets, [1] * k, stamps, [0] * k,

@@ -348,10 +348,11 @@ class Groups:
         """The hot path of ``deliver`` for a batch: a run of at least two new messages
         without metadata, stored back to back, leased to ``owner`` (1 delivery) with
         strided slice stores.  Returns (first offset, timestamps, payload lengths, the
-        payloads as one bytes); None when the general path is needed (an expiry due,
-        redeliveries pending, fewer than two new, a run that wraps the slot table or the
-        byte ring, metadata, crash leftovers).  ``max_bytes``: a run whose payloads would
-        pass it is cut short (0: no limit)."""
+        payloads as one bytes): an empty run when there is nothing to deliver at all
+        (nothing new, nothing given back, no lease expired); None when the general path
+        is needed (an expiry due, redeliveries pending, one new, a run that wraps the
+        slot table or the byte ring, metadata, crash leftovers).  ``max_bytes``: a run
+        whose payloads would pass it is cut short (0: no limit)."""
         w = self.w
         g = self.gw + gi * 32
         ne = w[g + 5]  # G_NEXT_EXPIRY
@@ -362,7 +363,7 @@ class Groups:
         i0 = cur % cap
         k = min(w[self.tail_word] - cur, max_n, cap - i0)
         if k < 2:
-            return None
+            return (cur, [], [], b"") if k <= 0 else None
         b0 = sl + i0 * sw
         end = b0 + k * sw
         lw = b0 + 4 + gi

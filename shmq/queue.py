@@ -519,8 +519,9 @@ class ShmQueue(QueueABC):
                    max_bytes: int = 0) -> tuple[int, list[int], list[int], bytes] | None:
         """The batch hot path of ``get_many(block=False)`` for the server: up to ``max_n``
         new messages of ``group`` leased at once, as columns (first offset, timestamps,
-        payload lengths, the payloads back to back; see ``Groups.deliver_block``).
-        None when the general path is needed: then call ``get_many``."""
+        payload lengths, the payloads back to back; see ``Groups.deliver_block``), an
+        empty run when there is nothing to deliver.  None when the general path is
+        needed: then call ``get_many``."""
         if self._w[4] != 1:  # Q_STATE
             self._alive()
         gi = self._group(group)

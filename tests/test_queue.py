@@ -344,6 +344,7 @@ def test_server_batch_path_takes_runs_and_acks_them_as_columns(shm_broker: ShmBr
 def test_server_batch_path_leaves_what_it_cannot_take_to_get_many(clocked: ShmBroker,
                                                                    clock: FakeClock) -> None:
     q = clocked.create_queue("noblock", visibility_timeout=5)
+    assert q.take_block("default", 10) == (0, [], [], b"")  # nothing at all: an empty run
     q.put(b"one")
     assert q.take_block("default", 10) is None  # fewer than two
     q.put(b"two")
@@ -354,7 +355,11 @@ def test_server_batch_path_leaves_what_it_cannot_take_to_get_many(clocked: ShmBr
     assert [m.offset for m in q.get_many(1)] == [0]
     clock.advance(6)  # m2's lease (and m1's second) expired: due back before anything new
     assert q.take_block("default", 10) is None
-    assert sorted(m.offset for m in q.get_many(10)) == [0, 1, 2, 3]
+    got = q.get_many(10)
+    assert sorted(m.offset for m in got) == [0, 1, 2, 3]
+    assert q.take_block("default", 10) == (4, [], [], b"")  # all leased, none due: nothing to do
+    clock.advance(6)
+    assert q.take_block("default", 10) is None  # their leases expired: the general path
 
 
 def test_server_poll_stops_at_a_byte_budget(shm_broker: ShmBroker) -> None:
@@ -372,7 +377,8 @@ def test_server_poll_stops_at_a_byte_budget(shm_broker: ShmBroker) -> None:
     again = q.poll("default", 3, max_bytes=900)  # redeliveries, under the same budget
     assert [(m.offset, m.deliveries) for m in again] == [(0, 2), (1, 2)]
     assert [m.offset for m in q.poll("default", 3, max_bytes=900)] == [2, 3]
-    assert q.take_block("default", 3, max_bytes=10) is None  # a run of one is not a run
+    q.put_many([b"e" * 20, b"f" * 20])
+    assert q.take_block("default", 3, max_bytes=10) is None  # cut to one: a run of one is not a run
 
 
 def test_the_largest_message_travels_both_ways(broker: shmq.Broker) -> None:
