@@ -198,9 +198,9 @@ class AsyncBroker:
             self._give_back_records(where, _pushed(f))
 
     def _give_back_records(self, where: tuple[str, str], recs: Iterable[Sequence[Any]]) -> None:
-        if self._gone():
-            return
         for r in recs:
+            if self._gone():  # a write failed meanwhile: the broker gives a lost connection's leases back
+                return
             self._send(T.NACK, self._new_id(), queue=where[0], group=where[1], offset=r[0],
                        deliveries=r[1], delay_ms=0)
 
@@ -274,10 +274,13 @@ class AsyncBroker:
         self.worker = info["worker"]
         self.server = info["server"]
 
-    async def _unsubscribe(self, sub: int, where: tuple[str, str]) -> None:
+    async def _unsubscribe(self, sub: int, where: tuple[str, str],
+                           unread: Sequence[Sequence[Any]] = ()) -> None:
         """UNSUBSCRIBE; once UNSUBSCRIBE_OK is in, nothing more comes for ``sub`` (the broker
-        answers in order), and what came but was not handed out is given back.  The
-        cleanup runs even if the caller is cancelled meanwhile."""
+        answers in order), and what came but was not handed out (``unread``: records of
+        frames taken from the inbox already) is given back: after, so that the broker
+        cannot push it to this subscription again.  The cleanup runs even if the caller
+        is cancelled meanwhile."""
         try:
             _, fut = self._start(T.UNSUBSCRIBE, subscription=sub)
         except ConnectionLost:
@@ -288,6 +291,7 @@ class AsyncBroker:
             if not fut.cancelled():
                 fut.exception()  # retrieved: a lost connection is not worth a warning here
             inbox = self._subs.pop(sub, None)
+            self._give_back_records(where, unread)
             while inbox is not None and not inbox.empty():
                 f = inbox.get_nowait()
                 if isinstance(f, Frame):
@@ -525,6 +529,5 @@ class AsyncQueue:
             if refused:
                 b._subs.pop(sub, None)
             else:  # also when SUBSCRIBE_OK is still to come: the broker answers in order
-                b._give_back_records((self.name, group), ready)
-                await b._unsubscribe(sub, (self.name, group))
+                await b._unsubscribe(sub, (self.name, group), list(ready))
 

@@ -385,11 +385,15 @@ class TcpQueue(Queue):
         finally:
             if not b._closed:
                 b._request(T.UNSUBSCRIBE, T.UNSUBSCRIBE_OK, subscription=sub)
-                # nothing comes for ``sub`` after UNSUBSCRIBE_OK (the broker answers in order)
+                # nothing comes for ``sub`` after UNSUBSCRIBE_OK (the broker answers in order),
+                # so what is given back now cannot be pushed to it again
                 with b._cond:
                     for f in b._inbox.pop(sub, ()):
                         ready.extend(_pushed(f))
-                self._give_back(group, ready)
+                try:
+                    self._give_back(group, ready)
+                except ConnectionLost:
+                    pass  # the broker gives a lost connection's leases back itself
 
     def _give_back(self, group: str, recs: Iterable[Sequence[Any]]) -> None:
         """NACK leases received but never handed out (pipelined; stale ones are ignored)."""
