@@ -372,16 +372,16 @@ class TcpQueue(Queue):
                       visibility_ms=_vis(visibility_timeout)).msg_id
         step = max(1, credit // 2)
         owed = 0
-        ready: deque[Sequence[Any]] = deque()  # received, not handed out yet
+        ready: deque[Message] = deque()  # received, not handed out yet
         try:
             while True:
                 if not ready:
-                    ready.extend(_pushed(b._wait_for(sub)))
+                    ready.extend(self._pushed(group, b._wait_for(sub)))
                 owed += 1
                 if owed >= step:
                     b._send_frame(frame(T.CREDIT, b._next_id(), subscription=sub, credit=owed))
                     owed = 0
-                yield self._msg(group, ready.popleft())
+                yield ready.popleft()
         finally:
             if not b._closed:
                 b._request(T.UNSUBSCRIBE, T.UNSUBSCRIBE_OK, subscription=sub)
@@ -389,17 +389,21 @@ class TcpQueue(Queue):
                 # so what is given back now cannot be pushed to it again
                 with b._cond:
                     for f in b._inbox.pop(sub, ()):
-                        ready.extend(_pushed(f))
+                        ready.extend(self._pushed(group, f))
                 try:
-                    self._give_back(group, ready)
+                    self._give_back(ready)
                 except ConnectionLost:
                     pass  # the broker gives a lost connection's leases back itself
 
-    def _give_back(self, group: str, recs: Iterable[Sequence[Any]]) -> None:
+    def _pushed(self, group: str, f: Frame) -> list[Message]:
+        new = tuple.__new__  # as _msg, inlined: a push brings up to MAX_BATCH
+        return [new(Message, (self, 0, group, o, dc, p, m, ts)) for o, dc, ts, m, p in _pushed(f)]
+
+    def _give_back(self, msgs: Iterable[Message]) -> None:
         """NACK leases received but never handed out (pipelined; stale ones are ignored)."""
         b = self._b
-        ids = [b._start(T.NACK, queue=self.name, group=group, offset=r[0], deliveries=r[1], delay_ms=0)
-               for r in recs]
+        ids = [b._start(T.NACK, queue=self.name, group=m[2], offset=m[3], deliveries=m[4], delay_ms=0)
+               for m in msgs]
         for msg_id in ids:
             b._wait_for(msg_id)
 
