@@ -376,7 +376,7 @@ class TcpQueue(Queue):
         try:
             while True:
                 if not ready:
-                    ready.extend(self._pushed(group, b._wait_for(sub)))
+                    ready.extend(self._pushed_msgs(group, b._wait_for(sub)))
                 owed += 1
                 if owed >= step:
                     b._send_frame(frame(T.CREDIT, b._next_id(), subscription=sub, credit=owed))
@@ -389,13 +389,13 @@ class TcpQueue(Queue):
                 # so what is given back now cannot be pushed to it again
                 with b._cond:
                     for f in b._inbox.pop(sub, ()):
-                        ready.extend(self._pushed(group, f))
+                        ready.extend(self._pushed_msgs(group, f))
                 try:
                     self._give_back(ready)
                 except ConnectionLost:
                     pass  # the broker gives a lost connection's leases back itself
 
-    def _pushed(self, group: str, f: Frame) -> list[Message]:
+    def _pushed_msgs(self, group: str, f: Frame) -> list[Message]:
         new = tuple.__new__  # as _msg, inlined: a push brings up to MAX_BATCH
         return [new(Message, (self, 0, group, o, dc, p, m, ts)) for o, dc, ts, m, p in _pushed(f)]
 
