@@ -678,7 +678,6 @@ class Connection(asyncio.Protocol):
         (its reply may be held for the journal); None for a subscription's push.  The
         number sent, 0 when none was ready."""
         vis = vis_ms / 1000 if vis_ms else None
-        send = self.send if f is None else partial(self.send_reply, f)
         budget = 0
         if not one:  # a batch: new messages stored back to back go out as columns
             budget = options.MAX_FRAME - 4 - 26 * n  # its records fit one frame (26 B of columns each)
@@ -690,8 +689,8 @@ class Connection(asyncio.Protocol):
                     return 0  # nothing to deliver at all
                 offsets = range(first, first + k)
                 self._lease(q, q._group_ref(group), offsets, repeat(1, k))
-                send(encode_frame(T.DELIVER_BATCH, msg_id, records_field(offsets, [1] * k, stamps, [0] * k,
-                                                                         lens, data)))
+                self._send_to(f, encode_frame(T.DELIVER_BATCH, msg_id, records_field(
+                    offsets, [1] * k, stamps, [0] * k, lens, data)))
                 return k
         msgs = q.poll(group, n, vis, budget)
         if not msgs:
@@ -699,12 +698,19 @@ class Connection(asyncio.Protocol):
         if one:
             m = msgs[0]  # (queue, group reference, group, offset, deliveries, payload, meta, timestamp_ns)
             self._lease(q, m[1], (m[3],), (m[4],))
-            send(deliver_frame(msg_id, m[3], m[4], m[7], bytes(m[6]), m[5]))
+            self._send_to(f, deliver_frame(msg_id, m[3], m[4], m[7], bytes(m[6]), m[5]))
         else:
             self._lease(q, msgs[0][1], [m[3] for m in msgs], [m[4] for m in msgs])
             records = [(m[3], m[4], m[7], bytes(m[6]), m[5]) for m in msgs]
-            send(frame(T.DELIVER_BATCH, msg_id, records=records))
+            self._send_to(f, frame(T.DELIVER_BATCH, msg_id, records=records))
         return len(msgs)
+
+    def _send_to(self, f: Frame | None, data: bytes) -> None:
+        """The answer to ``f`` (maybe held for the journal), or a push when ``f`` is None."""
+        if f is None:
+            self.send(data)
+        else:
+            self.send_reply(f, data)
 
     def _wait_or_fail(self, f: Frame, d: dict[str, Any], err: Callable[[], ShmqError]) -> None:
         """Park the request until its queue changes, or raise ``err()`` when it may not wait."""
