@@ -506,12 +506,11 @@ class Connection(asyncio.Protocol):
         held, self.held, self.inflight = self.held, {}, 0
         touched = set()
         for (q, ref), leases in held.items():
-            for offset, dc in leases.items():
-                try:
-                    _message(q, ref, None, offset, dc).nack()
+            try:
+                if q.give_back(ref, list(leases), list(leases.values())):
                     touched.add(q.name)
-                except ShmqError:
-                    pass  # expired and taken back already, or the queue is gone
+            except ShmqError:
+                pass  # the queue is gone (leases expired and taken back already are skipped)
         for qname in touched:
             self.w.poke(qname)
 

@@ -61,6 +61,7 @@ assert MAX_MESSAGE_SIZE + MAX_META_SIZE + 2 * 256 + 64 <= MAX_FRAME
 MAX_CONNECTIONS = 4096  # per worker
 MAX_WORKERS = 64  # worker processes of one broker (a queue's bell table has a byte per worker)
 MAX_INFLIGHT_PER_CONNECTION = 10_000  # leases one connection may hold
+GIVE_BACK_CHUNK = 1000  # a closed connection's leases given back per hold of a queue's consumer lock
 MAX_BATCH = 10_000  # messages in one batch frame
 DEFAULT_CREDIT = 100  # push-subscribe prefetch window
 DEFAULT_PUBLISH_WINDOW = 256  # a Publisher's puts sent and not yet confirmed (queue.publisher())

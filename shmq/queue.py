@@ -626,6 +626,35 @@ class ShmQueue(QueueABC):
         self._after_acks(freed, len(offsets))
         return stale
 
+    def give_back(self, ref: int, offsets: list[int], deliveries: list[int]) -> int:
+        """Nack (no delay) many leases of one group, for the server giving back a closed
+        connection's leases: the consumer lock taken once per ``options.GIVE_BACK_CHUNK``, one
+        wake-up for all; stale ones are skipped.  The number given back (a message past
+        ``max_deliveries`` goes to the dead-letter queue, as a nack sends it)."""
+        owner = self._att._slot
+        if owner is None:
+            owner = self._att.client_slot()
+        settle = self._groups.settle
+        dead: list[DeadItem] = []
+        n = 0
+        step = options.GIVE_BACK_CHUNK
+        for i in range(0, len(offsets), step):  # others may take the lock in between
+            with self._ring.clock:
+                now = self._now()
+                for o, dc in zip(offsets[i:i + step], deliveries[i:i + step], strict=True):
+                    result = settle(ref, o, dc, NACK, owner, now)
+                    if result == OK:
+                        n += 1
+                    elif result == TO_DLQ:
+                        dead.append((ref & L.GI_MASK, o, dc, "nack"))
+        if self._durable and (n or dead):
+            self._settled()
+        if dead:
+            self._dead_letter(dead)
+        if n:
+            self._wake_consumers(n)
+        return n + len(dead)
+
     def _after_acks(self, freed: bool, n: int, wait_durable: bool = True) -> None:
         if freed and self._w[27]:  # Q_PRODUCER_WAITERS
             self._wake(self._nf, self._w[27], n)

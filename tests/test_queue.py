@@ -10,7 +10,9 @@ import time
 import pytest
 
 import shmq
+from shmq import layout as L
 from shmq import options
+from shmq.doorbell import Bell
 from shmq.shm import ShmBroker
 
 from .conftest import FakeClock
@@ -339,6 +341,31 @@ def test_server_batch_path_takes_runs_and_acks_them_as_columns(shm_broker: ShmBr
     assert q.offsets() == (3, 6)
     assert q.ack_offsets(ref, [3, 4, 5], [1, 1, 1]) == [] and q.offsets() == (6, 6)
     assert q.stats()["groups"]["default"]["acked"] == 6
+
+
+def test_server_gives_back_a_closed_connections_leases_at_once(clocked: ShmBroker, clock: FakeClock) -> None:
+    """give_back, what the server does with a closed connection's leases: held ones come
+    back now (not at their timeout), stale ones are skipped, one that reached
+    max_deliveries goes to the dead-letter queue, and workers waiting on the queue are rung."""
+    q = clocked.create_queue("giveall", visibility_timeout=30, max_deliveries=2)
+    q.put_many([b"a", b"b", b"c", b"d"])
+    ref = q._group_ref("default")
+    ms = q.get_many(4)
+    ms[1].ack()  # settled: stale for give_back
+    ms[3].nack()
+    d2 = q.get(timeout=0)
+    assert (d2.offset, d2.deliveries) == (3, 2)
+    bell = Bell(q._ring.instance_uid, 7)
+    try:
+        q._mm[L.Q_BELLS + 7] = 1  # worker 7 has a request parked here
+        assert q.give_back(ref, [0, 1, 2, 3, 3], [1, 1, 1, 1, 2]) == 3  # (1, 1) and (3, 1) are stale
+        assert bell.drain() == {q._ring.queue_id}
+    finally:
+        bell.close()
+    assert [(m.offset, m.deliveries) for m in q.get_many(10, timeout=0)] == [(0, 2), (2, 2)]
+    dead = clocked.queue("giveall.dlq").get(timeout=0)
+    assert dead.payload == b"d" and dead.origin is not None and dead.origin.reason == "nack"
+    assert q.give_back(q._group_ref("default") + 64, [0], [2]) == 0  # another incarnation: stale
 
 
 def test_server_batch_path_leaves_what_it_cannot_take_to_get_many(clocked: ShmBroker,
