@@ -631,6 +631,7 @@ class ShmQueue(QueueABC):
         connection's leases: the consumer lock taken once per ``options.GIVE_BACK_CHUNK``, one
         wake-up for all; stale ones are skipped.  The number given back (a message past
         ``max_deliveries`` goes to the dead-letter queue, as a nack sends it)."""
+        self._alive()
         owner = self._att._slot
         if owner is None:
             owner = self._att.client_slot()

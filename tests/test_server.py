@@ -460,6 +460,34 @@ def test_push_subscription_sends_at_most_its_credit_and_gives_back_the_rest(serv
         b.close()
 
 
+def test_closing_with_leases_on_deleted_and_recreated_queues(server: Server) -> None:
+    """A connection closes holding leases of a queue deleted since, and of one deleted and
+    created again: the worker gives back what still exists (nothing of the old queue
+    reaches the new one) and keeps serving."""
+    b = shmq.connect(server.url)
+    holder = shmq.connect(server.url)
+    try:
+        gone = b.create_queue("gone")
+        again = b.create_queue("again")
+        gone.put(b"x")
+        again.put_many([b"old1", b"old2"])
+        hq_gone, hq_again = holder.queue("gone"), holder.queue("again")
+        assert hq_gone.get(timeout=5).payload == b"x"
+        assert len(hq_again.get_many(2, timeout=5)) == 2
+        b.delete_queue("gone")
+        b.delete_queue("again")
+        again = b.create_queue("again")
+        again.put(b"new")
+        holder.close()  # gives back: nothing of "gone", nothing of the old "again"
+        got = again.get_many(10, timeout=5)
+        assert [(m.payload, m.deliveries) for m in got] == [(b"new", 1)]
+        got[0].ack()
+        assert again.stats()["groups"]["default"]["in_flight"] == 0
+    finally:
+        b.delete_queue("again")
+        b.close()
+
+
 def test_batch_and_inflight_limits(server: Server) -> None:
     b = shmq.connect(server.url)
     try:
