@@ -666,9 +666,10 @@ class Connection(asyncio.Protocol):
             self._wait_or_fail(f, d, lambda: Empty(f"no message for group {d['group']!r} of {d['queue']!r}"))
 
     def _try_consume(self, f: Frame, d: dict[str, Any]) -> bool:
-        self._check_inflight(d.get("max", 1))
-        return self._deliver(self.w.queue(d["queue"]), d["group"], d.get("max", 1), d["visibility_ms"],
-                             f.msg_id, f.type == T.CONSUME, f) > 0
+        n = d.get("max", 1)
+        self._check_inflight(n)
+        return self._deliver(self.w.queue(d["queue"]), d["group"], n, d["visibility_ms"], f.msg_id,
+                             f.type == T.CONSUME, f) > 0
 
     def _deliver(self, q: ShmQueue, group: str, n: int, vis_ms: int, msg_id: int, one: bool,
                  f: Frame | None = None) -> int:

@@ -34,7 +34,7 @@ from typing import Any
 
 from . import options
 from .api import Message, Payload, QueueConfig, QueueInfo
-from .codec import Frame, FrameDecoder, T, decode_body, frame, settle_frame
+from .codec import Frame, FrameDecoder, T, decode_body, frame
 from .errors import (
     AuthError,
     ConnectionLost,
@@ -52,6 +52,8 @@ from .tcp import (
     _pushed,
     _timeout_ms,
     _vis,
+    ack_batch_nowait_frames,
+    ack_nowait_frame,
     parse_tcp_url,
     produce_request,
     settles_by_group,
@@ -426,9 +428,8 @@ class AsyncQueue:
         ACK_BATCH_NO_REPLY, not waited for (stale ones are reported in ``broker.nowait_errors``)."""
         msgs = list(messages)
         if not wait:
-            for group, settles in settles_by_group(msgs):
-                self._b._send(T.ACK_BATCH_NO_REPLY, NO_REPLY_ID, queue=self.name, group=group,
-                              settles=settles)
+            for data in ack_batch_nowait_frames(self.name, msgs):
+                self._b._send_frame(data)
             return
         replies = await asyncio.gather(*(
             self._b._request(T.ACK_BATCH, T.ACK_BATCH_OK, queue=self.name, group=group, settles=settles)
@@ -441,10 +442,7 @@ class AsyncQueue:
             raise err
 
     def _ack_nowait(self, msg: Message) -> None:
-        if msg.group is None:
-            raise StaleAck(f"message {msg.offset} was read, not leased: it cannot be settled")
-        self._b._send_frame(settle_frame(T.ACK_NO_REPLY, NO_REPLY_ID, self.name.encode(), msg[2].encode(),
-                                         msg[3], msg[4]))
+        self._b._send_frame(ack_nowait_frame(self.name.encode(), msg))
 
     async def _settle(self, msg: Message, action: int, arg: float | None) -> None:
         if msg.group is None:

@@ -580,9 +580,7 @@ class ShmQueue(QueueABC):
             if action == DEAD and self.is_dlq:
                 raise InvalidArgument("a message of a dead-letter queue cannot be dead-lettered")
             arg_ms = _ms(arg or 0.0, "delay")
-        owner = self._att._slot
-        if owner is None:
-            owner = self._att.client_slot()
+        owner = self._att.client_slot()
         with self._ring.clock:
             result = self._groups.settle(ref, msg[3], msg[4], action, owner, self._now(), arg_ms)
         if result == STALE:
@@ -632,9 +630,7 @@ class ShmQueue(QueueABC):
         wake-up for all; stale ones are skipped.  The number given back (a message past
         ``max_deliveries`` goes to the dead-letter queue, as a nack sends it)."""
         self._alive()
-        owner = self._att._slot
-        if owner is None:
-            owner = self._att.client_slot()
+        owner = self._att.client_slot()
         settle = self._groups.settle
         dead: list[DeadItem] = []
         n = 0

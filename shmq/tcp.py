@@ -301,9 +301,8 @@ class TcpQueue(Queue):
     def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:
         msgs = list(messages)
         if not wait:  # ACK_BATCH_NO_REPLY, riding with the next request as ack(wait=False) does
-            for group, settles in settles_by_group(msgs):
-                self._b._send_no_reply(frame(T.ACK_BATCH_NO_REPLY, NO_REPLY_ID, queue=self.name, group=group,
-                                             settles=settles))
+            for data in ack_batch_nowait_frames(self.name, msgs):
+                self._b._send_no_reply(data)
             return
         stale: list[int] = []
         for group, settles in settles_by_group(msgs):
@@ -316,10 +315,7 @@ class TcpQueue(Queue):
             raise err
 
     def _ack_nowait(self, msg: Message) -> None:
-        if msg.group is None:
-            raise StaleAck(f"message {msg.offset} was read, not leased: it cannot be settled")
-        self._b._send_no_reply(settle_frame(T.ACK_NO_REPLY, NO_REPLY_ID, self._qb, str.encode(msg[2]),
-                                            msg[3], msg[4]))
+        self._b._send_no_reply(ack_nowait_frame(self._qb, msg))
 
     def _settle(self, msg: Message, action: int, arg: float | None) -> None:
         if msg.group is None:
@@ -430,6 +426,19 @@ def produce_request(queue: str, payloads: Sequence[Payload], block: bool, timeou
         return T.PRODUCE_BATCH, fields
     check_producer(producer, seq)
     return T.PRODUCE_IDEMPOTENT, {**fields, "producer": producer, "seq": seq}
+
+
+def ack_nowait_frame(queue: bytes, msg: Message) -> bytes:
+    """The ACK_NO_REPLY frame of ``msg.ack(wait=False)`` (both clients); ``queue`` in UTF-8."""
+    if msg[2] is None:
+        raise StaleAck(f"message {msg[3]} was read, not leased: it cannot be settled")
+    return settle_frame(T.ACK_NO_REPLY, NO_REPLY_ID, queue, str.encode(msg[2]), msg[3], msg[4])
+
+
+def ack_batch_nowait_frames(queue: str, msgs: list[Message]) -> list[bytes]:
+    """The ACK_BATCH_NO_REPLY frames of ``ack_many(msgs, wait=False)``, one per group (both clients)."""
+    return [frame(T.ACK_BATCH_NO_REPLY, NO_REPLY_ID, queue=queue, group=group, settles=settles)
+            for group, settles in settles_by_group(msgs)]
 
 
 def settles_by_group(msgs: list[Message]) -> list[tuple[str, list[tuple[int, int]]]]:

@@ -218,7 +218,8 @@ class QueueMachine(RuleBasedStateMachine):
         if not ms:
             return
         current = [m for m in ms if self._current(m)]
-        stale = self.q.ack_offsets(self.q._group_ref(group), [m.offset for m in ms], [m.deliveries for m in ms])
+        ref = self.q._group_ref(group)
+        stale = self.q.ack_offsets(ref, [m.offset for m in ms], [m.deliveries for m in ms])
         assert sorted(stale) == sorted(m.offset for m in ms if not self._current(m))
         for m in current:
             self.model.leases[m.group][m.offset].state = DONE

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import random
@@ -11,6 +12,8 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import psutil
 import pytest
@@ -407,14 +410,26 @@ def test_a_thousand_idle_connections(server: Server) -> None:
             s.close()
 
 
-@pytest.mark.parametrize("credit", [1, 5])
-def test_push_subscription_with_credit(server: Server, credit: int) -> None:
+@contextlib.contextmanager
+def _twenty_to_push(server: Server, name: str, **limits: Any) -> Iterator[tuple[shmq.Queue, shmq.Queue]]:
+    """A queue holding b"0" .. b"19": its handle, and the handle of a second connection
+    (the subscriber's); both connections and the queue are gone afterwards."""
     b = shmq.connect(server.url)
     sub_b = shmq.connect(server.url)
     try:
-        q = b.create_queue("push")
+        q = b.create_queue(name, **limits)
         q.put_many([f"{i}".encode() for i in range(20)])
-        it = sub_b.queue("push").subscribe(credit=credit)
+        yield q, sub_b.queue(name)
+    finally:
+        b.delete_queue(name)
+        sub_b.close()
+        b.close()
+
+
+@pytest.mark.parametrize("credit", [1, 5])
+def test_push_subscription_with_credit(server: Server, credit: int) -> None:
+    with _twenty_to_push(server, "push") as (q, sq):
+        it = sq.subscribe(credit=credit)
         got = []
         for m in it:
             got.append(m.payload)
@@ -424,22 +439,14 @@ def test_push_subscription_with_credit(server: Server, credit: int) -> None:
         it.close()
         assert got == [f"{i}".encode() for i in range(20)]
         assert q.stats()["retained"] == 0
-    finally:
-        b.delete_queue("push")
-        sub_b.close()
-        b.close()
 
 
 def test_push_subscription_sends_at_most_its_credit_and_gives_back_the_rest(server: Server) -> None:
     """The broker pushes what is ready up to the credit (a batch), and no more until the
     client grants some back; closing the iterator gives back at once what was pushed
     but never handed out (not after the visibility timeout)."""
-    b = shmq.connect(server.url)
-    sub_b = shmq.connect(server.url)
-    try:
-        q = b.create_queue("pushback", visibility_timeout=30)
-        q.put_many([f"{i}".encode() for i in range(20)])
-        it = sub_b.queue("pushback").subscribe(credit=4)
+    with _twenty_to_push(server, "pushback", visibility_timeout=30) as (q, sq):
+        it = sq.subscribe(credit=4)
         first = next(it)  # the first push came with 4: one handed out, no credit back yet
         assert q.stats()["groups"]["default"]["in_flight"] == 4
         first.ack()
@@ -454,10 +461,6 @@ def test_push_subscription_sends_at_most_its_credit_and_gives_back_the_rest(serv
         second.ack()  # a lease is its connection's
         q.ack_many(rest)
         assert q.stats()["retained"] == 0
-    finally:
-        b.delete_queue("pushback")
-        sub_b.close()
-        b.close()
 
 
 def test_closing_with_leases_on_deleted_and_recreated_queues(server: Server) -> None:
