@@ -30,11 +30,17 @@ parent only coordinates); payloads are 100 B.  Workloads:
    the broker pushes what is ready in batches, without a request per batch) and acks
    each 100 with ``ack_many(msgs, wait=False)``; the producer and the Redis consumers
    as in ``batch-nowait``.
+   ``single-push`` ("1 / call, push"): one message per call in push mode, the way a
+   RabbitMQ consumer with a prefetch works: shmq's consumer subscribes with a credit of
+   200 and acks every message with ``msg.ack()``, waiting for each answer; the producer
+   and the Redis consumers as in ``single``.
 3. ``ping-pong``: round-trip latency over two queues (ping, pong): A puts on
-   ping and waits on pong, B gets (+acks) ping and puts the payload on pong.
-   Redis: ``LPUSH`` / ``BRPOP`` pairs.  Each round trip is timed with
-   ``time.perf_counter_ns``; p50 and p99 in µs.  ``ping-pong, nowait``: the
-   same with shmq's acks not waited for.
+   ping and waits on pong, B gets ping, puts the payload on pong, then acks ping
+   (an at-least-once pipeline acks its input once the output is stored).  A round trip
+   is timed from A's put until A's get returns the answer; A acks the answer after
+   that, before its next ping (a Redis list has no ack at all).  Redis: ``LPUSH`` /
+   ``BRPOP`` pairs.  Each round trip is timed with ``time.perf_counter_ns``; p50 and p99
+   in µs.  ``ping-pong, nowait``: the same with shmq's acks not waited for.
 4. ``scaling``: shmq alone, a broker with 1 worker against one with 2 workers,
    4 clients (2 producers + 2 consumers on one queue, one message per call,
    ack each); total msgs/s and the ratio 2w/1w.
@@ -95,11 +101,12 @@ except ImportError:
 
 RLIST, RSTREAM = "redis-lists", "redis-streams"
 # the workloads of this bench: common's, and each again with the acks not waited for
-TCP_WORKLOADS = {"single": 1, "single-nowait": 1, "batch": BATCH, "batch-nowait": BATCH, "batch-push": BATCH}
-TCP_LABELS = {**WORKLOAD_LABELS, "single-nowait": "1 / call, nowait",
+TCP_WORKLOADS = {"single": 1, "single-nowait": 1, "single-push": 1, "batch": BATCH, "batch-nowait": BATCH,
+                 "batch-push": BATCH}
+TCP_LABELS = {**WORKLOAD_LABELS, "single-nowait": "1 / call, nowait", "single-push": "1 / call, push",
               "batch-nowait": f"batch {BATCH}, nowait", "batch-push": f"batch {BATCH}, push"}
 NOWAIT = {"single-nowait", "batch-nowait", "batch-push"}
-PUSH = {"batch-push"}  # shmq's consumer subscribes (push mode) instead of calling get_many
+PUSH = {"single-push", "batch-push"}  # shmq's consumer subscribes (push mode) instead of calling get_many
 PING_VARIANTS = {"ping-pong": False, "ping-pong, nowait": True}  # label -> ack not waited
 
 
@@ -847,8 +854,8 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str],
     lat_rows = [[variant, *common.latency_cells(m50, m99, [(variant, s) for s in lat_systems],
                                                 (variant, SHMQ))] for variant in PING_VARIANTS
                 if (variant, SHMQ) in res.p50]
-    caption = (f"median of {args.rounds} round(s) of each run's percentile; shmq gets + acks ping and pong "
-               "(nowait: with ack(wait=False))")
+    caption = (f"median of {args.rounds} round(s) of each run's percentile, timed from the put until the "
+               "answer is got; shmq acks ping and pong after (nowait: with ack(wait=False))")
     if lat_peers:
         caption += "; redis: LPUSH / BRPOP; ratio = peer latency / shmq latency (> 1: shmq is faster)"
     pp_place = [p for v in PING_VARIANTS for p in res.placement.get((v, SHMQ), [])]
@@ -891,6 +898,7 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str],
     batched, batched_note = vs_best("batch")
     single, single_note = vs_best("single")
     single_nw, single_nw_note = vs_best("single-nowait")
+    single_push, single_push_note = vs_best("single-push")
     batched_nw, batched_nw_note = vs_best("batch-nowait")
     batched_push, batched_push_note = vs_best("batch-push")
     targets: list[tuple[str, float | None, float, float, str]] = [t for w, t in [
@@ -902,6 +910,7 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str],
         ("single", ("one at a time + ack vs Redis", single, 1.0, 1.6, single_note)),
         ("single-nowait",
          ("one at a time + ack(wait=False) vs Redis", single_nw, 1.0, 1.6, single_nw_note)),
+        ("single-push", ("one at a time, push + ack each vs Redis", single_push, 1.0, 1.6, single_push_note)),
     ] if w in args.workloads]
     out.targets_heading()
     target_json: list[dict[str, Any]] = []

@@ -37,6 +37,7 @@ except ImportError:
 
 SHMQ = "shmq"
 BATCH = 100
+PUSH_CREDIT = 2 * BATCH  # push-mode consumers: the broker sends up to this many unacknowledged
 WORKLOADS = {"single": 1, "batch": BATCH}
 WORKLOAD_LABELS = {"single": "1 msg / call", "batch": f"batch of {BATCH}"}
 
@@ -115,7 +116,8 @@ def shmq_produce(q: Any, payload: bytes, n: int, batch: int) -> None:
 def shmq_consume(q: Any, n: int, batch: int, nowait: bool = False, push: bool = False) -> tuple[int, bytes]:
     """Get and ack ``n`` messages from the shmq queue ``q``, ``batch`` per call: the count and
     the last payload.  ``nowait``: ``ack(wait=False)`` (no round trip of its own).  ``push``:
-    subscribe (a credit of two batches) and ack each ``batch`` messages as one."""
+    subscribe (a credit of ``PUSH_CREDIT``) and ack each ``batch`` messages as one (one
+    message: ``msg.ack``)."""
     if push:
         return _shmq_consume_pushed(q, n, batch, not nowait)
     if batch == 1:
@@ -134,11 +136,17 @@ def shmq_consume(q: Any, n: int, batch: int, nowait: bool = False, push: bool = 
 
 
 def _shmq_consume_pushed(q: Any, n: int, batch: int, wait: bool) -> tuple[int, bytes]:
-    sub = q.subscribe(credit=2 * batch)
+    sub = q.subscribe(credit=PUSH_CREDIT)
     ack_many = q.ack_many
     got = 0
     msgs: list[Any] = []
     try:
+        if batch == 1:  # each message acked on its own
+            for m in sub:
+                m.ack(wait)
+                got += 1
+                if got == n:
+                    return got, m.payload
         for m in sub:
             msgs.append(m)
             if len(msgs) == batch or got + len(msgs) == n:
@@ -155,24 +163,29 @@ def _shmq_consume_pushed(q: Any, n: int, batch: int, wait: bool) -> tuple[int, b
 
 def shmq_ping(put: Callable[[bytes], Any], get: Callable[[], Any], payload: bytes, total: int,
               nowait: bool = False) -> array[int]:
-    """``total`` timed round trips (ns): ``put`` the payload, then ``get`` and ack the answer
-    (``nowait``: ``ack(wait=False)``)."""
+    """``total`` timed round trips (ns): from ``put`` of the payload until ``get`` has the
+    answer; the answer is acked after that (``nowait``: ``ack(wait=False)``), before the
+    next ping."""
     lat = array("q", bytes(8 * total))
     clock = time.perf_counter_ns
+    wait = not nowait
     for i in range(total):
         t0 = clock()
         put(payload)
-        get().ack(wait=not nowait)
+        m = get()
         lat[i] = clock() - t0
+        m.ack(wait)
     return lat
 
 
 def shmq_pong(get: Callable[[], Any], put: Callable[[bytes], Any], total: int, nowait: bool = False) -> None:
-    """Answer ``total`` pings: ``get`` and ack each, ``put`` its payload back."""
+    """Answer ``total`` pings: ``get`` each, ``put`` its payload back, then ack it (the order
+    of an at-least-once pipeline: the input is acked once its output is stored)."""
+    wait = not nowait
     for _ in range(total):
         m = get()
-        m.ack(wait=not nowait)
         put(m.payload)
+        m.ack(wait)
 
 
 # =============================================================== parent: process control
