@@ -18,7 +18,8 @@ payloads:
    mp.Queue has no batch API: it puts one *list of 100 payloads* per call and
    the list counts as 100 messages (marked with a dagger in the table).
 3. ``ping-pong``: round-trip latency over two queues (ping, pong); process A
-   puts on ping, B gets (+acks) and puts the payload on pong, A gets (+acks).
+   puts on ping, B gets, puts the payload on pong and acks ping, A gets; timed from
+   A's put until its get returns (shmq's A acks the answer after that).
    Each round trip is timed with ``time.perf_counter_ns``; p50 and p99 in µs.
 
 Throughput is messages / seconds, timed from the moment the producer starts
