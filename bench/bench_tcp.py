@@ -100,7 +100,7 @@ except ImportError:
 
 
 RLIST, RSTREAM = "redis-lists", "redis-streams"
-# the workloads of this bench: common's, and each again with the acks not waited for
+# the workloads of this bench: common's, each again with the acks not waited for, and in push mode
 TCP_WORKLOADS = {"single": 1, "single-nowait": 1, "single-push": 1, "batch": BATCH, "batch-nowait": BATCH,
                  "batch-push": BATCH}
 TCP_LABELS = {**WORKLOAD_LABELS, "single-nowait": "1 / call, nowait", "single-push": "1 / call, push",

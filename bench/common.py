@@ -37,7 +37,7 @@ except ImportError:
 
 SHMQ = "shmq"
 BATCH = 100
-PUSH_CREDIT = 2 * BATCH  # push-mode consumers: the broker sends up to this many unacknowledged
+PUSH_CREDIT = 2 * BATCH  # push-mode consumers' credit: messages the broker may send ahead of their acks
 WORKLOADS = {"single": 1, "batch": BATCH}
 WORKLOAD_LABELS = {"single": "1 msg / call", "batch": f"batch of {BATCH}"}
 
