@@ -785,8 +785,7 @@ class Connection(asyncio.Protocol):
             return
         self.w.pending_mark = None  # an `always` ack: nobody waits for the journal either
         if stale:
-            raise StaleAck(f"{len(stale)} of {len(offsets)} acks were stale (offsets {stale[:10]}); "
-                           "the others were applied")
+            raise StaleAck.of_batch(stale, len(offsets))
 
     def nack(self, f: Frame, d: dict[str, Any]) -> None:
         m, held = self._held(d)
@@ -882,12 +881,13 @@ class Connection(asyncio.Protocol):
         """Send up to the subscription's credit; the broker's round robin between a
         group's subscribers comes from each taking at most its credit."""
         total = 0
+        q = self.w.queue(s.queue)
         while s.credit > 0:
             n = min(s.credit, options.MAX_INFLIGHT_PER_CONNECTION - self.inflight, options.MAX_BATCH)
             if n <= 0:
                 break
             # what is ready goes out in frames of up to MAX_BATCH (DELIVER for a credit of one)
-            sent = self._deliver(self.w.queue(s.queue), s.group, n, s.vis, s.sub_id, s.credit == 1)
+            sent = self._deliver(q, s.group, n, s.vis, s.sub_id, s.credit == 1)
             if not sent:
                 break
             s.credit -= sent

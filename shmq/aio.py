@@ -34,7 +34,7 @@ from typing import Any
 
 from . import options
 from .api import Message, Payload, QueueConfig, QueueInfo
-from .codec import Frame, FrameDecoder, T, decode_body, frame
+from .codec import Frame, FrameDecoder, T, decode_body, error_of, frame
 from .errors import (
     AuthError,
     ConnectionLost,
@@ -42,7 +42,6 @@ from .errors import (
     ProtocolError,
     ShmqError,
     StaleAck,
-    error_for,
 )
 from .names import check_queue_name
 from .queue import _as_bytes
@@ -173,7 +172,7 @@ class AsyncBroker:
             self._abandon(msg_id, fut, type_, fields)
             raise
         if f.type == T.ERROR:
-            raise error_for(f.status, decode_body(T.ERROR, f.body)["message"])
+            raise error_of(f)
         return f
 
     async def _request(self, type_: int, reply: int, **fields: Any) -> dict[str, Any]:
@@ -209,7 +208,7 @@ class AsyncBroker:
     def _dispatch(self, f: Frame) -> None:
         if f.msg_id == NO_REPLY_ID:  # an ACK_NO_REPLY or ACK_BATCH_NO_REPLY failed
             if f.type == T.ERROR:
-                self.nowait_errors.append(error_for(f.status, decode_body(T.ERROR, f.body)["message"]))
+                self.nowait_errors.append(error_of(f))
             return
         inbox = self._subs.get(f.msg_id)
         if inbox is not None:
@@ -436,10 +435,7 @@ class AsyncQueue:
             for group, settles in settles_by_group(msgs)))
         stale = [off for r in replies for off in r["stale"]]
         if stale:
-            err = StaleAck(f"{len(stale)} of {len(msgs)} acks were stale (offsets {stale[:10]}); "
-                           "the others were applied")
-            err.stale = stale  # type: ignore[attr-defined]
-            raise err
+            raise StaleAck.of_batch(stale, len(msgs))
 
     def _ack_nowait(self, msg: Message) -> None:
         self._b._send_frame(ack_nowait_frame(self.name.encode(), msg))
@@ -510,7 +506,7 @@ class AsyncQueue:
                         raise f
                     if f.type == T.ERROR:  # only the SUBSCRIBE is answered with one
                         refused = True
-                        raise error_for(f.status, decode_body(T.ERROR, f.body)["message"])
+                        raise error_of(f)
                     if not subscribed:
                         if f.type != T.SUBSCRIBE_OK:
                             raise ShmqError(f"unexpected reply type 0x{f.type:02x} to SUBSCRIBE")

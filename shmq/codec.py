@@ -38,12 +38,12 @@ from itertools import accumulate
 from typing import Any, NamedTuple
 
 from . import options
-from .errors import ProtocolError, Status
+from .errors import ProtocolError, ShmqError, Status, error_for
 
 __all__ = [
     "HEADER_SIZE", "MAGIC", "SCHEMAS", "VERSION", "Frame", "FrameDecoder", "T",
     "consume_frame", "decode_body", "decode_deliver", "deliver_frame", "encode_body", "encode_frame",
-    "frame", "produce_frame", "produce_ok_frame", "records_field", "settle_frame",
+    "error_of", "frame", "produce_frame", "produce_ok_frame", "records_field", "settle_frame",
 ]
 
 MAGIC = 0xDEADBEEF
@@ -680,15 +680,20 @@ def settle_frame(type: int, msg_id: int, queue: bytes, group: bytes, offset: int
                      _U16.pack(len(group)), group, _U64_U16.pack(offset, deliveries)))
 
 
+def error_of(f: Frame) -> ShmqError:
+    """The typed error an ERROR frame carries."""
+    return error_for(f.status, decode_body(T.ERROR, f.body)["message"])
+
+
 def decode_deliver(body: bytes) -> tuple[int, int, int, bytes, bytes]:
     """A DELIVER body as (offset, deliveries, timestamp_ns, meta, payload); as
     ``decode_body(T.DELIVER, body)`` (the same ProtocolError when malformed), as a tuple."""
     if len(body) < _DELIVER_FIXED:
-        raise ProtocolError(f"truncated meta of the DELIVER body ({len(body)} bytes)", Status.PROTOCOL_ERROR)
+        raise _bad(f"truncated meta of the DELIVER body ({len(body)} bytes)")
     offset, deliveries, ts, n = _DELIVER_BODY.unpack_from(body)
     end = _DELIVER_FIXED + n
     if end > len(body):
-        raise ProtocolError("truncated meta of the DELIVER body", Status.PROTOCOL_ERROR)
+        raise _bad("truncated meta of the DELIVER body")
     return offset, deliveries, ts, body[_DELIVER_FIXED:end], body[end:]
 
 

@@ -90,6 +90,14 @@ class StaleAck(ShmqError):
     """The lease behind this ack/nack/touch is no longer valid."""
 
     code = Status.STALE_ACK
+    stale: list[int]  # of a batch ack: the offsets that were stale
+
+    @classmethod
+    def of_batch(cls, stale: list[int], total: int) -> StaleAck:
+        """A batch ack's error: ``stale`` (offsets) of its ``total`` acks were stale."""
+        err = cls(f"{len(stale)} of {total} acks were stale (offsets {stale[:10]}); the others were applied")
+        err.stale = stale
+        return err
 
 
 class InvalidName(ShmqError, ValueError):

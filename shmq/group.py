@@ -232,11 +232,12 @@ class Groups:
             self.mm[(g + L.G_NAME) * 8:(g + L.G_NAME) * 8 + len(raw)] = raw
             w[g + L.G_STATE] = L.GS_ACTIVE
         w[L.Q_GROUP_GEN] += 1
-        for gi in range(len(groups[:self.max_groups])):
+        restored = range(min(len(groups), self.max_groups))
+        for gi in restored:
             w[self.gw + gi * L.G_WORDS + L.G_SERIAL] = w[L.Q_GROUP_GEN]
         self._recompute_free()
-        for g in range(len(groups[:self.max_groups])):
-            self.advance_floor(g)
+        for gi in restored:
+            self.advance_floor(gi)
 
     # ------------------------------------------------------------ delivery
     def deliver(self, gi: int, owner: int, now: int, max_n: int, vis_ms: int,

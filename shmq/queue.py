@@ -610,10 +610,7 @@ class ShmQueue(QueueABC):
             clock.release()
         self._after_acks(freed, len(msgs), wait)
         if stale:
-            err = StaleAck(f"{len(stale)} of {len(msgs) + len(foreign)} acks were stale "
-                           f"(offsets {stale[:10]}); the others were applied")
-            err.stale = stale  # type: ignore[attr-defined]
-            raise err
+            raise StaleAck.of_batch(stale, len(msgs) + len(foreign))
 
     def ack_offsets(self, ref: int, offsets: list[int], deliveries: list[int]) -> list[int]:
         """``ack_many`` for the server, which keeps its leases as (group reference, offset,
@@ -655,12 +652,11 @@ class ShmQueue(QueueABC):
     def _after_acks(self, freed: bool, n: int, wait_durable: bool = True) -> None:
         if freed and self._w[27]:  # Q_PRODUCER_WAITERS
             self._wake(self._nf, self._w[27], n)
-        if not self._durable:
-            pass
-        elif wait_durable:
-            self._settled()
-        else:
-            self._poke_journal()
+        if self._durable:
+            if wait_durable:
+                self._settled()
+            else:
+                self._poke_journal()
 
     # ------------------------------------------------------------ dead letters
     def _dead_letter(self, items: list[DeadItem]) -> None:

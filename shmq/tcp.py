@@ -26,6 +26,7 @@ from .codec import (
     consume_frame,
     decode_body,
     decode_deliver,
+    error_of,
     frame,
     produce_frame,
     settle_frame,
@@ -37,7 +38,6 @@ from .errors import (
     LimitExceeded,
     ShmqError,
     StaleAck,
-    error_for,
 )
 from .names import check_queue_name
 from .queue import _as_bytes, check_producer
@@ -128,7 +128,7 @@ class TcpBroker(Broker):
         for f in self._decoder.feed(self._rview[:n]):
             if f.msg_id == NO_REPLY_ID:  # an ACK_NO_REPLY or ACK_BATCH_NO_REPLY failed
                 if f.type == T.ERROR:
-                    self.nowait_errors.append(error_for(f.status, decode_body(T.ERROR, f.body)["message"]))
+                    self.nowait_errors.append(error_of(f))
                 continue
             self._inbox.setdefault(f.msg_id, deque()).append(f)
 
@@ -190,7 +190,7 @@ class TcpBroker(Broker):
         """The answer to a request started with _start (an ERROR raises as its typed error)."""
         f = self._wait_for(msg_id)
         if f.type == T.ERROR:
-            raise error_for(f.status, decode_body(T.ERROR, f.body)["message"])
+            raise error_of(f)
         return f
 
     def _call(self, type_: int, **fields: Any) -> Any:
@@ -309,10 +309,7 @@ class TcpQueue(Queue):
             r = self._b._request(T.ACK_BATCH, T.ACK_BATCH_OK, queue=self.name, group=group, settles=settles)
             stale += r["stale"]
         if stale:
-            err = StaleAck(f"{len(stale)} of {len(msgs)} acks were stale (offsets {stale[:10]}); "
-                           "the others were applied")
-            err.stale = stale  # type: ignore[attr-defined]
-            raise err
+            raise StaleAck.of_batch(stale, len(msgs))
 
     def _ack_nowait(self, msg: Message) -> None:
         self._b._send_no_reply(ack_nowait_frame(self._qb, msg))
@@ -411,7 +408,7 @@ def _pushed(f: Frame) -> list[Sequence[Any]]:
     if f.type == T.DELIVER:
         return [decode_deliver(f.body)]
     if f.type == T.ERROR:
-        raise error_for(f.status, decode_body(T.ERROR, f.body)["message"])
+        raise error_of(f)
     raise ShmqError(f"unexpected frame type 0x{f.type:02x} on a subscription")
 
 
