@@ -45,10 +45,15 @@ parent only coordinates); payloads are 100 B.  Workloads:
    4 clients (2 producers + 2 consumers on one queue, one message per call,
    ack each); total msgs/s and the ratio 2w/1w.
 
-Which worker serves a connection is the kernel's SO_REUSEPORT hash; it matters
-(clients on one worker share one Python process).  The placement of every shmq run
-is printed; ``--placement split`` (workers 0 and 1) or ``shared`` (both on worker 0)
-makes the two clients reconnect until they land there.
+Which worker serves a connection matters (clients on one worker share one Python
+process).  By default (``--placement broker``) the broker decides, as it does for
+any client: it balances connections across its workers, so the producer and the
+consumer of workloads 1-2 get a worker each; the ping-pong's two clients connect
+with one affinity (``shmq.connect(url, affinity=...)``), so one worker serves both,
+as docs/operations.md advises for a request/reply pair (and as one process serves
+both of Redis's).  ``--placement split`` (workers 0 and 1) or ``shared`` (both on
+worker 0) puts every workload's two clients there, with an affinity that maps
+there.  The placement of every shmq run is printed.
 
 Throughput is messages / seconds, from the moment the (first) producer starts
 (it stamps ``time.monotonic_ns`` just before its first put, once the consumers
@@ -71,6 +76,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import multiprocessing as mp
 import os
 import platform
@@ -82,6 +88,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -122,8 +129,8 @@ SERVER_START_TIMEOUT = 60.0
 SERVER_STOP_TIMEOUT = 30.0
 STREAM_GROUP = "bench"
 STREAM_FIELD = b"d"
-SPREAD_TRIES = 32  # scaling: connections tried per client to land on its worker
-PLACEMENTS = {"kernel": (-1, -1), "split": (0, 1), "shared": (0, 0)}
+PLACEMENTS = {"broker": None, "split": (0, 1), "shared": (0, 0)}  # workers of the two clients
+PING_AFFINITY = "bench-ping-pong"  # --placement broker: the ping-pong pair shares a worker
 PILL = b"STOP"  # scaling: the parent puts one per consumer once the producers are done
 
 # Quoted for this 2-core machine (from the issue); printed next to the targets.
@@ -144,21 +151,12 @@ class SetupError(RuntimeError):
 class _Client:
     """A child's own connection: a shmq queue or a redis client, and how to close it."""
 
-    def __init__(self, system: str, handle: Handle, want_worker: int = -1) -> None:
+    def __init__(self, system: str, handle: Handle, affinity: str = "") -> None:
         self.worker = -1
         if system == SHMQ:
             url, name = handle
-            # want_worker >= 0: reconnect until the kernel's SO_REUSEPORT hash hands this
-            # connection to that worker (a few tries; the worker it got is reported either way)
-            for _ in range(SPREAD_TRIES):
-                self.broker = shmq.connect(url)
-                self.worker = int(getattr(self.broker, "worker", -1))
-                if want_worker < 0 or self.worker == want_worker:
-                    break
-                self.broker.close()
-            else:
-                self.broker = shmq.connect(url)
-                self.worker = int(getattr(self.broker, "worker", -1))
+            self.broker = shmq.connect(url, affinity=affinity)  # "": the broker balances
+            self.worker = int(getattr(self.broker, "worker", -1))
             self.q = self.broker.queue(name)
             self.close = self.broker.close
         else:
@@ -180,8 +178,8 @@ def _stream_entries(resp: Any) -> list[Any]:
 
 
 def _producer(system: str, handle: Handle, n: int, size: int, batch: int, ready: Any, start: Any,
-              workers: Any, want: int = -1) -> None:
-    c = _Client(system, handle, want)
+              workers: Any, affinity: str = "") -> None:
+    c = _Client(system, handle, affinity)
     try:
         workers[0] = c.worker
         payload = b"x" * size
@@ -218,8 +216,9 @@ def _producer(system: str, handle: Handle, n: int, size: int, batch: int, ready:
 
 
 def _consumer(system: str, handle: Handle, n: int, batch: int, size: int, ready: Any, start: Any,
-              result: Any, workers: Any, nowait: bool = False, want: int = -1, push: bool = False) -> None:
-    c = _Client(system, handle, want)
+              result: Any, workers: Any, nowait: bool = False, affinity: str = "",
+              push: bool = False) -> None:
+    c = _Client(system, handle, affinity)
     try:
         workers[1] = c.worker
         ready.set()
@@ -286,8 +285,8 @@ def _consumer(system: str, handle: Handle, n: int, batch: int, size: int, ready:
 
 
 def _pinger(system: str, h_ping: Handle, h_pong: Handle, size: int, total: int, ready: Any,
-            conn: Any, workers: Any, nowait: bool = False, want: int = -1) -> None:
-    c = _Client(system, h_ping, want)  # one connection for both queues
+            conn: Any, workers: Any, nowait: bool = False, affinity: str = "") -> None:
+    c = _Client(system, h_ping, affinity)  # one connection for both queues
     try:
         workers[0] = c.worker
         payload = b"p" * size
@@ -312,8 +311,8 @@ def _pinger(system: str, h_ping: Handle, h_pong: Handle, size: int, total: int, 
 
 
 def _ponger(system: str, h_ping: Handle, h_pong: Handle, total: int, ready: Any, workers: Any,
-            nowait: bool = False, want: int = -1) -> None:
-    c = _Client(system, h_ping, want)  # one connection for both queues
+            nowait: bool = False, affinity: str = "") -> None:
+    c = _Client(system, h_ping, affinity)  # one connection for both queues
     try:
         workers[1] = c.worker
         if system == SHMQ:
@@ -330,8 +329,8 @@ def _ponger(system: str, h_ping: Handle, h_pong: Handle, total: int, ready: Any,
 
 
 def _scale_producer(handle: Handle, n: int, size: int, ready: Sequence[Any], starts: Any, workers: Any,
-                    idx: int, want_worker: int) -> None:
-    c = _Client(SHMQ, handle, want_worker)
+                    idx: int, affinity: str) -> None:
+    c = _Client(SHMQ, handle, affinity)
     try:
         workers[idx] = c.worker
         payload = b"x" * size
@@ -344,8 +343,8 @@ def _scale_producer(handle: Handle, n: int, size: int, ready: Sequence[Any], sta
 
 
 def _scale_consumer(handle: Handle, ready: Any, ends: Any, counts: Any, workers: Any, idx: int,
-                    want_worker: int) -> None:
-    c = _Client(SHMQ, handle, want_worker)
+                    affinity: str) -> None:
+    c = _Client(SHMQ, handle, affinity)
     try:
         workers[2 + idx] = c.worker
         ready.set()
@@ -410,7 +409,9 @@ class ShmqServer:
         self.err_path = os.path.join(self.tmp, "stderr")
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
-        self.broker: Any = None  # the parent's own connection (queue setup, pills)
+        # the parent's own handle (queue setup, pills): through shared memory, so it is none of
+        # the connections the broker balances across its workers
+        self.broker: Any = None
         self.exit_code: int | None = None
         self.notes: list[str] = []
 
@@ -434,7 +435,7 @@ class ShmqServer:
             if time.monotonic() > deadline:
                 raise SetupError(f"shmq serve printed no 'listening' line in {SERVER_START_TIMEOUT:g} s")
             time.sleep(0.05)
-        self.broker = shmq.connect(self.url)
+        self.broker = shmq.connect(f"shm://{self.instance}")
 
     def stderr_tail(self, limit: int = 2000) -> str:
         try:
@@ -587,7 +588,8 @@ class Bench:
     main_workers: int
     redis: RedisServer | None
     timeout: float
-    place: tuple[int, int] = (-1, -1)  # shmq workers wanted for (producer|pinger, consumer|ponger)
+    place: tuple[str, str] = ("", "")  # shmq affinities of (producer, consumer)
+    ping_place: tuple[str, str] = ("", "")  # and of (pinger, ponger)
 
     # ------------------------------------------------------------ per-run setup
     def _setup(self, system: str, names: Sequence[str], server: ShmqServer | None = None) -> list[Handle]:
@@ -643,9 +645,9 @@ class Bench:
         total = common.PING_WARMUP + pings
         try:
             b = self.children.start(f"{system}-ponger", _ponger, system, h_ping, h_pong, total, ready,
-                                    workers, nowait, self.place[1])
+                                    workers, nowait, self.ping_place[1])
             a = self.children.start(f"{system}-pinger", _pinger, system, h_ping, h_pong, SIZE, total,
-                                    ready, send_conn, workers, nowait, self.place[0])
+                                    ready, send_conn, workers, nowait, self.ping_place[0])
             send_conn.close()
             data = self.children.wait([b, a], self.timeout, recv_conn)
         finally:
@@ -656,7 +658,8 @@ class Bench:
     def scaling(self, workers_n: int, n: int, spread: bool) -> tuple[float, list[int]]:
         """One run against the ``workers_n``-worker broker: 2 producers (n/2 each, one per call)
         and 2 consumers (get + ack each); total msgs/s, and the worker each client landed on
-        (producers first).  ``spread``: producer i and consumer i ask for worker i % workers_n."""
+        (producers first).  ``spread``: producer i and consumer i ask for worker i % workers_n
+        (else the broker balances the four)."""
         ctx = self.ctx
         srv = self.servers[workers_n]
         ready = [ctx.Event(), ctx.Event()]  # type: ignore[attr-defined]
@@ -666,12 +669,13 @@ class Bench:
         workers = ctx.RawArray("i", [-1] * 4)  # type: ignore[attr-defined]
         (handle,) = self._setup(SHMQ, ("scale",), srv)
         per = n // 2
+        keys = [worker_key(i % workers_n, workers_n) if spread else "" for i in range(2)]
         try:
             cons = [self.children.start(f"shmq-{workers_n}w-consumer{i}", _scale_consumer, handle, ready[i],
-                                        ends, counts, workers, i, i % workers_n if spread else -1)
+                                        ends, counts, workers, i, keys[i])
                     for i in range(2)]
             prods = [self.children.start(f"shmq-{workers_n}w-producer{i}", _scale_producer, handle, per,
-                                         SIZE, ready, starts, workers, i, i % workers_n if spread else -1)
+                                         SIZE, ready, starts, workers, i, keys[i])
                      for i in range(2)]
             try:
                 deadline = time.monotonic() + self.timeout
@@ -691,6 +695,24 @@ class Bench:
         if elapsed_ns <= 0:
             raise TrialError(f"bad timing: {elapsed_ns} ns")
         return got / (elapsed_ns / 1e9), list(workers)
+
+
+def worker_key(worker: int, workers: int) -> str:
+    """An affinity that a broker of ``workers`` workers serves on ``worker`` (it serves an
+    affinity on worker crc32(affinity) % workers: server/placement.py)."""
+    if workers < 2:
+        return ""
+    return next(k for k in (f"w{worker}.{j}" for j in itertools.count())
+                if zlib.crc32(k.encode()) % workers == worker)
+
+
+def placement(name: str, workers: int) -> tuple[tuple[str, str], tuple[str, str]]:
+    """The affinities of (producer, consumer) and of (pinger, ponger) for a --placement."""
+    wanted = PLACEMENTS[name]
+    if wanted is None or workers < 2:
+        return ("", ""), ((PING_AFFINITY, PING_AFFINITY) if workers > 1 else ("", ""))
+    keys = (worker_key(wanted[0], workers), worker_key(wanted[1], workers))
+    return keys, keys
 
 
 def fmt_workers(ws: Sequence[int]) -> str:
@@ -730,14 +752,14 @@ def _switches(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", default=",".join(ALL_WORKLOADS), type=_workload_list,
                    help="comma-separated subset of workloads 1-3 to run: " + ", ".join(ALL_WORKLOADS)
                         + " (default: all)")
-    p.add_argument("--placement", choices=list(PLACEMENTS), default="kernel",
-                   help="workloads 1-3: which shmq workers the two clients use: 'kernel' (whatever the "
-                        "SO_REUSEPORT hash gives, the default), 'split' (workers 0 and 1), 'shared' (both "
-                        "on worker 0); clients reconnect until they land there")
+    p.add_argument("--placement", choices=list(PLACEMENTS), default="broker",
+                   help="workloads 1-3: which shmq workers the two clients use: 'broker' (the default: "
+                        "the broker balances the throughput clients across workers, and the ping-pong "
+                        "pair shares one affinity, so one worker), 'split' (workers 0 and 1), 'shared' "
+                        "(both on worker 0); the clients ask with an affinity that maps there")
     p.add_argument("--no-spread", action="store_true",
-                   help="scaling: keep whatever worker the kernel gives each client (by default each "
-                        "client reconnects until producer i and consumer i are on worker i %% 2, so the "
-                        "2-worker runs really use both workers)")
+                   help="scaling: let the broker balance the 4 clients (by default producer i and "
+                        "consumer i ask for worker i %% 2 with an affinity)")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -810,7 +832,7 @@ def run(args: argparse.Namespace, out: Out, bench: Bench, systems: list[str]) ->
                     shown = common.fmt_progress_rate(v)
                     where = f"   (producers/consumers on worker {fmt_workers(sws)})"
                     if w > 1 and len(set(sws)) == 1:
-                        where += "  <- all on one worker: the kernel's SO_REUSEPORT hash did not spread them"
+                        where += "  <- all on one worker"
                     res.scaling_placement.setdefault(w, []).append(fmt_workers(sws))
                 except TrialError as e:
                     v, shown = None, f"FAILED: {e}"
@@ -880,9 +902,9 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str],
                   f"median of {args.rounds} round(s); {os.cpu_count()} CPUs shared by the broker workers, "
                   "its supervisor and the 4 clients\n2-worker connections (producers/consumers worker) per "
                   "round: " + ", ".join(res.scaling_placement.get(2, []))
-                  + ("; placed by the kernel (--no-spread)" if args.no_spread else
-                     "; producer i and consumer i asked for worker i % 2 by reconnecting (--no-spread: "
-                     "leave it to the kernel)"))
+                  + ("; placed by the broker (--no-spread)" if args.no_spread else
+                     "; producer i and consumer i asked for worker i % 2 with an affinity (--no-spread: "
+                     "leave it to the broker)"))
 
     # ------------------------------------------------------------ targets
     def vs_best(workload: str) -> tuple[float | None, str]:
@@ -1040,7 +1062,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  f"{messages_for(args.n, BATCH)} batched, {args.rounds} round(s), {args.pings} pings",
                  style="bold")
         bench = Bench(ctx, children, servers, args.workers, rserver, args.timeout,
-                      PLACEMENTS[args.placement] if args.workers > 1 else (-1, -1))
+                      *placement(args.placement, args.workers))
         res = run(args, out, bench, systems)
         data = report(args, out, res, systems, rserver.version if rserver else None)
         if args.json:

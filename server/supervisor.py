@@ -32,6 +32,7 @@ from shmq.errors import InvalidArgument, ShmqError
 from shmq.shm import ShmBroker
 
 from .journaler import data_dir_for, journal_main, recover
+from .placement import Counts
 from .worker import reuseport_socket, worker_main
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -70,6 +71,7 @@ class Supervisor:
         self.sync_interval = sync_interval
         self.segment_bytes = segment_bytes
         self.journal: Any = None
+        self.counts = Counts(self.n)  # connections per worker, shared with the workers we fork
         self.ctx = mp.get_context("fork")
         self.procs: dict[int, Any] = {}
         self._stop = False
@@ -78,7 +80,7 @@ class Supervisor:
         ready = self.ctx.Event()
         p = self.ctx.Process(target=worker_main, name=f"shmq-worker-{i}", daemon=False,
                              args=(self.instance, self.host, self.port, i, self.token, ready,
-                                   self.max_connections))
+                                   self.max_connections, self.counts))
         p.start()
         self.procs[i] = (p, ready)
 

@@ -66,10 +66,12 @@ from shmq.errors import (
 from shmq.queue import ShmQueue
 from shmq.shm import ShmBroker
 
+from .placement import Counts, Handoff, choose
+
 FOREVER = 0xFFFFFFFF
 TICK = 0.05
 FLAG_GRACE = 1.0  # a bell flag stays set this long after its last waiter (no set/clear per request)
-BELL_BIND_TRIES = 20  # x 50 ms: a restarted worker waits for its predecessor's doorbell to go
+BIND_TRIES = 20  # x 50 ms: a restarted worker waits for its predecessor's doorbell and handoff sockets to go
 SERVER_NAME = "shmq/0.1"
 log = logging.getLogger("shmq.worker")
 
@@ -131,7 +133,7 @@ def _release(ready: list[tuple[Connection, Done]], err: ShmqError | None) -> Non
 
 class Worker:
     def __init__(self, instance: str, host: str, port: int, worker_id: int, token: str,
-                 max_connections: int = options.MAX_CONNECTIONS) -> None:
+                 max_connections: int = options.MAX_CONNECTIONS, counts: Counts | None = None) -> None:
         self.instance = instance
         self.host = host
         self.port = port
@@ -142,6 +144,8 @@ class Worker:
         self.waiters: dict[str, list[Waiter]] = {}
         self.subs: dict[str, list[Subscription]] = {}
         self.bell: Bell | None = None
+        self.counts = counts  # every worker's connection count (None: placement is the kernel's alone)
+        self.handoff: Handoff | None = None  # where other workers hand us connections (server.placement)
         self.flagged: dict[str, ShmQueue] = {}  # queues whose bell flag this worker has set
         self.flagged_ids: dict[int, str] = {}  # their ids (a doorbell datagram names the id)
         self.flag_needed: dict[str, float] = {}  # queue -> when the tick last saw someone wait there
@@ -166,6 +170,7 @@ class Worker:
     async def _main(self, ready: Any) -> None:
         self.loop = asyncio.get_running_loop()
         await self._open_bell()
+        await self._open_handoff()
         sock = reuseport_socket(self.host, self.port)
         server = await self.loop.create_server(lambda: Connection(self), sock=sock, backlog=4096)
         stop = asyncio.Event()
@@ -189,6 +194,9 @@ class Worker:
         if self.bell is not None:
             self.loop.remove_reader(self.bell.fileno())
             self.bell.close()
+        if self.handoff is not None:  # sockets still in flight to us are closed with it
+            self.loop.remove_reader(self.handoff.fileno())
+            self.handoff.close()
         self.broker.close()
 
     async def _tick(self) -> None:
@@ -208,24 +216,59 @@ class Worker:
         may have left set in every queue (it died: nobody reads them)."""
         att = self.broker._att
         att.bell_skip = self.worker_id
-        for _ in range(BELL_BIND_TRIES):
-            try:
-                self.bell = Bell(att.registry.uid, self.worker_id)
-                break
-            except OSError as e:
-                if e.errno != errno.EADDRINUSE:
-                    raise
-                await asyncio.sleep(TICK)  # a predecessor that is still exiting
-        else:
+        self.bell = await _bind(Bell, att.registry.uid, self.worker_id)
+        if self.bell is None:
             log.warning("worker %d: doorbell address in use; waiting requests are retried on the "
                         "%d ms tick only", self.worker_id, TICK * 1000)
-        if self.bell is not None:
+        else:
             self.loop.add_reader(self.bell.fileno(), self._on_bell)
         for entry in att.registry.queues():
             try:
                 self.broker._att._open(entry)._mm[L.Q_BELLS + self.worker_id] = 0
             except ShmqError:
                 pass  # deleted meanwhile
+
+    # ------------------------------------------------------------ placement
+    async def _open_handoff(self) -> None:
+        if self.counts is None:
+            return
+        self.count_changed()  # a predecessor's connections died with it
+        self.handoff = await _bind(Handoff, self.broker._att.registry.uid, self.worker_id)
+        if self.handoff is None:
+            log.warning("worker %d: handoff address in use; this worker keeps the connections it "
+                        "accepts and is handed none", self.worker_id)
+        else:
+            self.loop.add_reader(self.handoff.fileno(), self._on_handoff)
+
+    def count_changed(self) -> None:
+        if self.counts is not None:
+            self.counts.set(self.worker_id, len(self.connections))
+
+    def place(self, conn: Connection, f: Frame, affinity: str) -> bool:
+        """Hand ``conn``, which has sent its HANDSHAKE ``f`` and nothing else, to the worker
+        that should serve it (``server.placement``).  True when it went."""
+        if self.handoff is None or self.counts is None or self.stopping or self.counts.workers < 2:
+            return False
+        target = choose(self.counts.snapshot(), self.worker_id, affinity)
+        if target == self.worker_id:
+            return False
+        sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
+        preface = encode_frame(f.type, f.msg_id, f.body)  # the HANDSHAKE as it came
+        if sock is None or not self.handoff.send(target, sock.fileno(), preface):
+            return False
+        conn.leave()
+        return True
+
+    def _on_handoff(self) -> None:
+        assert self.handoff is not None
+        for sock, preface in self.handoff.receive():
+            self.loop.create_task(self._adopt(sock, preface))
+
+    async def _adopt(self, sock: socket.socket, preface: bytes) -> None:
+        try:
+            await self.loop.connect_accepted_socket(lambda: Connection(self, preface), sock)
+        except OSError:
+            sock.close()  # the client went meanwhile
 
     def _on_bell(self) -> None:
         assert self.bell is not None
@@ -361,8 +404,12 @@ class Worker:
 
 
 class Connection(asyncio.Protocol):
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: Worker, preface: bytes = b"") -> None:
+        """``preface``: a connection handed over by another worker, and the bytes that worker
+        read from it (its HANDSHAKE): handled first, and the connection stays here."""
         self.w = worker
+        self._preface = preface
+        self.placed = bool(preface)  # placed already: it moves at most once
         self.decoder = FrameDecoder()
         self.transport: asyncio.Transport | None = None
         self.ready = False
@@ -385,10 +432,14 @@ class Connection(asyncio.Protocol):
             self.close()
             return
         self.w.connections.add(self)
+        self.w.count_changed()
         sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._handshake_timer = self.w.loop.call_later(options.HANDSHAKE_TIMEOUT, self._no_handshake)
+        if self._preface:  # before anything is read from the socket itself
+            preface, self._preface = self._preface, b""
+            self.data_received(preface)
 
     def _no_handshake(self) -> None:
         if not self.ready:
@@ -404,6 +455,7 @@ class Connection(asyncio.Protocol):
             return
         if len(frames) > 1:  # a pipelining client: its replies go out in one write
             self._out = []
+            self.placed = True  # it sent more than its HANDSHAKE: it stays where it is
         try:
             i = 0
             while i < len(frames):
@@ -493,6 +545,7 @@ class Connection(asyncio.Protocol):
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
         self.w.connections.discard(self)
+        self.w.count_changed()
         for s in self.subs.values():
             lst = self.w.subs.get(s.queue)
             if lst and s in lst:
@@ -500,6 +553,17 @@ class Connection(asyncio.Protocol):
         self.give_back()
         if self.transport is not None:
             self.transport.close()
+
+    def leave(self) -> None:
+        """Handed to another worker (``Worker.place``): forgotten here without a word to the
+        client, whose socket lives on there.  It holds nothing yet (only its HANDSHAKE came)."""
+        self.closed = True
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+        self.w.connections.discard(self)
+        self.w.count_changed()
+        if self.transport is not None:
+            self.transport.abort()  # closes our descriptor only: the one in flight keeps the connection
 
     def give_back(self) -> None:
         """Return every lease this connection holds to its queue, at once."""
@@ -573,6 +637,10 @@ class Connection(asyncio.Protocol):
             self.reply(f, T.HANDSHAKE_NACK, reason="bad or missing token")
             self.close()
             return
+        if not self.placed and not self.decoder.buffered:
+            self.placed = True
+            if self.w.place(self, f, fields["affinity"]):
+                return
         self.ready = True
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
@@ -952,11 +1020,24 @@ def _die_with_parent() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
+async def _bind(kind: Callable[[int, int], Any], instance_uid: int, worker_id: int) -> Any:
+    """A worker's abstract-namespace socket (doorbell, handoff), bound; None when its address
+    stays in use (a predecessor of the same id that is still exiting is waited for)."""
+    for _ in range(BIND_TRIES):
+        try:
+            return kind(instance_uid, worker_id)
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                raise
+            await asyncio.sleep(TICK)
+    return None
+
+
 def worker_main(instance: str, host: str, port: int, worker_id: int, token: str, ready: Any,
-                max_connections: int) -> None:
+                max_connections: int, counts: Counts | None = None) -> None:
     """Entry point of a worker process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides; SIGTERM stops us
     _die_with_parent()
     sys.setswitchinterval(0.0005)  # a woken durable-mark thread gets the GIL in 0.5 ms, not 5 ms
     os.environ.pop(options.TOKEN_ENV, None)
-    Worker(instance, host, port, worker_id, token, max_connections).run(ready)
+    Worker(instance, host, port, worker_id, token, max_connections, counts).run(ready)

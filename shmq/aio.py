@@ -65,7 +65,7 @@ _MAX_ID = NO_REPLY_ID - 1  # ids 1 .. 2**32-2, wrapping: 0xFFFFFFFF is the unwai
 
 
 async def connect(url: str, token: str | None = None, *, connect_timeout: float = 10.0,
-                  client: str = "shmq-python-asyncio") -> AsyncBroker:
+                  client: str = "shmq-python-asyncio", affinity: str = "") -> AsyncBroker:
     """Connect to ``shmq serve`` at ``tcp://HOST:PORT`` and handshake.
 
     ``token`` defaults to ``$SHMQ_TOKEN``.  Raises ConnectionLost when the broker
@@ -85,7 +85,7 @@ async def connect(url: str, token: str | None = None, *, connect_timeout: float 
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     broker = AsyncBroker(url, reader, writer)
     try:
-        await broker._handshake(token, client)
+        await broker._handshake(token, client, affinity)
     except BaseException:
         await broker._shutdown("the handshake failed")
         raise
@@ -267,8 +267,8 @@ class AsyncBroker:
         except OSError:
             pass
 
-    async def _handshake(self, token: str, client: str) -> None:
-        f = await self._call(T.HANDSHAKE, token=token, client=client)
+    async def _handshake(self, token: str, client: str, affinity: str) -> None:
+        f = await self._call(T.HANDSHAKE, token=token, client=client, affinity=affinity)
         if f.type == T.HANDSHAKE_NACK:
             raise AuthError(decode_body(T.HANDSHAKE_NACK, f.body)["reason"])
         info = decode_body(T.HANDSHAKE_ACK, f.body)

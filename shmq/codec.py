@@ -122,7 +122,7 @@ _EMPTY: Schema = ()
 #: remaining bytes; last field only), json (u32 length + UTF-8 JSON), blobs,
 #: settles, offsets and records (u32 count + that many items).
 SCHEMAS: dict[T, Schema] = {
-    T.HANDSHAKE: (("token", "str"), ("client", "str")),
+    T.HANDSHAKE: (("token", "str"), ("client", "str"), ("affinity", "str")),
     T.HANDSHAKE_ACK: (("worker", "u16"), ("max_frame", "u32"), ("server", "str")),
     T.HANDSHAKE_NACK: (("reason", "str"),),
     T.CREATE_QUEUE: (("queue", "str"), ("config", "json")),

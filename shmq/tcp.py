@@ -71,8 +71,9 @@ class TcpBroker(Broker):
     """A broker handle talking to ``shmq serve``."""
 
     def __init__(self, url: str, token: str | None = None, *, connect_timeout: float = 10.0,
-                 client: str = "shmq-python") -> None:
+                 client: str = "shmq-python", affinity: str = "") -> None:
         self.url = url
+        self.affinity = affinity
         self._token = token if token is not None else os.environ.get(options.TOKEN_ENV, "")
         self._host, self._port = parse_tcp_url(url)
         self._lock = threading.Lock()  # one sender at a time
@@ -93,7 +94,7 @@ class TcpBroker(Broker):
                                  ) from None
         self._sock.settimeout(None)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        f = self._call(T.HANDSHAKE, token=self._token, client=client)
+        f = self._call(T.HANDSHAKE, token=self._token, client=client, affinity=affinity)
         if f.type == T.HANDSHAKE_NACK:
             self._sock.close()
             raise AuthError(decode_body(T.HANDSHAKE_NACK, f.body)["reason"])
@@ -102,7 +103,7 @@ class TcpBroker(Broker):
         self.server = info["server"]
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (TcpBroker, (self.url, self._token))
+        return (_reconnect, (self.url, self._token, self.affinity))
 
     def __repr__(self) -> str:
         return f"TcpBroker({self.url!r})"
@@ -243,7 +244,7 @@ class TcpQueue(Queue):
         self._qb = str.encode(name)  # the name on the wire, for the one-message frames
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (_tcp_queue, (self._b.url, self._b._token, self.name))
+        return (_tcp_queue, (self._b.url, self._b._token, self.name, self._b.affinity))
 
     def __repr__(self) -> str:
         return f"TcpQueue({self._b.url!r}, {self.name!r})"
@@ -476,8 +477,12 @@ def _vis(seconds: float | None) -> int:
     return 0 if seconds is None else max(1, _ms(seconds))
 
 
-def _tcp_queue(url: str, token: str, name: str) -> TcpQueue:
-    return TcpQueue(TcpBroker(url, token), name)
+def _reconnect(url: str, token: str, affinity: str) -> TcpBroker:
+    return TcpBroker(url, token, affinity=affinity)
+
+
+def _tcp_queue(url: str, token: str, name: str, affinity: str = "") -> TcpQueue:
+    return TcpQueue(_reconnect(url, token, affinity), name)
 
 
 __all__ = ["TcpBroker", "TcpQueue", "batch_payloads", "parse_tcp_url", "settles_by_group"]

@@ -1,0 +1,276 @@
+"""Which worker serves a connection (server/placement.py): the rule, the handoff socket,
+the shared count table, and a real ``shmq serve`` balancing and honouring affinities."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import socket
+import zlib
+
+import pytest
+
+import shmq
+import shmq.aio
+from server.placement import MAX_PREFACE, Counts, Handoff, address, choose
+from shmq.codec import FrameDecoder, T, decode_body, encode_body, encode_frame
+
+from .conftest import Server, wait_until
+
+CTX = mp.get_context("fork")
+
+
+def _key(worker: int, workers: int) -> str:
+    """An affinity the broker serves on ``worker``."""
+    j = 0
+    while zlib.crc32(f"k{j}".encode()) % workers != worker:
+        j += 1
+    return f"k{j}"
+
+
+# ---------------------------------------------------------------- the rule
+@pytest.mark.parametrize(("counts", "me", "want"), [
+    ([1, 0], 0, 0),  # one connection each way is as balanced as it gets: it stays
+    ([2, 0], 0, 1),  # this one would make it 2:0, so it goes
+    ([1, 1], 1, 1),
+    ([1, 2], 1, 1),  # a tie after the move would only swap sides
+    ([3, 1, 0], 0, 2),  # the fewest wins
+    ([3, 1, 1], 0, 1),  # the lowest id among the fewest
+    ([5, 4], 0, 0),
+])
+def test_choose_balances_and_never_moves_a_tie(counts: list[int], me: int, want: int) -> None:
+    assert choose(counts, me, "") == want
+
+
+def test_choose_maps_an_affinity_to_one_worker_whoever_accepted() -> None:
+    for name in ("rpc", "orders", "x" * 300, "ünïcode"):
+        want = zlib.crc32(name.encode()) % 3
+        assert {choose(c, me, name) for c in ([0, 0, 0], [9, 0, 0], [0, 0, 9]) for me in range(3)} == {want}
+
+
+# ---------------------------------------------------------------- the handoff socket
+def _pair() -> tuple[socket.socket, socket.socket]:
+    return socket.socketpair()
+
+
+def test_a_handed_socket_arrives_with_its_bytes_and_still_talks() -> None:
+    uid = int.from_bytes(os.urandom(8), "little")
+    a, b = Handoff(uid, 0), Handoff(uid, 1)
+    mine, theirs = _pair()
+    try:
+        assert a.send(1, mine.fileno(), b"hello")
+        mine.close()  # ours to close: the kernel passed a duplicate
+        (got, preface), = b.receive()
+        assert preface == b"hello"
+        got.sendall(b"ping")
+        assert theirs.recv(4) == b"ping"
+        got.close()
+        assert b.receive() == []
+    finally:
+        theirs.close()
+        a.close()
+        b.close()
+
+
+def test_a_handoff_to_nobody_or_too_long_fails_and_keeps_nothing() -> None:
+    uid = int.from_bytes(os.urandom(8), "little")
+    a = Handoff(uid, 0)
+    mine, theirs = _pair()
+    try:
+        assert not a.send(5, mine.fileno(), b"x")  # no worker 5 is listening
+        b = Handoff(uid, 5)
+        assert not a.send(5, mine.fileno(), b"x" * (MAX_PREFACE + 1))
+        assert b.receive() == []
+        b.close()
+        mine.sendall(b"still mine")
+        assert theirs.recv(10) == b"still mine"
+    finally:
+        mine.close()
+        theirs.close()
+        a.close()
+
+
+def test_a_datagram_without_exactly_one_socket_is_dropped_and_its_descriptors_closed() -> None:
+    uid = int.from_bytes(os.urandom(8), "little")
+    b = Handoff(uid, 0)
+    stranger = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    x1, y1 = _pair()
+    x2, y2 = _pair()
+    try:
+        stranger.sendto(b"no descriptor", address(uid, 0))
+        stranger.connect(address(uid, 0))
+        socket.send_fds(stranger, [b"two"], [x1.fileno(), x2.fileno()])
+        x1.close()
+        x2.close()
+        assert b.receive() == []
+        # both passed descriptors were closed on receipt: their peers read end-of-file
+        assert y1.recv(1) == b"" and y2.recv(1) == b""
+    finally:
+        for s in (stranger, y1, y2):
+            s.close()
+        b.close()
+
+
+def test_the_count_table_is_shared_with_forked_workers() -> None:
+    counts = Counts(3)
+
+    def child() -> None:
+        counts.set(2, 7)
+
+    p = CTX.Process(target=child)
+    p.start()
+    p.join(10)
+    assert p.exitcode == 0
+    assert counts.snapshot() == [0, 0, 7]
+
+
+# ---------------------------------------------------------------- a real broker
+@pytest.fixture()
+def two_workers() -> Server:
+    srv = Server(workers=2)
+    yield srv
+    assert srv.stop() == 0
+
+
+def _connections(srv: Server) -> list[int]:
+    """The client sockets each worker process holds open, fewest first.  A worker closes a
+    socket after it has counted the connection gone, so when this shows a close, the
+    broker's placement sees it too."""
+    return sorted(sum(1 for c in p.net_connections() if c.laddr.port == srv.port and c.raddr)
+                  for p in srv.workers())
+
+
+def _lands_on(srv: Server, affinity: str) -> int:
+    b = shmq.connect(srv.url, affinity=affinity)
+    b.close()
+    return b.worker
+
+
+def test_connections_are_balanced_across_workers_and_work_wherever_they_land(two_workers: Server) -> None:
+    srv = two_workers
+    brokers = [shmq.connect(srv.url) for _ in range(6)]
+    try:
+        assert sorted(b.worker for b in brokers) == [0, 0, 0, 1, 1, 1]
+        wait_until(lambda: _connections(srv) == [3, 3])  # the sockets really live there
+        q = brokers[0].create_queue("spread")
+        for i, b in enumerate(brokers):
+            b.queue("spread").put(b"m%d" % i)
+        got = []
+        for b in reversed(brokers):
+            m = b.queue("spread").get(timeout=5)
+            m.ack()
+            got.append(m.payload)
+        assert sorted(got) == [b"m%d" % i for i in range(6)]
+        assert q.stats()["groups"]["default"]["depth"] == 0
+        # a freed place is filled first
+        leaving = [b for b in brokers if b.worker == 1][:2]
+        for b in leaving:
+            b.close()
+            brokers.remove(b)
+        wait_until(lambda: _connections(srv) == [1, 3])
+        brokers += [shmq.connect(srv.url) for _ in range(2)]
+        assert [b.worker for b in brokers[-2:]] == [1, 1]
+    finally:
+        for b in brokers:
+            b.close()
+
+
+def test_connections_with_one_affinity_share_a_worker(two_workers: Server) -> None:
+    srv = two_workers
+    key = _key(1, 2)
+    brokers = [shmq.connect(srv.url, affinity=key) for _ in range(4)]
+    other = shmq.connect(srv.url, affinity=_key(0, 2))
+
+    async def aio_worker() -> int:
+        b = await shmq.aio.connect(srv.url, affinity=key)
+        try:
+            q = b.queue("aff")
+            await q.put(b"from asyncio")
+            return b.worker
+        finally:
+            await b.close()
+
+    try:
+        assert [b.worker for b in brokers] == [1, 1, 1, 1]
+        assert other.worker == 0
+        other.create_queue("aff")
+        assert asyncio.run(aio_worker()) == 1
+        m = brokers[2].queue("aff").get(timeout=5)
+        assert m.payload == b"from asyncio"
+        m.ack()
+    finally:
+        for b in [*brokers, other]:
+            b.close()
+
+
+def test_a_client_that_pipelines_after_its_handshake_stays_where_it_landed(two_workers: Server) -> None:
+    """Bytes after the HANDSHAKE in the same read: nothing is moved, everything answered."""
+    srv = two_workers
+    first = shmq.connect(srv.url)  # worker A has one connection; the raw one may land beside it
+    first.create_queue("piped")
+    try:
+        for _ in range(6):
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+            s.sendall(encode_frame(T.HANDSHAKE, 1, encode_body(T.HANDSHAKE, token="", client="raw",
+                                                                affinity=_key(1 - first.worker, 2)))
+                      + encode_frame(T.PRODUCE, 2, encode_body(T.PRODUCE, queue="piped", timeout_ms=0,
+                                                               payload=b"p")))
+            dec = FrameDecoder()
+            frames: list = []
+            while len(frames) < 2:
+                chunk = s.recv(65536)
+                assert chunk, "the broker closed a pipelining client"
+                frames += dec.feed(chunk)
+            assert [f.type for f in frames] == [T.HANDSHAKE_ACK, T.PRODUCE_OK]
+            s.close()
+        assert first.queue("piped").stats()["produced"] == 6
+    finally:
+        first.close()
+
+
+def test_a_killed_worker_is_handed_nothing_and_its_successor_takes_connections_again(
+        two_workers: Server) -> None:
+    srv = two_workers
+    key = _key(1, 2)
+    b = shmq.connect(srv.url, affinity=key)
+    assert b.worker == 1
+    b.create_queue("k")
+    victim = next(p for p in srv.workers() if any(
+        c.laddr.port == srv.port and c.raddr for c in p.net_connections()))
+    b.close()
+    victim.kill()
+    victim.wait(10)
+    # worker 1 is dead or restarting: a connection for it is served by whoever can
+    late = [shmq.connect(srv.url, affinity=key) for _ in range(5)]
+    for i, c in enumerate(late):
+        c.queue("k").put(b"%d" % i)
+    wait_until(lambda: len(srv.workers()) == 2 and victim.pid not in {p.pid for p in srv.workers()})
+    wait_until(lambda: _lands_on(srv, key) == 1, timeout=10)
+    again = shmq.connect(srv.url, affinity=key)
+    try:
+        assert again.worker == 1
+        got = sorted(again.queue("k").get(timeout=5).payload for _ in range(5))
+        assert got == [b"%d" % i for i in range(5)]
+    finally:
+        again.close()
+        for c in late:
+            c.close()
+
+
+def test_the_handshake_answer_names_the_serving_worker(two_workers: Server) -> None:
+    srv = two_workers
+    hold = shmq.connect(srv.url)
+    try:
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        s.sendall(encode_frame(T.HANDSHAKE, 9, encode_body(T.HANDSHAKE, token="", client="raw",
+                                                            affinity=_key(1 - hold.worker, 2))))
+        dec = FrameDecoder()
+        frames: list = []
+        while not frames:
+            frames = dec.feed(s.recv(65536))
+        assert frames[0].type == T.HANDSHAKE_ACK and frames[0].msg_id == 9
+        assert decode_body(T.HANDSHAKE_ACK, frames[0].body)["worker"] == 1 - hold.worker
+        s.close()
+    finally:
+        hold.close()
