@@ -829,8 +829,21 @@ class Connection(asyncio.Protocol):
     def ack_batch(self, f: Frame, d: dict[str, Any]) -> None:
         """ACK_BATCH, answered with the offsets that were stale; ACK_BATCH_NO_REPLY, answered
         only when some were (with ERROR STALE_ACK)."""
-        q, ref, held = self._leases(d)
         offsets, asked = map(list, zip(*d["settles"], strict=True)) if d["settles"] else ([], [])
+        self._ack_leases(f, d, offsets, asked)
+
+    def ack_range(self, f: Frame, d: dict[str, Any]) -> None:
+        """ACK_RANGE / ACK_RANGE_NO_REPLY: ACK_BATCH / ACK_BATCH_NO_REPLY of the ``count``
+        offsets from ``first``, each with the same delivery count (one push's or one
+        get_many's new messages), answered the same way."""
+        n = d["count"]
+        if n > options.MAX_BATCH:
+            raise LimitExceeded(f"{n} acks in one frame (the limit is {options.MAX_BATCH})")
+        first = d["first"]
+        self._ack_leases(f, d, list(range(first, first + n)), [d["deliveries"]] * n)
+
+    def _ack_leases(self, f: Frame, d: dict[str, Any], offsets: list[int], asked: list[int]) -> None:
+        q, ref, held = self._leases(d)
         had = list(map(held.pop, offsets, repeat(None)))  # ours are no longer ours, settled or stale
         stale: list[int]
         if had == asked:  # all of them ours (the usual case)
@@ -848,7 +861,7 @@ class Connection(asyncio.Protocol):
         self.inflight -= len(mine)
         if mine:
             stale += q.ack_offsets(ref, mine, dcs)
-        if f.type == T.ACK_BATCH:
+        if f.type in WAITED_BATCH_ACKS:
             self.reply(f, T.ACK_BATCH_OK, stale=stale)
             return
         self.w.pending_mark = None  # an `always` ack: nobody waits for the journal either
@@ -992,13 +1005,15 @@ def _message(q: ShmQueue, ref: int, group: str | None, offset: int, deliveries: 
 
 
 PRODUCE_TYPES = frozenset((T.PRODUCE, T.PRODUCE_BATCH, T.PRODUCE_IDEMPOTENT))
+WAITED_BATCH_ACKS = frozenset((T.ACK_BATCH, T.ACK_RANGE))  # answered with ACK_BATCH_OK
 
 HANDLERS: dict[int, Any] = {
     T.PRODUCE: Connection.produce, T.PRODUCE_BATCH: Connection.produce,
     T.PRODUCE_IDEMPOTENT: Connection.produce,
     T.CONSUME: Connection.consume, T.CONSUME_BATCH: Connection.consume,
     T.ACK: Connection.ack, T.ACK_NO_REPLY: Connection.ack, T.ACK_BATCH: Connection.ack_batch,
-    T.ACK_BATCH_NO_REPLY: Connection.ack_batch,
+    T.ACK_BATCH_NO_REPLY: Connection.ack_batch, T.ACK_RANGE: Connection.ack_range,
+    T.ACK_RANGE_NO_REPLY: Connection.ack_range,
     T.NACK: Connection.nack,
     T.TOUCH: Connection.touch, T.DEAD_LETTER: Connection.dead_letter,
     T.CREATE_QUEUE: Connection.create_queue, T.DELETE_QUEUE: Connection.delete_queue,

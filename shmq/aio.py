@@ -53,9 +53,9 @@ from .tcp import (
     _vis,
     ack_batch_nowait_frames,
     ack_nowait_frame,
+    batch_acks,
     parse_tcp_url,
     produce_request,
-    settles_by_group,
 )
 
 __all__ = ["AsyncBroker", "AsyncMessage", "AsyncQueue", "connect"]
@@ -422,17 +422,17 @@ class AsyncQueue:
         return [self._msg(group, rec) for rec in r["records"]]
 
     async def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:
-        """Ack many leases, one ACK_BATCH per group (pipelined).  Raises StaleAck, with
-        ``.stale`` the offsets, if some were stale; the others are applied.  ``wait=False``:
-        ACK_BATCH_NO_REPLY, not waited for (stale ones are reported in ``broker.nowait_errors``)."""
+        """Ack many leases: one ACK_RANGE when they are one run, else one ACK_BATCH per group
+        (pipelined; ``shmq.tcp.batch_acks``).  Raises StaleAck, with ``.stale`` the offsets, if
+        some were stale; the others are applied.  ``wait=False``: the NO_REPLY kinds, not
+        waited for (stale ones are reported in ``broker.nowait_errors``)."""
         msgs = list(messages)
         if not wait:
             for data in ack_batch_nowait_frames(self.name, msgs):
                 self._b._send_frame(data)
             return
-        replies = await asyncio.gather(*(
-            self._b._request(T.ACK_BATCH, T.ACK_BATCH_OK, queue=self.name, group=group, settles=settles)
-            for group, settles in settles_by_group(msgs)))
+        replies = await asyncio.gather(*(self._b._request(kind, T.ACK_BATCH_OK, queue=self.name, **fields)
+                                         for kind, fields in batch_acks(msgs)))
         stale = [off for r in replies for off in r["stale"]]
         if stale:
             raise StaleAck.of_batch(stale, len(msgs))

@@ -88,6 +88,8 @@ class T(IntEnum):
     DEAD_LETTER_OK = 0x4A
     ACK_NO_REPLY = 0x4B
     ACK_BATCH_NO_REPLY = 0x4C
+    ACK_RANGE = 0x4D
+    ACK_RANGE_NO_REPLY = 0x4E
     DISCONNECT = 0x51
     DISCONNECT_OK = 0x52
     GROUP_JOIN = 0x61
@@ -154,6 +156,8 @@ SCHEMAS: dict[T, Schema] = {
     T.DEAD_LETTER_OK: _EMPTY,
     T.ACK_NO_REPLY: _QG + (("offset", "u64"), ("deliveries", "u16")),
     T.ACK_BATCH_NO_REPLY: _QG + (("settles", "settles"),),
+    T.ACK_RANGE: _QG + (("first", "u64"), ("count", "u32"), ("deliveries", "u16")),
+    T.ACK_RANGE_NO_REPLY: _QG + (("first", "u64"), ("count", "u32"), ("deliveries", "u16")),
     T.DISCONNECT: _EMPTY,
     T.DISCONNECT_OK: _EMPTY,
     T.GROUP_JOIN: _QG + (("start", "u8"),),

@@ -301,14 +301,13 @@ class TcpQueue(Queue):
 
     def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:
         msgs = list(messages)
-        if not wait:  # ACK_BATCH_NO_REPLY, riding with the next request as ack(wait=False) does
+        if not wait:  # ACK_(BATCH|RANGE)_NO_REPLY, riding with the next request as ack(wait=False) does
             for data in ack_batch_nowait_frames(self.name, msgs):
                 self._b._send_no_reply(data)
             return
         stale: list[int] = []
-        for group, settles in settles_by_group(msgs):
-            r = self._b._request(T.ACK_BATCH, T.ACK_BATCH_OK, queue=self.name, group=group, settles=settles)
-            stale += r["stale"]
+        for kind, fields in batch_acks(msgs):
+            stale += self._b._request(kind, T.ACK_BATCH_OK, queue=self.name, **fields)["stale"]
         if stale:
             raise StaleAck.of_batch(stale, len(msgs))
 
@@ -434,9 +433,27 @@ def ack_nowait_frame(queue: bytes, msg: Message) -> bytes:
 
 
 def ack_batch_nowait_frames(queue: str, msgs: list[Message]) -> list[bytes]:
-    """The ACK_BATCH_NO_REPLY frames of ``ack_many(msgs, wait=False)``, one per group (both clients)."""
-    return [frame(T.ACK_BATCH_NO_REPLY, NO_REPLY_ID, queue=queue, group=group, settles=settles)
-            for group, settles in settles_by_group(msgs)]
+    """The frames of ``ack_many(msgs, wait=False)`` (both clients): ``batch_acks``'
+    requests as their NO_REPLY kinds."""
+    return [frame(NO_REPLY_KIND[kind], NO_REPLY_ID, queue=queue, **fields)
+            for kind, fields in batch_acks(msgs)]
+
+
+NO_REPLY_KIND = {T.ACK_BATCH: T.ACK_BATCH_NO_REPLY, T.ACK_RANGE: T.ACK_RANGE_NO_REPLY}
+
+
+def batch_acks(msgs: list[Message]) -> list[tuple[T, dict[str, Any]]]:
+    """The requests that ack ``msgs`` (both clients), as (type, fields but the queue).
+    One ACK_RANGE when they are one run: one group, consecutive offsets in order, one
+    delivery count (what one push or one get_many of new messages brings), so the frame
+    is the same few bytes however many they are; otherwise one ACK_BATCH per group."""
+    n = len(msgs)
+    if n > 1:
+        first, dc, group = msgs[0][3], msgs[0][4], msgs[0][2]
+        if (msgs[-1][3] == first + n - 1 and list(map(_offset_of, msgs)) == list(range(first, first + n))
+                and list(map(_dc_of, msgs)).count(dc) == n and list(map(_group_of, msgs)).count(group) == n):
+            return [(T.ACK_RANGE, {"group": group or "", "first": first, "count": n, "deliveries": dc})]
+    return [(T.ACK_BATCH, {"group": group, "settles": settles}) for group, settles in settles_by_group(msgs)]
 
 
 def settles_by_group(msgs: list[Message]) -> list[tuple[str, list[tuple[int, int]]]]:
@@ -451,6 +468,8 @@ def settles_by_group(msgs: list[Message]) -> list[tuple[str, list[tuple[int, int
 
 
 _group_of = itemgetter(2)
+_offset_of = itemgetter(3)
+_dc_of = itemgetter(4)
 _settle_of = itemgetter(3, 4)  # (offset, deliveries)
 
 
@@ -485,4 +504,4 @@ def _tcp_queue(url: str, token: str, name: str, affinity: str = "") -> TcpQueue:
     return TcpQueue(_reconnect(url, token, affinity), name)
 
 
-__all__ = ["TcpBroker", "TcpQueue", "batch_payloads", "parse_tcp_url", "settles_by_group"]
+__all__ = ["TcpBroker", "TcpQueue", "batch_acks", "batch_payloads", "parse_tcp_url", "settles_by_group"]

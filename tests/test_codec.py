@@ -80,6 +80,10 @@ VECTORS: dict[str, tuple[T, int, int, dict[str, Any]]] = {
                                                      "deliveries": 1}),
     "ack_batch_no_reply": (T.ACK_BATCH_NO_REPLY, 0xFFFFFFFF, 0, {"queue": "q", "group": "default",
                                                                  "settles": [(1, 1), (2, 3)]}),
+    "ack_range": (T.ACK_RANGE, 15, 0, {"queue": "q", "group": "default", "first": 1, "count": 100,
+                                       "deliveries": 1}),
+    "ack_range_no_reply": (T.ACK_RANGE_NO_REPLY, 0xFFFFFFFF, 0, {"queue": "q", "group": "default", "first": 1,
+                                                                 "count": 100, "deliveries": 1}),
 }
 
 # Sample values per field kind: "full" exercises every byte, "min" the empty and zero cases.

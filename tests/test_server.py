@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shmq
-from shmq.codec import FrameDecoder, T, encode_body, encode_frame
+from shmq.codec import FrameDecoder, T, decode_body, encode_body, encode_frame
 from shmq.errors import Status
 from shmq.shm import ShmBroker
 
@@ -344,6 +344,58 @@ def test_frame_before_handshake_and_truncated_frame(server: Server) -> None:
     b = shmq.connect(server.url)
     b.list_queues()
     b.close()
+
+
+def test_ack_range_acks_what_it_holds_reports_the_rest_and_refuses_too_many(server: Server) -> None:
+    """ACK_RANGE (what ack_many sends for a run): the offsets this connection holds with that
+    delivery count are acked, the others come back stale; over MAX_BATCH is refused, and the
+    connection carries on."""
+    b = shmq.connect(server.url)
+    q = b.create_queue("ranged")
+    s = _raw(server)
+    try:
+        first = q.put_many([b"%d" % i for i in range(6)])[0]
+        s.sendall(encode_frame(T.CONSUME_BATCH, 2, encode_body(
+            T.CONSUME_BATCH, queue="ranged", group="default", max=4, timeout_ms=1000, visibility_ms=0)))
+        assert _recv_frame(s).type == T.DELIVER_BATCH  # type: ignore[attr-defined]
+        # it holds the first 4 (delivery 1) and asks for all 6: the last 2 were never its own
+        s.sendall(encode_frame(T.ACK_RANGE, 3, encode_body(T.ACK_RANGE, queue="ranged", group="default",
+                                                           first=first, count=6, deliveries=1)))
+        f = _recv_frame(s)
+        assert f.type == T.ACK_BATCH_OK  # type: ignore[attr-defined]
+        assert decode_body(T.ACK_BATCH_OK, f.body)["stale"] == [first + 4, first + 5]  # type: ignore[attr-defined]
+        g = q.stats()["groups"]["default"]
+        assert g["acked"] == 4 and g["in_flight"] == 0
+        s.sendall(encode_frame(T.ACK_RANGE_NO_REPLY, 4, encode_body(
+            T.ACK_RANGE_NO_REPLY, queue="ranged", group="default", first=0, count=10_001, deliveries=1)))
+        f = _recv_frame(s)
+        assert (f.type, f.status, f.msg_id) == (T.ERROR, Status.LIMIT_EXCEEDED, 4)  # type: ignore[attr-defined]
+        s.sendall(encode_frame(T.LIST_QUEUES, 5))
+        assert _recv_frame(s).type == T.LIST_QUEUES_OK  # type: ignore[attr-defined]
+        assert [m.payload for m in q.get_many(10, timeout=5)] == [b"4", b"5"]  # nothing else was touched
+    finally:
+        s.close()
+        b.delete_queue("ranged")
+        b.close()
+
+
+def test_batch_acks_sends_a_range_only_for_a_run() -> None:
+    from shmq.api import Message
+    from shmq.tcp import batch_acks
+
+    def msgs(*spec: tuple[str, int, int]) -> list[Message]:
+        return [tuple.__new__(Message, (None, 0, g, o, dc, b"", b"", 0)) for g, o, dc in spec]
+
+    run = msgs(("g", 5, 2), ("g", 6, 2), ("g", 7, 2))
+    assert batch_acks(run) == [(T.ACK_RANGE, {"group": "g", "first": 5, "count": 3, "deliveries": 2})]
+    for not_a_run in (msgs(("g", 5, 1), ("g", 7, 1), ("g", 7, 1)),  # same ends, not consecutive
+                      msgs(("g", 6, 1), ("g", 5, 1), ("g", 7, 1)),  # out of order
+                      msgs(("g", 5, 1), ("g", 6, 2), ("g", 7, 1)),  # two delivery counts
+                      msgs(("g", 5, 1), ("h", 6, 1), ("g", 7, 1)),  # two groups
+                      msgs(("g", 5, 1))):  # one message
+        kinds = batch_acks(not_a_run)
+        assert {k for k, _ in kinds} == {T.ACK_BATCH}
+        assert sorted(o for _, f in kinds for o, _ in f["settles"]) == sorted(m[3] for m in not_a_run)
 
 
 def test_byte_at_a_time_client(server: Server) -> None:
