@@ -41,19 +41,26 @@ kernel with that worker's socket: the client sees its handshake's connection
 lost, exactly as if the worker it connected to had died.  A restarted worker
 zeroes its own word.
 
-The worker that receives a socket trusts nothing it came with: the preface is
-handled as any connection's first bytes (token checked, malformed refused).
+The worker that receives a socket trusts nothing it came with: it takes sockets
+only from processes of its own user (the kernel's ``SCM_CREDENTIALS``), and the
+preface is handled as any connection's first bytes (token checked, malformed
+refused).
 """
 
 from __future__ import annotations
 
 import array
 import mmap
+import os
 import socket
+import struct
 import zlib
 
 from shmq import options
 
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_FD = array.array("i").itemsize
+_ANCILLARY = socket.CMSG_SPACE(4 * _FD) + socket.CMSG_SPACE(_UCRED.size)
 MAX_PREFACE = 4096  # the longest HANDSHAKE handed over with its socket (a longer one stays put)
 
 
@@ -94,7 +101,9 @@ class Handoff:
         self.uid = instance_uid
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.setblocking(False)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # who sent each datagram
         self.sock.bind(address(instance_uid, worker))
+        self.user = os.getuid()  # the only user whose processes may hand us sockets
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -116,11 +125,18 @@ class Handoff:
         out: list[tuple[socket.socket, bytes]] = []
         while True:
             try:
-                data, fds, flags, _ = socket.recv_fds(self.sock, MAX_PREFACE, 4)
+                data, ancillary, flags, _ = self.sock.recvmsg(MAX_PREFACE, _ANCILLARY)
             except (BlockingIOError, InterruptedError):
                 return out
+            fds: list[int] = []
+            uid = -1
+            for level, kind, item in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.extend(array.array("i", item[:len(item) - len(item) % _FD]))
+                elif level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+                    uid = _UCRED.unpack(item[:_UCRED.size])[1]
             socks = [socket.socket(fileno=fd) for fd in fds]
-            if len(socks) != 1 or flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+            if len(socks) != 1 or uid != self.user or flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
                 for s in socks:  # not one of ours: close what came
                     s.close()
                 continue

@@ -112,6 +112,25 @@ def test_a_datagram_without_exactly_one_socket_is_dropped_and_its_descriptors_cl
         b.close()
 
 
+def test_a_socket_from_another_user_is_refused_and_closed() -> None:
+    """The kernel stamps each datagram with its sender's credentials (SCM_CREDENTIALS): a
+    worker takes sockets only from its own user's processes.  (Here the receiver is told
+    its user is another one, so that no second user is needed to send.)"""
+    uid = int.from_bytes(os.urandom(8), "little")
+    a, b = Handoff(uid, 0), Handoff(uid, 1)
+    b.user = os.getuid() + 1
+    mine, theirs = _pair()
+    try:
+        assert a.send(1, mine.fileno(), b"hello")
+        mine.close()
+        assert b.receive() == []
+        assert theirs.recv(1) == b""  # the descriptor that came was closed: nobody holds it now
+    finally:
+        theirs.close()
+        a.close()
+        b.close()
+
+
 def test_the_count_table_is_shared_with_forked_workers() -> None:
     counts = Counts(3)
 
