@@ -249,9 +249,10 @@ class Worker:
         that should serve it (``server.placement``).  True when it went."""
         if self.handoff is None or self.counts is None or self.stopping or self.counts.workers < 2:
             return False
-        target = choose(self.counts.snapshot(), self.worker_id, affinity)
-        if target == self.worker_id:
-            return False
+        counts = self.counts.snapshot()
+        target = choose(counts, self.worker_id, affinity)
+        if target == self.worker_id or counts[target] >= self.max_connections:
+            return False  # (a full worker would refuse it: it is served here instead)
         sock = conn.transport.get_extra_info("socket") if conn.transport is not None else None
         preface = encode_frame(f.type, f.msg_id, f.body)  # the HANDSHAKE as it came
         if sock is None or not self.handoff.send(target, sock.fileno(), preface):
@@ -429,7 +430,7 @@ class Connection(asyncio.Protocol):
         if len(self.w.connections) >= self.w.max_connections or self.w.stopping:
             self.send_error(0, Status.LIMIT_EXCEEDED,
                             f"worker {self.w.worker_id} holds {self.w.max_connections} connections already")
-            self.close()
+            self._refuse()
             return
         self.w.connections.add(self)
         self.w.count_changed()
@@ -441,12 +442,27 @@ class Connection(asyncio.Protocol):
             preface, self._preface = self._preface, b""
             self.data_received(preface)
 
+    def _refuse(self) -> None:
+        """A connection refused as it arrives, after its ERROR: our side ends with a FIN, so
+        that the error reaches the client (a close with its handshake unread here would
+        reset the connection, and the error with it).  What it sends meanwhile is dropped;
+        the connection goes when the client closes it, or after HANDSHAKE_TIMEOUT."""
+        self.closed = True
+        assert self.transport is not None
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self._handshake_timer = self.w.loop.call_later(options.HANDSHAKE_TIMEOUT, self.transport.abort)
+        else:
+            self.transport.close()
+
     def _no_handshake(self) -> None:
         if not self.ready:
             self.send_error(0, Status.PROTOCOL_ERROR, "no handshake")
             self.close()
 
     def data_received(self, data: bytes) -> None:
+        if self.closed:  # refused (``_refuse``): what comes is dropped
+            return
         try:
             frames = self.decoder.feed(data)
         except ProtocolError as e:
@@ -525,6 +541,8 @@ class Connection(asyncio.Protocol):
             self.transport.write(b"".join(out))
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
         self.close()
 
     # A client that does not read its replies stops being read from until it does:

@@ -86,6 +86,7 @@ class TcpBroker(Broker):
         self._rbuf = bytearray(RECV_SIZE)  # reused by every read: no allocation per recv
         self._rview = memoryview(self._rbuf)
         self._closed = False
+        self._close_reason = ""  # what the broker said before it closed the connection
         self.nowait_errors: deque[ShmqError] = deque(maxlen=100)  # the latest errors of unwaited acks
         try:
             self._sock = socket.create_connection((self._host, self._port), timeout=connect_timeout)
@@ -125,11 +126,14 @@ class TcpBroker(Broker):
             raise ConnectionLost(f"connection to {self.url} lost: {e}") from None
         if not n:
             self._closed = True
-            raise ConnectionLost(f"connection to {self.url} closed by the broker")
+            raise ConnectionLost(f"connection to {self.url} closed by the broker{self._close_reason}")
         for f in self._decoder.feed(self._rview[:n]):
             if f.msg_id == NO_REPLY_ID:  # an ACK_NO_REPLY or ACK_BATCH_NO_REPLY failed
                 if f.type == T.ERROR:
                     self.nowait_errors.append(error_of(f))
+                continue
+            if f.msg_id == 0 and f.type == T.ERROR:  # about the connection: it closes next
+                self._close_reason = f": {decode_body(T.ERROR, f.body)['message']}"
                 continue
             self._inbox.setdefault(f.msg_id, deque()).append(f)
 

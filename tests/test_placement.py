@@ -277,6 +277,29 @@ def test_a_killed_worker_is_handed_nothing_and_its_successor_takes_connections_a
             c.close()
 
 
+def test_a_connection_is_not_handed_to_a_full_worker() -> None:
+    """Worker 1 holds its limit of connections: one more asking for it is served where it
+    landed (worker 0), or refused by worker 1 if that is where it landed, never lost."""
+    srv = Server(workers=2, extra=["--max-connections", "2"])
+    key = _key(1, 2)
+    full = [shmq.connect(srv.url, affinity=key) for _ in range(2)]
+    try:
+        assert [b.worker for b in full] == [1, 1]
+        for _ in range(8):
+            try:
+                b = shmq.connect(srv.url, affinity=key)
+            except shmq.ConnectionLost as e:  # it landed on worker 1, which is full and says so
+                assert "worker 1 holds 2 connections already" in str(e)
+                continue
+            assert b.worker == 0
+            assert b.list_queues() == []  # and it is served
+            b.close()
+    finally:
+        for b in full:
+            b.close()
+        assert srv.stop() == 0
+
+
 def test_the_handshake_answer_names_the_serving_worker(two_workers: Server) -> None:
     srv = two_workers
     hold = shmq.connect(srv.url)
