@@ -76,7 +76,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import itertools
 import multiprocessing as mp
 import os
 import platform
@@ -88,7 +87,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import zlib
 from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -99,6 +97,7 @@ import common
 from common import BATCH, SHMQ, WORKLOAD_LABELS, Out, TrialError, fmt_ratio, fmt_us, median, ratio
 
 import shmq
+from server.placement import affinity_for
 
 try:
     import redis
@@ -698,12 +697,8 @@ class Bench:
 
 
 def worker_key(worker: int, workers: int) -> str:
-    """An affinity that a broker of ``workers`` workers serves on ``worker`` (it serves an
-    affinity on worker crc32(affinity) % workers: server/placement.py)."""
-    if workers < 2:
-        return ""
-    return next(k for k in (f"w{worker}.{j}" for j in itertools.count())
-                if zlib.crc32(k.encode()) % workers == worker)
+    """An affinity that the broker serves on ``worker`` ("" with one worker)."""
+    return affinity_for(worker, workers) if workers > 1 else ""
 
 
 def placement(name: str, workers: int) -> tuple[tuple[str, str], tuple[str, str]]:

@@ -94,6 +94,15 @@ def choose(counts: list[int], me: int, affinity: str) -> int:
     return best if counts[best] + 1 < counts[me] else me
 
 
+def affinity_for(worker: int, workers: int) -> str:
+    """An affinity that a broker of ``workers`` workers serves on ``worker`` (for tests and
+    benchmarks that want a client on a given worker)."""
+    j = 0
+    while zlib.crc32(f"w{worker}.{j}".encode()) % workers != worker:
+        j += 1
+    return f"w{worker}.{j}"
+
+
 class Handoff:
     """A worker's end: receives the connections handed to it, sends the ones it hands on."""
 

@@ -13,6 +13,10 @@ and a 50 ms tick (lease expiry, nack delays, room freed by others).
 
 Leases are per connection: a connection that closes, or dies, gives its
 unacknowledged messages back at once.
+
+The worker that accepts a connection need not be the one that serves it: once its
+HANDSHAKE is read, it may be handed to another worker (``server.placement``: the
+fewest connections, or the worker of its affinity).
 """
 
 from __future__ import annotations
@@ -268,8 +272,8 @@ class Worker:
     async def _adopt(self, sock: socket.socket, preface: bytes) -> None:
         try:
             await self.loop.connect_accepted_socket(lambda: Connection(self, preface), sock)
-        except OSError:
-            sock.close()  # the client went meanwhile
+        except (OSError, ValueError):  # the client went meanwhile, or it is no stream socket
+            sock.close()
 
     def _on_bell(self) -> None:
         assert self.bell is not None
@@ -451,6 +455,7 @@ class Connection(asyncio.Protocol):
         assert self.transport is not None
         if self.transport.can_write_eof():
             self.transport.write_eof()
+            # (the handshake timer's slot: connection_lost cancels it)
             self._handshake_timer = self.w.loop.call_later(options.HANDSHAKE_TIMEOUT, self.transport.abort)
         else:
             self.transport.close()

@@ -53,7 +53,10 @@ def connect(url: str = "shm://default", token: str | None = None, **kwargs: Any)
 
     ``shm://NAME`` attaches the shared memory of instance NAME on this host
     (creating it when absent; ``token`` is not needed there).  ``tcp://HOST:PORT``
-    talks to ``shmq serve``, presenting ``token`` (default ``$SHMQ_TOKEN``).
+    talks to ``shmq serve``, presenting ``token`` (default ``$SHMQ_TOKEN``); its other
+    keywords are ``connect_timeout``, ``client`` (a name for the broker's logs) and
+    ``affinity`` (connections with the same affinity are served by one broker worker:
+    docs/operations.md, "Which worker serves a connection").
     """
     if url.startswith("shm://"):
         from .shm import ShmBroker

@@ -13,7 +13,7 @@ import pytest
 
 import shmq
 import shmq.aio
-from server.placement import MAX_PREFACE, Counts, Handoff, address, choose
+from server.placement import MAX_PREFACE, Counts, Handoff, address, affinity_for, choose
 from shmq.codec import FrameDecoder, T, decode_body, encode_body, encode_frame
 
 from .conftest import Server, wait_until
@@ -22,11 +22,9 @@ CTX = mp.get_context("fork")
 
 
 def _key(worker: int, workers: int) -> str:
-    """An affinity the broker serves on ``worker``."""
-    j = 0
-    while zlib.crc32(f"k{j}".encode()) % workers != worker:
-        j += 1
-    return f"k{j}"
+    key = affinity_for(worker, workers)
+    assert zlib.crc32(key.encode()) % workers == worker
+    return key
 
 
 # ---------------------------------------------------------------- the rule
