@@ -8,6 +8,7 @@ import multiprocessing as mp
 import os
 import socket
 import zlib
+from collections.abc import Iterator
 
 import pytest
 
@@ -144,7 +145,7 @@ def test_the_count_table_is_shared_with_forked_workers() -> None:
 
 # ---------------------------------------------------------------- a real broker
 @pytest.fixture()
-def two_workers() -> Server:
+def two_workers() -> Iterator[Server]:
     srv = Server(workers=2)
     yield srv
     assert srv.stop() == 0
