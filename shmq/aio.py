@@ -143,8 +143,8 @@ class AsyncBroker:
         self._send_frame(frame(type_, msg_id, **fields))
 
     def _send_frame(self, data: bytes) -> None:
-        """Send a frame whose answer nobody awaits (ACK_NO_REPLY and the like: a failure
-        lands in ``nowait_errors``)."""
+        """Write a frame already made: a request (``_send``), or an unwaited ack (ACK_NO_REPLY
+        and the like, whose failure lands in ``nowait_errors``)."""
         if self._gone():
             raise self._lost()
         self._writer.write(data)
@@ -206,7 +206,7 @@ class AsyncBroker:
                        deliveries=r[1], delay_ms=0)
 
     def _dispatch(self, f: Frame) -> None:
-        if f.msg_id == NO_REPLY_ID:  # an ACK_NO_REPLY or ACK_BATCH_NO_REPLY failed
+        if f.msg_id == NO_REPLY_ID:  # an unwaited ack (ACK_NO_REPLY, ACK_*_NO_REPLY) failed
             if f.type == T.ERROR:
                 self.nowait_errors.append(error_of(f))
             return
@@ -223,7 +223,7 @@ class AsyncBroker:
         if where is not None:
             self._give_back(where, f)
         elif f.msg_id == 0 and f.type == T.ERROR:  # about the connection: it closes next
-            self._close_reason = f"closed by the broker: {decode_body(T.ERROR, f.body)['message']}"
+            self._close_reason = f"closed by the broker: {error_of(f)}"
         # else: the answer to a NACK of _give_back, or a CREDIT-less push after UNSUBSCRIBE_OK
 
     async def _read_loop(self) -> None:

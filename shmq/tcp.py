@@ -128,12 +128,12 @@ class TcpBroker(Broker):
             self._closed = True
             raise ConnectionLost(f"connection to {self.url} closed by the broker{self._close_reason}")
         for f in self._decoder.feed(self._rview[:n]):
-            if f.msg_id == NO_REPLY_ID:  # an ACK_NO_REPLY or ACK_BATCH_NO_REPLY failed
+            if f.msg_id == NO_REPLY_ID:  # an unwaited ack (ACK_NO_REPLY, ACK_*_NO_REPLY) failed
                 if f.type == T.ERROR:
                     self.nowait_errors.append(error_of(f))
                 continue
             if f.msg_id == 0 and f.type == T.ERROR:  # about the connection: it closes next
-                self._close_reason = f": {decode_body(T.ERROR, f.body)['message']}"
+                self._close_reason = f": {error_of(f)}"
                 continue
             self._inbox.setdefault(f.msg_id, deque()).append(f)
 
@@ -178,8 +178,8 @@ class TcpBroker(Broker):
 
     def _send_no_reply(self, data: bytes) -> None:
         """Send a request frame (message id NO_REPLY_ID) that is answered only if it fails
-        (ACK_NO_REPLY, ACK_BATCH_NO_REPLY; the reader keeps such errors in
-        ``nowait_errors``).  The kernel may hold the frame back (``MSG_MORE``) until this
+        (ACK_NO_REPLY, ACK_BATCH_NO_REPLY, ACK_RANGE_NO_REPLY; the reader keeps such errors
+        in ``nowait_errors``).  The kernel may hold the frame back (``MSG_MORE``) until this
         connection's next request, its close, or its cork timer (about 200 ms on Linux),
         whichever comes first: the next request then carries it in the same segment, and
         the broker reads both at once and applies them in order."""

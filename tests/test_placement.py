@@ -49,56 +49,65 @@ def test_choose_maps_an_affinity_to_one_worker_whoever_accepted() -> None:
 
 
 # ---------------------------------------------------------------- the handoff socket
-def _pair() -> tuple[socket.socket, socket.socket]:
-    return socket.socketpair()
+@pytest.fixture()
+def uid() -> int:
+    """A fresh instance uid: the handoff addresses of these tests are nobody else's."""
+    return int.from_bytes(os.urandom(8), "little")
 
 
-def test_a_handed_socket_arrives_with_its_bytes_and_still_talks() -> None:
-    uid = int.from_bytes(os.urandom(8), "little")
+@pytest.fixture()
+def workers_0_1(uid: int) -> Iterator[tuple[Handoff, Handoff]]:
     a, b = Handoff(uid, 0), Handoff(uid, 1)
-    mine, theirs = _pair()
-    try:
-        assert a.send(1, mine.fileno(), b"hello")
-        mine.close()  # ours to close: the kernel passed a duplicate
-        (got, preface), = b.receive()
-        assert preface == b"hello"
-        got.sendall(b"ping")
-        assert theirs.recv(4) == b"ping"
-        got.close()
-        assert b.receive() == []
-    finally:
-        theirs.close()
-        a.close()
-        b.close()
+    yield a, b
+    a.close()
+    b.close()
 
 
-def test_a_handoff_to_nobody_or_too_long_fails_and_keeps_nothing() -> None:
-    uid = int.from_bytes(os.urandom(8), "little")
-    a = Handoff(uid, 0)
-    mine, theirs = _pair()
-    try:
-        assert not a.send(5, mine.fileno(), b"x")  # no worker 5 is listening
-        b = Handoff(uid, 5)
-        assert not a.send(5, mine.fileno(), b"x" * (MAX_PREFACE + 1))
-        assert b.receive() == []
-        b.close()
-        mine.sendall(b"still mine")
-        assert theirs.recv(10) == b"still mine"
-    finally:
-        mine.close()
-        theirs.close()
-        a.close()
+@pytest.fixture()
+def pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """A connected pair: the first end is the one handed over (closing it twice is fine)."""
+    mine, theirs = socket.socketpair()
+    yield mine, theirs
+    mine.close()
+    theirs.close()
 
 
-def test_a_datagram_without_exactly_one_socket_is_dropped_and_its_descriptors_closed() -> None:
-    uid = int.from_bytes(os.urandom(8), "little")
-    b = Handoff(uid, 0)
+def test_a_handed_socket_arrives_with_its_bytes_and_still_talks(
+        workers_0_1: tuple[Handoff, Handoff], pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = workers_0_1
+    mine, theirs = pair
+    assert a.send(1, mine.fileno(), b"hello")
+    mine.close()  # ours to close: the kernel passed a duplicate
+    (got, preface), = b.receive()
+    assert preface == b"hello"
+    got.sendall(b"ping")
+    assert theirs.recv(4) == b"ping"
+    got.close()
+    assert b.receive() == []
+
+
+def test_a_handoff_to_nobody_or_too_long_fails_and_keeps_nothing(
+        uid: int, workers_0_1: tuple[Handoff, Handoff], pair: tuple[socket.socket, socket.socket]) -> None:
+    a, _ = workers_0_1
+    mine, theirs = pair
+    assert not a.send(5, mine.fileno(), b"x")  # no worker 5 is listening
+    b = Handoff(uid, 5)
+    assert not a.send(5, mine.fileno(), b"x" * (MAX_PREFACE + 1))
+    assert b.receive() == []
+    b.close()
+    mine.sendall(b"still mine")
+    assert theirs.recv(10) == b"still mine"
+
+
+def test_a_datagram_without_exactly_one_socket_is_dropped_and_its_descriptors_closed(
+        uid: int, workers_0_1: tuple[Handoff, Handoff]) -> None:
+    _, b = workers_0_1
     stranger = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    x1, y1 = _pair()
-    x2, y2 = _pair()
+    x1, y1 = socket.socketpair()
+    x2, y2 = socket.socketpair()
     try:
-        stranger.sendto(b"no descriptor", address(uid, 0))
-        stranger.connect(address(uid, 0))
+        stranger.sendto(b"no descriptor", address(uid, 1))
+        stranger.connect(address(uid, 1))
         socket.send_fds(stranger, [b"two"], [x1.fileno(), x2.fileno()])
         x1.close()
         x2.close()
@@ -108,26 +117,20 @@ def test_a_datagram_without_exactly_one_socket_is_dropped_and_its_descriptors_cl
     finally:
         for s in (stranger, y1, y2):
             s.close()
-        b.close()
 
 
-def test_a_socket_from_another_user_is_refused_and_closed() -> None:
+def test_a_socket_from_another_user_is_refused_and_closed(
+        workers_0_1: tuple[Handoff, Handoff], pair: tuple[socket.socket, socket.socket]) -> None:
     """The kernel stamps each datagram with its sender's credentials (SCM_CREDENTIALS): a
     worker takes sockets only from its own user's processes.  (Here the receiver is told
     its user is another one, so that no second user is needed to send.)"""
-    uid = int.from_bytes(os.urandom(8), "little")
-    a, b = Handoff(uid, 0), Handoff(uid, 1)
+    a, b = workers_0_1
     b.user = os.getuid() + 1
-    mine, theirs = _pair()
-    try:
-        assert a.send(1, mine.fileno(), b"hello")
-        mine.close()
-        assert b.receive() == []
-        assert theirs.recv(1) == b""  # the descriptor that came was closed: nobody holds it now
-    finally:
-        theirs.close()
-        a.close()
-        b.close()
+    mine, theirs = pair
+    assert a.send(1, mine.fileno(), b"hello")
+    mine.close()
+    assert b.receive() == []
+    assert theirs.recv(1) == b""  # the descriptor that came was closed: nobody holds it now
 
 
 def test_the_count_table_is_shared_with_forked_workers() -> None:
