@@ -26,14 +26,16 @@ parent only coordinates); payloads are 100 B.  Workloads:
    ``batch-nowait``: the same with shmq's ``ack_many(msgs, wait=False)`` (one
    ACK_BATCH_NO_REPLY frame, sent with the next ``get_many``) and the Streams
    consumer pipelining its XACK with the next XREADGROUP; Redis lists as in ``batch``.
-   ``batch-push``: shmq's consumer subscribes (push mode, ``q.subscribe(credit=200)``:
-   the broker pushes what is ready in batches, without a request per batch) and acks
-   each 100 with ``ack_many(msgs, wait=False)``; the producer and the Redis consumers
-   as in ``batch-nowait``.
+   ``batch-push``: shmq's consumer subscribes (push mode, ``q.subscribe(credit=1000)``,
+   ``--credit``: the broker pushes what is ready in batches, without a request per
+   batch, up to the credit ahead, as a RabbitMQ consumer's prefetch or a JetStream
+   consumer's max_ack_pending lets its broker) and acks each 100 with
+   ``ack_many(msgs, wait=False)``; the producer and the Redis consumers as in
+   ``batch-nowait``.
    ``single-push`` ("1 / call, push"): one message per call in push mode, the way a
-   RabbitMQ consumer with a prefetch works: shmq's consumer subscribes with a credit of
-   200 and acks every message with ``msg.ack()``, waiting for each answer; the producer
-   and the Redis consumers as in ``single``.
+   RabbitMQ consumer with a prefetch works: shmq's consumer subscribes with the same
+   credit and acks every message with ``msg.ack()``, waiting for each answer; the
+   producer and the Redis consumers as in ``single``.
 3. ``ping-pong``: round-trip latency over two queues (ping, pong): A puts on
    ping and waits on pong, B gets ping, puts the payload on pong, then acks ping
    (an at-least-once pipeline acks its input once the output is stored).  A round trip
@@ -216,7 +218,7 @@ def _producer(system: str, handle: Handle, n: int, size: int, batch: int, ready:
 
 def _consumer(system: str, handle: Handle, n: int, batch: int, size: int, ready: Any, start: Any,
               result: Any, workers: Any, nowait: bool = False, affinity: str = "",
-              push: bool = False) -> None:
+              push: bool = False, credit: int = common.PUSH_CREDIT) -> None:
     c = _Client(system, handle, affinity)
     try:
         workers[1] = c.worker
@@ -224,7 +226,7 @@ def _consumer(system: str, handle: Handle, n: int, batch: int, size: int, ready:
         got = 0
         last: Any = None
         if system == SHMQ:
-            got, last = common.shmq_consume(c.q, n, batch, nowait, push)
+            got, last = common.shmq_consume(c.q, n, batch, nowait, push, credit)
         elif system == RLIST:
             key = c.key
             if batch == 1:
@@ -589,6 +591,7 @@ class Bench:
     timeout: float
     place: tuple[str, str] = ("", "")  # shmq affinities of (producer, consumer)
     ping_place: tuple[str, str] = ("", "")  # and of (pinger, ponger)
+    credit: int = common.PUSH_CREDIT  # the push workloads' subscribe credit
 
     # ------------------------------------------------------------ per-run setup
     def _setup(self, system: str, names: Sequence[str], server: ShmqServer | None = None) -> list[Handle]:
@@ -625,7 +628,8 @@ class Bench:
         (handle,) = self._setup(system, ("bench",))
         try:
             cons = self.children.start(f"{system}-consumer", _consumer, system, handle, n, batch, SIZE,
-                                       ready, start, result, workers, nowait, self.place[1], push)
+                                       ready, start, result, workers, nowait, self.place[1], push,
+                                       self.credit)
             prod = self.children.start(f"{system}-producer", _producer, system, handle, n, SIZE, batch,
                                        ready, start, workers, self.place[0])
             self.children.wait([cons, prod], self.timeout)
@@ -752,6 +756,8 @@ def _switches(p: argparse.ArgumentParser) -> None:
                         "the broker balances the throughput clients across workers, and the ping-pong "
                         "pair shares one affinity, so one worker), 'split' (workers 0 and 1), 'shared' "
                         "(both on worker 0); the clients ask with an affinity that maps there")
+    p.add_argument("--credit", type=int, default=common.PUSH_CREDIT,
+                   help=f"the push workloads' subscribe credit (prefetch; default {common.PUSH_CREDIT})")
     p.add_argument("--no-spread", action="store_true",
                    help="scaling: let the broker balance the 4 clients (by default producer i and "
                         "consumer i ask for worker i %% 2 with an affinity)")
@@ -763,8 +769,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                    after_json=_switches,
                                    n_help="messages per one-at-a-time run (also the scaling runs' total); "
                                           "batched runs move 4 * n.  Default 50000, or 5000 with --quick")
-    if a.n < BATCH or a.rounds < 1 or a.pings < 1 or a.workers < 1:
-        p.error(f"--n must be >= {BATCH}, --rounds, --pings and --workers >= 1")
+    if a.n < BATCH or a.rounds < 1 or a.pings < 1 or a.workers < 1 or a.credit < 1:
+        p.error(f"--n must be >= {BATCH}, --rounds, --pings, --workers and --credit >= 1")
     return a
 
 
@@ -849,6 +855,8 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str],
                f"consumer; shmq over TCP with {args.workers} worker(s), acks every message; "
                "nowait: shmq's ack(wait=False) (no round trip of its own, applied in order before the "
                "connection's next request), Redis Streams' XACK pipelined with the next XREADGROUP")
+    if PUSH & set(args.workloads):
+        caption += f"; push: q.subscribe(credit={args.credit})"
     if RLIST in systems:
         caption += ("\nredis-lists: LPUSH / BRPOP, no ack exists (the pop removes the message); batched: "
                     f"one LPUSH of {BATCH} values, pipelined BRPOP + RPOP count {BATCH - 1}")
@@ -941,6 +949,8 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str],
         target_json.append(_ping_target(out, variant, m50.get((variant, SHMQ)), m50.get((variant, RLIST)),
                                         RLIST in systems))
     s50 = m50.get(("ping-pong", SHMQ))
+    s50_text = ("n/a" if ("ping-pong", SHMQ) not in res.p50 else "failed" if s50 is None
+                else f"{fmt_us(s50)} us")
     out.line(f"  reference quoted for this 2-core machine: Redis ~{REF_REDIS_SINGLE / 1000:g}k msgs/s one "
              f"at a time, {REF_REDIS_BATCH / 1000:g}k pipelined in batches of {BATCH} (lists and Streams "
              f"alike), ping-pong {REF_REDIS_PING_P50_US:g}/{REF_REDIS_PING_P99_US:g} us; RabbitMQ via pika "
@@ -948,8 +958,9 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str],
     out.line(f"  shmq measured here against those figures: one at a time "
              f"{fmt_ratio(ratio(med.get(('single', SHMQ)), REF_REDIS_SINGLE))} of Redis, "
              f"{fmt_ratio(ratio(med.get(('single', SHMQ)), REF_RABBIT_SINGLE))} of RabbitMQ; batched "
-             f"{fmt_ratio(ratio(med.get(('batch', SHMQ)), REF_REDIS_BATCH))}; ping-pong p50 {fmt_us(s50)} us "
-             f"vs {REF_REDIS_PING_P50_US:g}", style="dim")
+             f"{fmt_ratio(ratio(med.get(('batch', SHMQ)), REF_REDIS_BATCH))}; ping-pong p50 "
+             f"{s50_text} vs {REF_REDIS_PING_P50_US:g}",
+             style="dim")
     if res.scaling:
         out.line(f"  worker scaling (no target): 2 workers / 1 worker = {fmt_ratio(scale_ratio)} "
                  f"on {os.cpu_count()} CPUs", style="dim")
@@ -958,6 +969,7 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str],
         "config": {"n_single": res.counts.get("single"), "n_batch": res.counts.get("batch"),
                    "n_scaling": res.counts.get("scaling"), "rounds": args.rounds, "pings": args.pings,
                    "batch": BATCH, "size": SIZE, "workers": args.workers, "start_method": args.start_method,
+                   "push_credit": args.credit,
                    "systems": systems, "python": sys.version, "platform": platform.platform(),
                    "cpus": os.cpu_count(), "shmq_version": getattr(shmq, "__version__", "?"),
                    "redis_server_version": redis_version,
@@ -1057,7 +1069,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  f"{messages_for(args.n, BATCH)} batched, {args.rounds} round(s), {args.pings} pings",
                  style="bold")
         bench = Bench(ctx, children, servers, args.workers, rserver, args.timeout,
-                      *placement(args.placement, args.workers))
+                      *placement(args.placement, args.workers), credit=args.credit)
         res = run(args, out, bench, systems)
         data = report(args, out, res, systems, rserver.version if rserver else None)
         if args.json:

@@ -37,7 +37,7 @@ except ImportError:
 
 SHMQ = "shmq"
 BATCH = 100
-PUSH_CREDIT = 2 * BATCH  # push-mode consumers' credit: messages the broker may send ahead of their acks
+PUSH_CREDIT = 10 * BATCH  # push-mode consumers' credit (prefetch): messages the broker may send ahead
 WORKLOADS = {"single": 1, "batch": BATCH}
 WORKLOAD_LABELS = {"single": "1 msg / call", "batch": f"batch of {BATCH}"}
 
@@ -113,13 +113,14 @@ def shmq_produce(q: Any, payload: bytes, n: int, batch: int) -> None:
             put_many(chunk)
 
 
-def shmq_consume(q: Any, n: int, batch: int, nowait: bool = False, push: bool = False) -> tuple[int, bytes]:
+def shmq_consume(q: Any, n: int, batch: int, nowait: bool = False, push: bool = False,
+                 credit: int = PUSH_CREDIT) -> tuple[int, bytes]:
     """Get and ack ``n`` messages from the shmq queue ``q``, ``batch`` per call: the count and
     the last payload.  ``nowait``: ``ack(wait=False)`` (no round trip of its own).  ``push``:
-    subscribe (a credit of ``PUSH_CREDIT``) and ack each ``batch`` messages as one (one
-    message: ``msg.ack``)."""
+    subscribe (with ``credit``) and ack each ``batch`` messages as one (one message:
+    ``msg.ack``)."""
     if push:
-        return _shmq_consume_pushed(q, n, batch, not nowait)
+        return _shmq_consume_pushed(q, n, batch, not nowait, credit)
     if batch == 1:
         get, wait = q.get, not nowait
         for _ in range(n):
@@ -135,8 +136,8 @@ def shmq_consume(q: Any, n: int, batch: int, nowait: bool = False, push: bool = 
     return got, msgs[-1].payload
 
 
-def _shmq_consume_pushed(q: Any, n: int, batch: int, wait: bool) -> tuple[int, bytes]:
-    sub = q.subscribe(credit=PUSH_CREDIT)
+def _shmq_consume_pushed(q: Any, n: int, batch: int, wait: bool, credit: int) -> tuple[int, bytes]:
+    sub = q.subscribe(credit=credit)
     ack_many = q.ack_many
     got = 0
     msgs: list[Any] = []

@@ -369,6 +369,16 @@ class Worker:
                     ready.append((conn, done))
             self.loop.call_soon_threadsafe(_release, ready, err)
 
+    def drop_sub(self, s: Subscription) -> None:
+        """A subscription ended (unsubscribed, or its connection closed).  The queue's entry
+        goes with its last subscription: the tick flags every queue in ``subs``, and a
+        stale empty entry would keep this worker rung by every put there for good."""
+        lst = self.subs.get(s.queue)
+        if lst is not None and s in lst:
+            lst.remove(s)
+            if not lst:
+                del self.subs[s.queue]
+
     def park(self, name: str, waiter: Waiter) -> None:
         self.waiters.setdefault(name, []).append(waiter)
         self._flag(name)
@@ -570,9 +580,7 @@ class Connection(asyncio.Protocol):
         self.w.connections.discard(self)
         self.w.count_changed()
         for s in self.subs.values():
-            lst = self.w.subs.get(s.queue)
-            if lst and s in lst:
-                lst.remove(s)
+            self.w.drop_sub(s)
         self.give_back()
         if self.transport is not None:
             self.transport.close()
@@ -1013,9 +1021,7 @@ class Connection(asyncio.Protocol):
     def unsubscribe(self, f: Frame, d: dict[str, Any]) -> None:
         s = self.subs.pop(d["subscription"], None)
         if s is not None:
-            lst = self.w.subs.get(s.queue)
-            if lst and s in lst:
-                lst.remove(s)
+            self.w.drop_sub(s)
         self.reply(f, T.UNSUBSCRIBE_OK)
 
 

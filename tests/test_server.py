@@ -128,6 +128,31 @@ def test_a_parked_get_flags_its_worker_and_a_colocated_put_rings_it(server: Serv
         local.close()
 
 
+def test_a_subscription_flags_its_worker_until_it_ends(server: Server) -> None:
+    """A push subscription sets its worker's bell flag on the queue; once it is
+    unsubscribed, and once its connection is closed, the flag is cleared (after
+    FLAG_GRACE): a worker nobody waits on is not rung by every put there."""
+    local = ShmBroker(server.instance)
+    try:
+        local.create_queue("subbell")
+        lq = local.queue("subbell")
+        for how in ("unsubscribe", "close"):
+            tcp = shmq.connect(server.url)
+            sub = tcp.queue("subbell").subscribe(credit=5)
+            lq.put(how.encode())
+            msg = next(sub)
+            assert msg.payload == how.encode()
+            msg.ack()
+            assert _bells(lq)[tcp.worker] == 1
+            if how == "unsubscribe":
+                sub.close()
+            tcp.close()
+            wait_until(lambda: _bells(lq) == bytes(64), timeout=5)
+    finally:
+        local.delete_queue("subbell")
+        local.close()
+
+
 def test_worker_flags_a_queue_deleted_and_created_again(server: Server) -> None:
     """A worker's bell flag follows a queue name to a new queue of that name while a
     request stays parked on the name.  (Without it, wake-ups for the new queue would
