@@ -145,9 +145,11 @@ def test_a_subscription_flags_its_worker_until_it_ends(server: Server) -> None:
             msg.ack()
             assert _bells(lq)[tcp.worker] == 1
             if how == "unsubscribe":
-                sub.close()
-            tcp.close()
+                sub.close()  # the connection stays open
+            else:
+                tcp.close()
             wait_until(lambda: _bells(lq) == bytes(64), timeout=5)
+            tcp.close()
     finally:
         local.delete_queue("subbell")
         local.close()
