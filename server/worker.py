@@ -574,11 +574,7 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         self._flush()  # the replies to the frames before the one that closes
-        self.closed = True
-        if self._handshake_timer is not None:
-            self._handshake_timer.cancel()
-        self.w.connections.discard(self)
-        self.w.count_changed()
+        self._forget()
         for s in self.subs.values():
             self.w.drop_sub(s)
         self.give_back()
@@ -588,13 +584,17 @@ class Connection(asyncio.Protocol):
     def leave(self) -> None:
         """Handed to another worker (``Worker.place``): forgotten here without a word to the
         client, whose socket lives on there.  It holds nothing yet (only its HANDSHAKE came)."""
+        self._forget()
+        if self.transport is not None:
+            self.transport.abort()  # closes our descriptor only: the one in flight keeps the connection
+
+    def _forget(self) -> None:
+        """No longer this worker's: closed, its timer stopped, out of the count."""
         self.closed = True
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
         self.w.connections.discard(self)
         self.w.count_changed()
-        if self.transport is not None:
-            self.transport.abort()  # closes our descriptor only: the one in flight keeps the connection
 
     def give_back(self) -> None:
         """Return every lease this connection holds to its queue, at once."""

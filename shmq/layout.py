@@ -254,15 +254,15 @@ MAX_OWNER = OWNER_MASK  # client slots are 0 .. MAX_OWNER - 1; MAX_OWNER means "
 NO_OWNER = OWNER_MASK
 
 
+GI_BITS = 6  # group indexes are 0 .. options.MAX_GROUPS_LIMIT - 1
+GI_MASK = (1 << GI_BITS) - 1
+
+
 def group_ref(gi: int, serial: int) -> int:
     """What a Message holds for its group: the index and the incarnation (G_SERIAL).
     A group deleted and created again at the same index has a new serial, so a lease
     of the old one never settles a delivery of the new one."""
     return gi | (serial << GI_BITS)
-
-
-GI_BITS = 6  # group indexes are 0 .. options.MAX_GROUPS_LIMIT - 1
-GI_MASK = (1 << GI_BITS) - 1
 
 
 def lease_word(state: int, deliveries: int, owner: int, time_ms: int) -> int:
