@@ -54,6 +54,7 @@ from .tcp import (
     ack_batch_nowait_frames,
     ack_nowait_frame,
     batch_acks,
+    own_leases,
     parse_tcp_url,
     produce_request,
 )
@@ -425,17 +426,18 @@ class AsyncQueue:
         """Ack many leases: one ACK_RANGE when they are one run, else one ACK_BATCH per group
         (pipelined; ``shmq.tcp.batch_acks``).  Raises StaleAck, with ``.stale`` the offsets, if
         some were stale; the others are applied.  ``wait=False``: the NO_REPLY kinds, not
-        waited for (stale ones are reported in ``broker.nowait_errors``)."""
-        msgs = list(messages)
+        waited for (stale ones are reported in ``broker.nowait_errors``).  A message of
+        another queue is stale here, raised at once (``shmq.tcp.own_leases``)."""
+        msgs, stale, total = own_leases(self, messages)
         if not wait:
             for data in ack_batch_nowait_frames(self.name, msgs):
                 self._b._send_frame(data)
-            return
-        replies = await asyncio.gather(*(self._b._request(kind, T.ACK_BATCH_OK, queue=self.name, **fields)
-                                         for kind, fields in batch_acks(msgs)))
-        stale = [off for r in replies for off in r["stale"]]
+        else:
+            replies = await asyncio.gather(*(self._b._request(kind, T.ACK_BATCH_OK, queue=self.name, **fields)
+                                             for kind, fields in batch_acks(msgs)))
+            stale += [off for r in replies for off in r["stale"]]
         if stale:
-            raise StaleAck.of_batch(stale, len(msgs))
+            raise StaleAck.of_batch(stale, total)
 
     def _ack_nowait(self, msg: Message) -> None:
         self._b._send_frame(ack_nowait_frame(self.name.encode(), msg))

@@ -163,7 +163,9 @@ class Queue(ABC):
         offsets) if some leases were no longer held; the others are applied.
         ``wait=False``: as ``Message.ack(wait=False)``, for the whole batch (over TCP one
         ACK_BATCH_NO_REPLY frame that rides with the next request; stale ones are reported
-        in ``broker.nowait_errors``, not raised)."""
+        in ``broker.nowait_errors``, not raised).  A message delivered from another queue
+        is stale here, raised at once on every transport: it never settles this queue's
+        delivery of the same offset."""
 
     @abstractmethod
     def read(self, offset: int, max_messages: int = 1) -> list[Message]: ...

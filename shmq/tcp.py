@@ -304,16 +304,15 @@ class TcpQueue(Queue):
         return [new(Message, (self, 0, group, o, dc, p, m, ts)) for o, dc, ts, m, p in recs]
 
     def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:
-        msgs = list(messages)
+        msgs, stale, total = own_leases(self, messages)
         if not wait:  # ACK_(BATCH|RANGE)_NO_REPLY, riding with the next request as ack(wait=False) does
             for data in ack_batch_nowait_frames(self.name, msgs):
                 self._b._send_no_reply(data)
-            return
-        stale: list[int] = []
-        for kind, fields in batch_acks(msgs):
-            stale += self._b._request(kind, T.ACK_BATCH_OK, queue=self.name, **fields)["stale"]
+        else:
+            for kind, fields in batch_acks(msgs):
+                stale += self._b._request(kind, T.ACK_BATCH_OK, queue=self.name, **fields)["stale"]
         if stale:
-            raise StaleAck.of_batch(stale, len(msgs))
+            raise StaleAck.of_batch(stale, total)
 
     def _ack_nowait(self, msg: Message) -> None:
         self._b._send_no_reply(ack_nowait_frame(self._qb, msg))
@@ -436,6 +435,22 @@ def ack_nowait_frame(queue: bytes, msg: Message) -> bytes:
     return settle_frame(T.ACK_NO_REPLY, NO_REPLY_ID, queue, str.encode(msg[2]), msg[3], msg[4])
 
 
+def own_leases(q: Any, messages: Iterable[Message]) -> tuple[list[Message], list[int], int]:
+    """Split ``ack_many``'s messages (both clients): those ``q`` may settle (delivered to a
+    handle of the same queue on the same connection), the offsets of the others (stale
+    here, known at once and never sent: the broker knows leases by queue, group, offset
+    and delivery count, so another queue's lease could match one of this queue's), and
+    how many there were."""
+    msgs = list(messages)
+    handles = set(map(_handle_of, msgs))  # the usual case: one, q itself, checked at C speed
+    if handles <= {q}:
+        return msgs, [], len(msgs)
+    b, name = q._b, q.name
+    mine = {h for h in handles if getattr(h, "_b", None) is b and h.name == name}
+    ours = [m for m in msgs if m[0] in mine]
+    return ours, [m[3] for m in msgs if m[0] not in mine], len(msgs)
+
+
 def ack_batch_nowait_frames(queue: str, msgs: list[Message]) -> list[bytes]:
     """The frames of ``ack_many(msgs, wait=False)`` (both clients): ``batch_acks``'
     requests as their NO_REPLY kinds."""
@@ -471,6 +486,7 @@ def settles_by_group(msgs: list[Message]) -> list[tuple[str, list[tuple[int, int
     return list(by_group.items())
 
 
+_handle_of = itemgetter(0)  # the queue handle it was delivered through
 _group_of = itemgetter(2)
 _offset_of = itemgetter(3)
 _dc_of = itemgetter(4)

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import queue as stdlib_queue
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -58,7 +59,8 @@ def run(main: Callable[[], Awaitable[Any]]) -> Any:
 
 
 def qname(request: pytest.FixtureRequest) -> str:
-    return "aio_" + request.node.name.removeprefix("test_")[:150]
+    """A queue name of the test's own (a parametrized test's id made a valid name)."""
+    return "aio_" + re.sub(r"[^A-Za-z0-9._-]", "_", request.node.name.removeprefix("test_"))[:150]
 
 
 @contextlib.asynccontextmanager
@@ -242,6 +244,31 @@ def test_stale_ack_after_nack(server: Server, request: pytest.FixtureRequest) ->
             again = await q.get(timeout=5)
             assert again.offset == m.offset and again.deliveries == 2
             await again.ack()
+
+    run(main)
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_ack_many_of_another_queues_message_settles_nothing_here(
+        server: Server, request: pytest.FixtureRequest, wait: bool) -> None:
+    """As the sync clients: a lease of queue A in queue B's ack_many is stale there, raised
+    at once, and B's delivery of the same offset, group and count stays leased."""
+    async def main() -> None:
+        async with fresh_queue(server, qname(request) + "a") as (b, qa), \
+                   fresh_queue(server, qname(request) + "b") as (_, qb):
+            qb_here = b.queue(qb.name)  # the same connection as qa's messages
+            await qa.put_many([b"a0", b"a1"])
+            await qb_here.put_many([b"b0", b"b1"])
+            ma, mb = await qa.get_many(2, timeout=5), await qb_here.get_many(2, timeout=5)
+            assert [(m.offset, m.deliveries) for m in ma] == [(m.offset, m.deliveries) for m in mb]
+            with pytest.raises(shmq.StaleAck) as e:
+                await qb_here.ack_many([ma[0], mb[1]], wait=wait)
+            assert e.value.stale == [0]  # type: ignore[attr-defined]
+            st = (await qb_here.stats())["groups"]["default"]
+            assert (st["acked"], st["in_flight"]) == (1, 1)
+            await mb[0].ack()
+            await qa.ack_many(ma)
+            assert not b.nowait_errors
 
     run(main)
 

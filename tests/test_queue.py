@@ -827,6 +827,27 @@ def test_stale_ack_many_without_waiting_applies_the_rest(broker: shmq.Broker) ->
     assert q.stats()["groups"]["default"]["acked"] == 3
 
 
+@pytest.mark.parametrize("wait", [True, False])
+def test_ack_many_of_another_queues_message_settles_nothing_here(broker: shmq.Broker, wait: bool) -> None:
+    """A lease of queue A handed to queue B's ack_many is stale there (known at once, even
+    unwaited): it must not settle B's delivery that has the same offset, group and count."""
+    a = broker.create_queue("ackhome")
+    b = broker.create_queue("ackaway")
+    a.put_many([b"a0", b"a1"])
+    b.put_many([b"b0", b"b1"])
+    ma, mb = a.get_many(2, timeout=1), b.get_many(2, timeout=1)
+    assert [(m.offset, m.deliveries, m.group) for m in ma] == [(m.offset, m.deliveries, m.group) for m in mb]
+    with pytest.raises(shmq.StaleAck) as e:
+        b.ack_many([ma[0], mb[1]], wait=wait)  # the foreign one is refused, ours is applied
+    assert e.value.stale == [0]  # type: ignore[attr-defined]
+    st = b.stats()["groups"]["default"]
+    assert (st["acked"], st["in_flight"]) == (1, 1)
+    assert a.stats()["groups"]["default"]["in_flight"] == 2
+    broker.queue("ackaway").ack_many([mb[0]])  # both leases of offset 0 are still held; another
+    a.ack_many(ma)                              # handle of the same queue may settle them
+    assert not getattr(broker, "nowait_errors", [])
+
+
 def test_stale_ack_without_waiting_is_reported_where_it_can_be(broker: shmq.Broker) -> None:
     q = broker.create_queue("nowaitstale")
     q.put(b"a")
