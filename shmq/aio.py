@@ -33,7 +33,7 @@ from collections.abc import AsyncGenerator, Iterable, Sequence
 from typing import Any
 
 from . import options
-from .api import Message, Payload, QueueConfig, QueueInfo
+from .api import Message, Payload, QueueConfig, QueueInfo, own_leases
 from .codec import Frame, FrameDecoder, T, decode_body, error_of, frame
 from .errors import (
     AuthError,
@@ -54,7 +54,6 @@ from .tcp import (
     ack_batch_nowait_frames,
     ack_nowait_frame,
     batch_acks,
-    own_leases,
     parse_tcp_url,
     produce_request,
 )
@@ -427,7 +426,7 @@ class AsyncQueue:
         (pipelined; ``shmq.tcp.batch_acks``).  Raises StaleAck, with ``.stale`` the offsets, if
         some were stale; the others are applied.  ``wait=False``: the NO_REPLY kinds, not
         waited for (stale ones are reported in ``broker.nowait_errors``).  A message of
-        another queue is stale here, raised at once (``shmq.tcp.own_leases``)."""
+        another queue is stale here, raised at once (``shmq.api.own_leases``)."""
         msgs, stale, total = own_leases(self, messages)
         if not wait:
             for data in ack_batch_nowait_frames(self.name, msgs):

@@ -136,6 +136,27 @@ class Message(tuple):  # type: ignore[type-arg]
         return id(self)
 
 
+_handle_of = itemgetter(0)  # the queue handle a message was delivered through
+
+
+def own_leases(q: Any, messages: Iterable[Message]) -> tuple[list[Message], list[int], int]:
+    """Split ``ack_many``'s messages (every client): those ``q`` may settle, the offsets
+    of the others (stale here, known at once and never applied: a lease is known by
+    queue, group, offset and delivery count, so another queue's could match one of
+    ``q``'s), and how many there were.  ``q`` settles what was delivered through it, or
+    through another handle of the same queue on the same connection (``_b``: a TCP client
+    makes a handle per ``broker.queue`` call; a shared-memory handle has no ``_b``, and
+    its attachment keeps one handle per queue, so there it is ``q`` alone)."""
+    msgs = list(messages)
+    handles = set(map(_handle_of, msgs))  # the usual case: one, q itself, checked at C speed
+    if handles <= {q}:
+        return msgs, [], len(msgs)
+    conn = getattr(q, "_b", None)
+    mine = {h for h in handles if h is q or (conn is not None and getattr(h, "_b", None) is conn
+                                             and h.name == q.name)}
+    return [m for m in msgs if m[0] in mine], [m[3] for m in msgs if m[0] not in mine], len(msgs)
+
+
 class Queue(ABC):
     name: str
 

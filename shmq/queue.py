@@ -21,7 +21,7 @@ import posix_ipc
 
 from . import layout as L
 from . import options
-from .api import Message, Payload, QueueConfig
+from .api import Message, Payload, QueueConfig, own_leases
 from .api import Queue as QueueABC
 from .doorbell import NO_BELLS, RINGER
 from .errors import (
@@ -594,15 +594,10 @@ class ShmQueue(QueueABC):
             self._dead_letter([(ref & L.GI_MASK, msg[3], msg[4], reason)])
 
     def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:
-        msgs = list(messages)
-        if not msgs:
+        msgs, stale, total = own_leases(self, messages)
+        if not total:
             return
-        stale: list[int] = []
         clock = self._ring.clock
-        foreign = [m for m in msgs if m[0] is not self]
-        if foreign:
-            msgs = [m for m in msgs if m[0] is self]
-            stale.extend(m[3] for m in foreign)
         clock.acquire()
         try:
             freed = self._groups.ack_batch(msgs, stale)
@@ -610,7 +605,7 @@ class ShmQueue(QueueABC):
             clock.release()
         self._after_acks(freed, len(msgs), wait)
         if stale:
-            raise StaleAck.of_batch(stale, len(msgs) + len(foreign))
+            raise StaleAck.of_batch(stale, total)
 
     def ack_offsets(self, ref: int, offsets: list[int], deliveries: list[int]) -> list[int]:
         """``ack_many`` for the server, which keeps its leases as (group reference, offset,

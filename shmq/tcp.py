@@ -18,7 +18,7 @@ from operator import itemgetter
 from typing import Any
 
 from . import options
-from .api import Broker, Message, Payload, Queue, QueueConfig, QueueInfo
+from .api import Broker, Message, Payload, Queue, QueueConfig, QueueInfo, own_leases
 from .codec import (
     Frame,
     FrameDecoder,
@@ -435,22 +435,6 @@ def ack_nowait_frame(queue: bytes, msg: Message) -> bytes:
     return settle_frame(T.ACK_NO_REPLY, NO_REPLY_ID, queue, str.encode(msg[2]), msg[3], msg[4])
 
 
-def own_leases(q: Any, messages: Iterable[Message]) -> tuple[list[Message], list[int], int]:
-    """Split ``ack_many``'s messages (both clients): those ``q`` may settle (delivered to a
-    handle of the same queue on the same connection), the offsets of the others (stale
-    here, known at once and never sent: the broker knows leases by queue, group, offset
-    and delivery count, so another queue's lease could match one of this queue's), and
-    how many there were."""
-    msgs = list(messages)
-    handles = set(map(_handle_of, msgs))  # the usual case: one, q itself, checked at C speed
-    if handles <= {q}:
-        return msgs, [], len(msgs)
-    b, name = q._b, q.name
-    mine = {h for h in handles if getattr(h, "_b", None) is b and h.name == name}
-    ours = [m for m in msgs if m[0] in mine]
-    return ours, [m[3] for m in msgs if m[0] not in mine], len(msgs)
-
-
 def ack_batch_nowait_frames(queue: str, msgs: list[Message]) -> list[bytes]:
     """The frames of ``ack_many(msgs, wait=False)`` (both clients): ``batch_acks``'
     requests as their NO_REPLY kinds."""
@@ -486,7 +470,6 @@ def settles_by_group(msgs: list[Message]) -> list[tuple[str, list[tuple[int, int
     return list(by_group.items())
 
 
-_handle_of = itemgetter(0)  # the queue handle it was delivered through
 _group_of = itemgetter(2)
 _offset_of = itemgetter(3)
 _dc_of = itemgetter(4)
