@@ -41,8 +41,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from shmq import crashpoints, options
 from shmq import layout as L
-from shmq import options
 from shmq.api import QueueConfig
 from shmq.errors import QueueNotFound, ShmqError, StorageError
 from shmq.group import Groups
@@ -52,6 +52,8 @@ from shmq.ring import Ring
 from shmq.shm import Attachment, ShmBroker
 
 log = logging.getLogger("shmq.journal")
+# round points: the journal process only; the recovery point: the supervisor, before it forks
+_CRASH = crashpoints.watch(__name__)
 
 RETRY_INTERVAL = 0.5  # s between attempts while the journal cannot be written
 DROP_EVERY = 1.0  # s between looks for segment files every group has passed
@@ -184,16 +186,20 @@ class QueueWriter(threading.Thread):
                            separators=(",", ":")).encode()
         self.journal.append(items, state)  # both or neither
         self.journal.sync()
+        if _CRASH and items:  # (rounds of new messages only: a test can count them)
+            crashpoints.hit("journal.round.appended")
         self.next = nxt
         self.settled = settle
         self.last_sync = time.monotonic()
-        w[L.Q_DURABLE_OFFSET] = nxt
-        w[L.Q_DURABLE_SETTLE] = settle
+        with ring.clock:  # the free offset follows the mark in the same hold (shmq.check)
+            w[L.Q_DURABLE_OFFSET] = nxt
+            w[L.Q_DURABLE_SETTLE] = settle
+            if _CRASH and items:
+                crashpoints.hit("journal.round.published")
+            freed = q._groups._recompute_free()
         if w[L.Q_JOURNAL_ERRNO]:
             log.warning("journal of %r is writable again", q.name)
             w[L.Q_JOURNAL_ERRNO] = 0
-        with ring.clock:
-            freed = q._groups._recompute_free()
         if freed and w[L.Q_PRODUCER_WAITERS]:
             q._wake(q._nf, w[L.Q_PRODUCER_WAITERS], w[L.Q_PRODUCER_WAITERS])
         if w[L.Q_DURABLE_WAITERS]:
@@ -368,6 +374,8 @@ def recover(broker: ShmBroker, root: Path) -> list[str]:
                 report.append(f"{name}: a different queue of that name exists; journal left alone")
                 continue
             report.append(_rebuild(att, j, meta))
+            if _CRASH:
+                crashpoints.hit("recovery.rebuilt")
         finally:
             j.close()
     return report

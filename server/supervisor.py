@@ -10,11 +10,22 @@ Durable queues: before anything else the supervisor rebuilds, from the data
 dir, every journaled queue whose shared memory is gone; then it starts the
 journal process (``journaler``), restarted like a worker if it dies.
 
+One instance has one broker: before it changes anything the supervisor takes the
+instance's broker lock (``brokerlock``: a kernel lock that dies with the supervisor,
+not with its children).  A second ``shmq serve`` on a served instance is refused
+with one line naming the live broker, and exits 1 having touched nothing.  A
+supervisor that was SIGKILLed leaves its lock free at once: the next ``shmq serve``
+takes the instance over (its memory-only queues included).
+
 SIGTERM / SIGINT: the workers stop accepting, finish the requests in progress,
 give their leases back and exit; the journal process writes a last round for
 every journaled queue; then the supervisor removes the instance's shared memory
 (memory-only queues end with the broker; journaled ones come back from the data
-dir on the next start) and exits 0.
+dir on the next start), lets go of the lock and exits 0.
+
+Crash points (``shmq.crashpoints``, for tests): an armed point kills one generation
+of processes; a worker or journal process restarted after a death starts disarmed,
+so a test sees the recovery rather than a crash loop.
 """
 
 from __future__ import annotations
@@ -27,10 +38,11 @@ import time
 from multiprocessing.connection import wait
 from typing import Any
 
-from shmq import options
+from shmq import crashpoints, options
 from shmq.errors import InvalidArgument, ShmqError
 from shmq.shm import ShmBroker
 
+from .brokerlock import AlreadyServed, claim
 from .journaler import data_dir_for, journal_main, recover
 from .placement import Counts
 from .worker import reuseport_socket, worker_main
@@ -95,17 +107,29 @@ class Supervisor:
         self.journal = p
 
     def serve(self, announce: Any = print) -> int:
+        """Run the broker until SIGTERM / SIGINT; the exit status (1: the instance is served
+        by another broker already, and nothing was changed)."""
         # A stop asked for during start-up is honoured once the workers are up.
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        # Refuse a port someone already listens on (a plain bind fails even against
-        # SO_REUSEPORT sockets, so we never join another broker's port group), then
-        # reserve it with SO_REUSEPORT for our workers.
-        self.port = exclusive_port(self.host, self.port)
-        probe = reuseport_socket(self.host, self.port)
-        broker = ShmBroker(self.instance)
-        broker._att.registry.take_ownership()
+        # The broker lock first: until it is ours, the instance may be another broker's,
+        # and nothing of it may be taken over, rebuilt or removed.
         try:
+            broker, lock = claim(self.instance)
+        except AlreadyServed as e:
+            print(f"shmq: {e}", file=sys.stderr)
+            return 1
+        reg = broker._att.registry
+        reg.take_ownership()  # (also how a refused newcomer learns our pid)
+        # queues that outlived a crashed broker: a failed start leaves them for the next one
+        inherited = bool(reg.queues())
+        probe = None
+        try:
+            # Refuse a port someone already listens on (a plain bind fails even against
+            # SO_REUSEPORT sockets, so we never join another broker's port group), then
+            # reserve it with SO_REUSEPORT for our workers.
+            self.port = exclusive_port(self.host, self.port)
+            probe = reuseport_socket(self.host, self.port)
             # queues whose shared memory is gone (a reboot, a stop) come back from their journals
             for line in recover(broker, self.data_dir):
                 print(f"shmq: {line}", file=sys.stderr)
@@ -117,7 +141,13 @@ class Supervisor:
                     raise ShmqError(f"worker {p.name} did not start")
         except BaseException:
             self._shutdown()
-            broker.destroy()
+            if probe is not None:
+                probe.close()
+            if self.keep or inherited:
+                broker.close()
+            else:
+                broker.destroy()
+            lock.release()
             raise
         announce(f"shmq: instance {self.instance!r} listening on tcp://{self.host}:{self.port} "
                  f"with {self.n} workers; journal in {self.data_dir} (pid {self.journal.pid})")
@@ -131,6 +161,7 @@ class Supervisor:
                 broker.close()
             else:
                 broker.destroy()
+            lock.release()  # after the removal: a newcomer must not attach what we remove
         return 0
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
@@ -145,6 +176,7 @@ class Supervisor:
                 sentinels[self.journal.sentinel] = -1
             for s in wait(list(sentinels), timeout=0.05):
                 i = sentinels[s]  # type: ignore[index]
+                crashpoints.disarm()  # its replacement (forked from us) starts disarmed
                 if i == -1:
                     self.journal.join()
                     if not self._stop:
@@ -170,9 +202,8 @@ class Supervisor:
 
     @staticmethod
     def _maintain(broker: ShmBroker) -> None:
-        """The lease reaper: dead processes' leases, expired visibility timeouts, heartbeat."""
+        """The lease reaper: dead processes' leases, expired visibility timeouts."""
         att = broker._att
-        att.registry.beat()
         att.prune()
         att.reap(att.now_ms(), force=True)
         for entry in att.registry.queues():

@@ -40,8 +40,8 @@ from functools import partial
 from itertools import repeat
 from typing import Any
 
+from shmq import crashpoints, options
 from shmq import layout as L
-from shmq import options
 from shmq.api import Message
 from shmq.codec import (
     Frame,
@@ -78,6 +78,7 @@ FLAG_GRACE = 1.0  # a bell flag stays set this long after its last waiter (no se
 BIND_TRIES = 20  # x 50 ms: a restarted worker waits for its predecessor's doorbell and handoff sockets to go
 SERVER_NAME = "shmq/0.1"
 log = logging.getLogger("shmq.worker")
+_CRASH = crashpoints.watch(__name__)  # the points below are passed by workers only, never the supervisor
 
 
 def reuseport_socket(host: str, port: int) -> socket.socket:
@@ -534,6 +535,8 @@ class Connection(asyncio.Protocol):
                 if not self.closed:
                     self.handle(f)
             return j
+        if _CRASH:
+            crashpoints.hit("worker.produce.unanswered")
         mark = self.w.take_mark() if self.w.pending_mark is not None else None
         for (f, _), off in zip(run, offs, strict=True):
             data = produce_ok_frame(f.msg_id, off)
@@ -606,6 +609,8 @@ class Connection(asyncio.Protocol):
                     touched.add(q.name)
             except ShmqError:
                 pass  # the queue is gone (leases expired and taken back already are skipped)
+            if _CRASH:
+                crashpoints.hit("worker.give_back.queue")
         for qname in touched:
             self.w.poke(qname)
 
@@ -751,6 +756,8 @@ class Connection(asyncio.Protocol):
             if f.type != T.PRODUCE and not q.could_fit(d["payloads"]):
                 raise  # a batch that can never fit: waiting would never help
             return False
+        if _CRASH:
+            crashpoints.hit("worker.produce.unanswered")
         if poke and f.type == T.PRODUCE and self.w.pending_mark is None:
             self.w.poke(d["queue"])
             self.w.pending_mark = None  # ours had none; what the retries noted, they took
@@ -791,12 +798,16 @@ class Connection(asyncio.Protocol):
                     return 0  # nothing to deliver at all
                 offsets = range(first, first + k)
                 self._lease(q, q._group_ref(group), offsets, repeat(1, k))
+                if _CRASH:
+                    crashpoints.hit("worker.deliver.unsent")
                 self._send_to(f, encode_frame(T.DELIVER_BATCH, msg_id, records_field(
                     offsets, [1] * k, stamps, [0] * k, lens, data)))
                 return k
         msgs = q.poll(group, n, vis, budget)
         if not msgs:
             return 0
+        if _CRASH:
+            crashpoints.hit("worker.deliver.unsent")
         if one:
             m = msgs[0]  # (queue, group reference, group, offset, deliveries, payload, meta, timestamp_ns)
             self._lease(q, m[1], (m[3],), (m[4],))
@@ -852,6 +863,8 @@ class Connection(asyncio.Protocol):
             m.ack()
         finally:
             self._settled(held, m[3])
+        if _CRASH:
+            crashpoints.hit("worker.ack.unanswered")
         if f.type == T.ACK:
             self.reply(f, T.ACK_OK)
         else:

@@ -349,13 +349,19 @@ def dlq(queue: str, redrive: bool = typer.Option(False, help="move them back to 
 @app.command()
 def doctor(
     clean: bool = typer.Option(False, "--clean", help="remove what belongs to dead instances"),
+    check: bool = typer.Option(False, "--check", help="check every invariant of the shared memory "
+                               "(under its locks: safe on a live instance); exit 1 on a violation"),
     instance: str | None = typer.Option(None, "--instance", "-i", help="only this instance"),
     as_json: bool = JsonOpt,
 ) -> None:
-    """List shmq shared memory on this host; with --clean, reclaim dead instances' objects.
+    """List shmq shared memory on this host; with --clean, reclaim dead instances' objects;
+    with --check, verify the invariants of each instance (one line per violation).
 
     Example: shmq doctor --clean
     """
+    if check:
+        _doctor_check(instance, as_json)
+        return
     reports = reclaim(instance) if clean else scan(instance)
     if as_json:
         print(json.dumps([r.__dict__ for r in reports], indent=2))
@@ -365,6 +371,26 @@ def doctor(
         state = "live" if r.alive else ("reclaimed" if clean else "dead")
         table.add_row(r.instance, state, str(r.queues), str(len(r.objects)), r.reason)
     console.print(table if reports else "no shmq shared memory on this host")
+
+
+def _doctor_check(instance: str | None, as_json: bool) -> None:
+    from .check import check_all, check_instance
+    try:
+        found = {instance: check_instance(instance)} if instance else check_all()
+    except ShmqError as e:
+        _fail(e)
+    if as_json:
+        print(json.dumps(found, indent=2))
+    else:
+        for inst, violations in found.items():
+            for v in violations:
+                print(f"{inst}: {v}")
+            if not violations:
+                console.print(f"{inst}: clean")
+        if not found:
+            console.print("no shmq instance on this host")
+    if any(found.values()):
+        raise typer.Exit(1)
 
 
 @app.command()

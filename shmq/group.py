@@ -5,14 +5,25 @@ and takes the time as ``now`` (monotonic ms), so tests drive the clock.
 
 Each message has one lease word per group (drawn in ``layout``).  A state
 change of a message is one store of its lease word; the group fields that
-follow from it (cursor, floor, hints, counters) are written after it and are
-re-derived by whoever looks next, so a consumer killed between the two stores
-leaves nothing to repair:
+follow from it (cursor, floor, hints, counters) are written after it.
 
-* a LEASED word at or past the cursor (killed before the cursor moved) is
-  stepped over by the next delivery, and its lease comes back as any other;
-* a floor left behind DONE words is advanced by the next settle;
-* the ``G_REDELIVER`` / ``G_NEXT_EXPIRY`` hints are recomputed by every scan;
+Invariants, for every active group (``shmq.check`` verifies them all)::
+
+    free_offset <= floor <= cursor <= next_offset
+    every word in [free_offset, floor) is DONE
+    no word in [floor, cursor) is NEW; the word at the floor, if below the cursor, is
+        not DONE (floors move past DONE words at once)
+    every word in [cursor, next_offset) is NEW or DONE (DONE there: settled without a
+        delivery, by a commit or as a gap a journal recovery could not fill)
+    G_REDELIVER >= the READY words, G_READY_LO <= the lowest, G_NEXT_READY <= the earliest
+    G_NEXT_EXPIRY <= every LEASED deadline (0 only when nothing is LEASED)
+    free_offset = min(next_offset, durable mark, every active group's floor)
+
+A process killed inside the consumer lock breaks them for a moment (a lease word
+stored, the cursor not yet moved; a floor moved, the free offset not yet).  The
+robust lock hands the next holder ``EOWNERDEAD``, and it runs ``repair``, which
+re-derives every one of them from the lease words.  Outside the lock (between two
+holds) the invariants hold, so nothing else ever has to guess.
 
 Deliveries name their group by reference (``layout.group_ref``: the index and the
 group's serial), and every settle checks the serial first: a group deleted and
@@ -29,8 +40,8 @@ from collections.abc import Sequence
 from itertools import accumulate
 from typing import Any
 
+from . import crashpoints, options
 from . import layout as L
-from . import options
 from .errors import GroupNotFound, InvalidArgument, LimitExceeded, QueueExists
 from .ring import Ring
 
@@ -49,6 +60,8 @@ DEAD = 3
 _LEASED, _READY, _DONE, _DEADING, _NEW = L.LEASED, L.READY, L.DONE, L.DEADING, L.NEW
 
 _unpack_slot = L.SLOT_HEAD.unpack_from
+
+_CRASH = crashpoints.watch(__name__)
 
 # dead-letter work item: (group index, offset, deliveries, reason)
 DeadItem = tuple[int, int, int, str]
@@ -89,9 +102,13 @@ class Groups:
         self.tail_word = L.Q_DURABLE_OFFSET if ring.durability == _ALWAYS else L.Q_NEXT_OFFSET
         # journaled queues keep messages in memory until the journal has them
         self.journaled = ring.durability != 0
-        # A consumer killed inside the consumer lock may have moved a floor but not the free
-        # offset (advance_floor stores them one after the other); the next holder re-derives it.
-        ring.clock.on_recover = self._recompute_free
+        # A consumer killed inside the consumer lock left the group table half-updated:
+        # the next holder re-derives it from the lease words.
+        ring.clock.on_recover = self.repair
+        # a message given back this often goes to the dead-letter queue; a dead-letter
+        # queue's own messages (no limit) are moved to its tail before the 8-bit delivery
+        # count would saturate, so a stale lease can never match a newer delivery
+        self.give_up_at = ring.max_deliveries or L.DC_MASK
 
     # ------------------------------------------------------------ group table
     def _name(self, gi: int) -> str:
@@ -111,6 +128,9 @@ class Groups:
         return -1
 
     def create(self, name: str, start: str) -> int:
+        """A new group at the first free index: its fields and lease words are written
+        while it is FREE; its serial, ACTIVE and the new generation come last.  A crash
+        between those stores is mended by ``repair`` (a fresh generation)."""
         if self.journaled:  # the journal writer snapshots the groups once this moves
             self.w[L.Q_SETTLE_SEQ] += 1
         if start not in ("earliest", "latest"):
@@ -125,19 +145,23 @@ class Groups:
             mm = self.mm
             mm[g * 8:(g + L.G_WORDS) * 8] = bytes(L.G_WORDS * 8)
             tail = w[L.Q_NEXT_OFFSET]
-            first = w[L.Q_FREE_OFFSET] if start == "earliest" else tail
+            free = w[L.Q_FREE_OFFSET]
+            first = free if start == "earliest" else tail
             lw = L.S_GROUPS + gi
-            for o in range(first, tail):  # a reused index may hold an old group's words
-                w[self.sl + (o % self.cap) * self.sw + lw] = 0
+            for o in range(free, tail):  # a reused index may hold an old group's words
+                w[self.sl + (o % self.cap) * self.sw + lw] = L.NEW if o >= first else L.DONE
             w[g + L.G_CURSOR] = first
             w[g + L.G_FLOOR] = first
             w[g + L.G_CREATED_NS] = time.time_ns()
             raw = name.encode()
             w[g + L.G_NAME_LEN] = len(raw)
             mm[(g + L.G_NAME) * 8:(g + L.G_NAME) * 8 + len(raw)] = raw
+            gen = w[L.Q_GROUP_GEN] + 1
+            w[g + L.G_SERIAL] = gen
             w[g + L.G_STATE] = L.GS_ACTIVE
-            w[L.Q_GROUP_GEN] += 1
-            w[g + L.G_SERIAL] = w[L.Q_GROUP_GEN]
+            if _CRASH:
+                crashpoints.hit("group.create.active")
+            w[L.Q_GROUP_GEN] = gen
             return gi
         raise LimitExceeded(f"queue {self.ring.name!r} has {self.max_groups} groups already (max_groups)")
 
@@ -145,8 +169,10 @@ class Groups:
         """Remove a group; True when storage was freed."""
         if self.journaled:  # the journal writer snapshots the groups once this moves
             self.w[L.Q_SETTLE_SEQ] += 1
-        self.w[self.gw + gi * L.G_WORDS + L.G_STATE] = L.GS_FREE
         self.w[self.gw + gi * L.G_WORDS + L.G_SERIAL] = 0  # its leases are stale from now on
+        self.w[self.gw + gi * L.G_WORDS + L.G_STATE] = L.GS_FREE
+        if _CRASH:
+            crashpoints.hit("group.delete.freed")
         self.w[L.Q_GROUP_GEN] += 1
         return self._recompute_free()
 
@@ -213,9 +239,7 @@ class Groups:
                 state, dc = word & L.STATE_MASK, (word >> L.DC_SHIFT) & L.DC_MASK
                 if state == L.DONE:
                     new = L.DONE
-                elif state == L.NEW:
-                    new = L.NEW
-                else:  # LEASED, READY, DEADING: given back, deliverable now
+                else:  # LEASED, READY, DEADING (NEW: a gap): given back, deliverable now
                     new = L.lease_word(L.READY, dc, L.NO_OWNER, 0)
                     ready += 1
                 slot = self.sl + (o % self.cap) * self.sw
@@ -274,6 +298,7 @@ class Groups:
         new = tuple.__new__
         append = out.append
         unpack = _unpack_slot
+        skipped = False
         while cur < tail and got < max_n:
             # one run of slots that does not wrap: read and lease it with strided slices
             i0 = cur % cap
@@ -295,14 +320,16 @@ class Groups:
                            w[b0 + 2:end:sw].tolist(), w[b0 + 3:end:sw].tolist(), strict=True)
                 got += k
                 cur += k
-            else:  # one at a time, stepping over words handled before a crash
-                if max_bytes and not w[b0 + lw]:
+            else:  # one at a time, stepping over DONE words (settled without a delivery)
+                if w[b0 + lw]:
+                    cur += 1
+                    skipped = True
+                    continue
+                if max_bytes:
                     k, used = _within([w[b0 + 2]], used, max_bytes, got)
                     if not k:
                         break
                 cur += 1
-                if w[b0 + lw]:
-                    continue
                 w[b0 + lw] = word
                 got += 1
                 runs = (unpack(mm, b0 * 8),)  # type: ignore[assignment]
@@ -314,9 +341,15 @@ class Groups:
                                      mm[start:start + mlen], ts)))
                 else:
                     append(new(cls, (*prefix, o, 1, mm[start:start + lens], b"", ts)))
+        if _CRASH:
+            crashpoints.hit("deliver.run.leased")
         w[g + 1] = cur
+        if _CRASH:
+            crashpoints.hit("deliver.cursor")
         if not ne or deadline < ne:
             w[g + 5] = deadline
+        if skipped:  # the floor may stand on one of them
+            self.advance_floor(gi)
 
     def deliver_one(self, gi: int, ref: int, word: int, now: int, cls: type, q: Any, group: str) -> Any:
         """The hot path of ``deliver`` for a single new message; None when the general
@@ -330,12 +363,15 @@ class Groups:
         if (ne and now >= ne) or w[g + 3] or cur >= w[self.tail_word]:
             return None
         base = self.sl + (cur % self.cap) * self.sw
-        if w[base + 4 + gi]:
+        if w[base + 4 + gi]:  # DONE: settled without a delivery, stepped over by ``deliver``
             return None
         w[base + 4 + gi] = word
+        if _CRASH:
+            crashpoints.hit("deliver.one.leased")
         w[g + 1] = cur + 1
-        if not ne:
-            w[g + 5] = word >> 24
+        deadline = word >> 24
+        if not ne or deadline < ne:
+            w[g + 5] = deadline
         _o, pos, lens, ts = _unpack_slot(self.mm, base * 8)
         start = self.data_off + pos % self.size
         mlen = lens >> 32
@@ -352,7 +388,7 @@ class Groups:
         payloads as one bytes): an empty run when there is nothing to deliver at all
         (nothing new, nothing given back, no lease expired); None when the general path
         is needed (an expiry due, redeliveries pending, one new, a run that wraps the
-        slot table or the byte ring, metadata, crash leftovers).  ``max_bytes``: a run
+        slot table or the byte ring, metadata, a DONE word).  ``max_bytes``: a run
         whose payloads would pass it is cut short (0: no limit)."""
         w = self.w
         g = self.gw + gi * 32
@@ -368,7 +404,7 @@ class Groups:
         b0 = sl + i0 * sw
         end = b0 + k * sw
         lw = b0 + 4 + gi
-        if any(w[lw:end:sw]):  # a word leased before a crash: step over it the slow way
+        if any(w[lw:end:sw]):  # a DONE word (settled without a delivery): the general path
             return None
         lens = w[b0 + 2:end:sw].tolist()
         if max(lens) > 0xFFFFFFFF:  # some record has metadata
@@ -386,6 +422,8 @@ class Groups:
             return None
         deadline = now + vis_ms
         w[lw:end:sw] = array("Q", [9 | (owner << 11) | (deadline << 24)]) * k  # LEASED, 1 delivery
+        if _CRASH:
+            crashpoints.hit("deliver.block.leased")
         w[g + 1] = cur + k
         if not ne or deadline < ne:
             w[g + 5] = deadline
@@ -423,8 +461,10 @@ class Groups:
                         if not fits:
                             spent = True
                             break  # o stays READY (see "stopped early" below)
-                    dc = min(((word >> 3) & 0xFF) + 1, L.DC_MASK)
+                    dc = ((word >> 3) & 0xFF) + 1  # at most DC_MASK: see give_up_at
                     w[base] = _LEASED | (dc << 3) | (owner << 11) | (deadline << 24)
+                    if _CRASH:
+                        crashpoints.hit("redeliver.leased")
                     payload, meta, ts = self.ring.record(o)
                     out.append(tuple.__new__(cls, (*prefix, o, dc, payload, meta, ts)))
                     taken += 1
@@ -440,9 +480,9 @@ class Groups:
             w[g + L.G_REDELIVER] = pending
             w[g + L.G_NEXT_READY] = next_ready
             w[g + L.G_READY_LO] = first_pending if first_pending >= 0 else cur
-        else:  # stopped early: more may be READY from o on
+        else:  # stopped early: more may be READY from o on, due at any time (0: a true bound)
             w[g + L.G_REDELIVER] = max(w[g + L.G_REDELIVER] - taken, pending + 1)
-            w[g + L.G_NEXT_READY] = min(now, next_ready) if next_ready else now
+            w[g + L.G_NEXT_READY] = 0
             w[g + L.G_READY_LO] = first_pending if first_pending >= 0 else o
         if taken:
             w[g + L.G_REDELIVERED] += taken
@@ -471,16 +511,23 @@ class Groups:
         base = self.sl + (offset % self.cap) * self.sw
         lw = base + 4 + gi
         word = w[lw]
-        if word & 0x7FF != 1 | (dc << 3) or w[base] != offset or offset >= w[24]:
-            return STALE  # not LEASED, another delivery, or no longer retained
         g = self.gw + gi * L.G_WORDS
-        if action == TOUCH:
-            w[lw] = (word & 0xFFFFFF) | ((now + arg_ms) << 24)
+        if word & 0x7FF != 1 | (dc << 3) or w[base] != offset or offset >= w[24] or offset < w[g + 2]:
+            return STALE  # not LEASED, another delivery, or not this group's (below its floor)
+        if action == TOUCH:  # the new deadline may come before every other: lower the bound
+            deadline = now + arg_ms
+            w[lw] = (word & 0xFFFFFF) | (deadline << 24)
+            if _CRASH:
+                crashpoints.hit("touch.extended")
+            if deadline < w[g + L.G_NEXT_EXPIRY]:
+                w[g + L.G_NEXT_EXPIRY] = deadline
             return OK
         if action == NACK:
             w[g + L.G_NACKED] += 1
             return self._give_back(gi, lw, word, owner, now + arg_ms)
         w[lw] = _DEADING | (dc << 3) | (owner << 11)  # DEAD
+        if _CRASH:
+            crashpoints.hit("dead.marked")
         return TO_DLQ
 
     def ack(self, ref: int, offset: int, dc: int) -> int:
@@ -489,16 +536,19 @@ class Groups:
             self.w[L.Q_SETTLE_SEQ] += 1
         w = self.w
         gi = ref & 63  # L.GI_MASK
-        if w[self.gw + gi * 32 + 22] != ref >> 6:  # G_SERIAL: the group is gone
+        g = self.gw + gi * 32
+        if w[g + 22] != ref >> 6:  # G_SERIAL: the group is gone
             return STALE
         sl, cap, sw = self.sl, self.cap, self.sw
         base = sl + (offset % cap) * sw
         lw = 4 + gi
         word = w[base + lw]
-        if word & 0x7FF != 1 | (dc << 3) or w[base] != offset or offset >= w[24]:
-            return STALE
+        if word & 0x7FF != 1 | (dc << 3) or w[base] != offset or offset >= w[24] or offset < w[g + 2]:
+            return STALE  # (below the floor: a word left by an old group at this index)
         w[base + lw] = 3 | (dc << 3)  # DONE
-        w[self.gw + gi * 32 + 7] += 1  # G_ACKED
+        if _CRASH:
+            crashpoints.hit("ack.done")
+        w[g + 7] += 1  # G_ACKED
         return FREED if self.advance_floor(gi) else OK
 
     def ack_batch(self, deliveries: Sequence[Sequence[Any]], stale: list[int]) -> bool:
@@ -532,11 +582,12 @@ class Groups:
         sl, cap, sw = self.sl, self.cap, self.sw
         tail = w[24]
         g = self.gw + gi * 32
+        floor = w[g + 2]
         n = len(offsets)
         if n > 1:  # the common case: consecutive offsets, no wrap -> strided slices
             o0 = offsets[0]
             i0 = o0 % cap
-            if i0 + n <= cap and max(offsets) < tail:
+            if i0 + n <= cap and max(offsets) < tail and min(offsets) >= floor:
                 b0 = sl + i0 * sw
                 end = b0 + n * sw
                 lw = b0 + 4 + gi
@@ -546,6 +597,8 @@ class Groups:
                 if (dcs.count(dc) == n and w[b0:end:sw].tolist() == offsets
                         and all(x & 0x7FF == leased for x in set(w[lw:end:sw]))):
                     w[lw:end:sw] = array("Q", [leased | 2]) * n  # LEASED(1) -> DONE(3)
+                    if _CRASH:
+                        crashpoints.hit("ack_range.done")
                     w[g + 7] += n  # G_ACKED
                     # the floor may jump over the whole run: every word of it is DONE now
                     return self.advance_floor(gi, o0 + n if o0 <= w[g + 2] else 0)
@@ -553,11 +606,13 @@ class Groups:
         for offset, dc in zip(offsets, dcs, strict=True):
             base = sl + (offset % cap) * sw
             lw = base + 4 + gi
-            if w[lw] & 0x7FF != 1 | (dc << 3) or w[base] != offset or offset >= tail:
+            if w[lw] & 0x7FF != 1 | (dc << 3) or w[base] != offset or offset >= tail or offset < floor:
                 stale.append(offset)
                 continue
             w[lw] = 3 | (dc << 3)  # DONE
             acked += 1
+            if _CRASH:
+                crashpoints.hit("ack_batch.partial")
         if not acked:
             return False
         w[g + 7] += acked  # G_ACKED
@@ -571,7 +626,7 @@ class Groups:
         """
         w = self.w
         dc = (word >> 3) & 0xFF
-        if self.max_deliveries and dc >= self.max_deliveries:
+        if dc >= self.give_up_at:
             w[lw] = _DEADING | (dc << 3) | (owner << 11)
             return TO_DLQ
         g = self.gw + gi * L.G_WORDS
@@ -582,6 +637,8 @@ class Groups:
         if not w[g + L.G_REDELIVER] or ready_at < nr:
             w[g + L.G_NEXT_READY] = ready_at
         w[g + L.G_REDELIVER] += 1
+        if _CRASH:
+            crashpoints.hit("nack.hints")
         w[lw] = _READY | (dc << 3) | (ready_at << 24)
         return OK
 
@@ -598,11 +655,15 @@ class Groups:
         return offset == w[g + L.G_FLOOR] and self.advance_floor(gi)
 
     def orphan_dead(self, gi: int, offset: int, dc: int) -> None:
-        """Give up a DEADING word we could not copy now: anyone's next reap retries it."""
+        """Give up a DEADING word we could not copy now: anyone's next reap retries it
+        (``Q_ORPHANS`` is raised first, so no orphan is ever left without the flag)."""
         w = self.w
         base = self.sl + (offset % self.cap) * self.sw
         lw = base + L.S_GROUPS + gi
         if w[base] == offset and w[lw] & 7 == _DEADING:
+            w[L.Q_ORPHANS] = 1
+            if _CRASH:
+                crashpoints.hit("dlq.orphaned")
             w[lw] = _DEADING | (dc << 3) | (L.NO_OWNER << 11)
 
     def commit(self, gi: int, offset: int) -> bool:
@@ -619,6 +680,8 @@ class Groups:
             base = self.sl + (o % self.cap) * self.sw + lw
             if w[base] & 7 != _DEADING:  # a dead-letter copy in flight finishes on its own
                 w[base] = _DONE | (w[base] & (0xFF << 3))
+        if _CRASH:
+            crashpoints.hit("commit.words")
         if w[g + L.G_CURSOR] < end:
             w[g + L.G_CURSOR] = end
         return self.advance_floor(gi)
@@ -639,6 +702,8 @@ class Groups:
         if f == old:
             return False
         w[g + 2] = f
+        if _CRASH:
+            crashpoints.hit("floor.moved")
         if self.journaled:  # the journal writer's mark may hold the free offset back
             return self._recompute_free()
         if old != w[32]:  # another group holds the free offset back
@@ -666,6 +731,62 @@ class Groups:
             return True
         return False
 
+    # ------------------------------------------------------------ repair
+    def repair(self) -> None:
+        """Re-derive the group table from the lease words; the consumer lock's
+        ``on_recover``: its last holder died inside it, at any instruction.
+
+        * A create or delete cut short: FREE groups get serial 0 (their leases are
+          stale), and a fresh generation makes every process re-read the active set.
+        * Lease words past a cursor that are not NEW or DONE belong to a delivery that
+          never returned (its deliverer died before moving the cursor): NEW again.
+        * The floor moves past DONE words; the hints (G_REDELIVER, G_NEXT_READY,
+          G_READY_LO, G_NEXT_EXPIRY) become exact; the free offset is recomputed.
+        * A dead-letter orphan (DEADING, no owner) raises Q_ORPHANS, so it is retried."""
+        w = self.w
+        for gi in range(self.max_groups):  # (a create stores the serial before ACTIVE)
+            if w[self.gw + gi * L.G_WORDS + L.G_STATE] != L.GS_ACTIVE:
+                w[self.gw + gi * L.G_WORDS + L.G_SERIAL] = 0
+        w[L.Q_GROUP_GEN] += 1
+        tail = w[L.Q_NEXT_OFFSET]
+        orphans = False
+        for gi, _name in self.active():
+            g = self.gw + gi * L.G_WORDS
+            lw = L.S_GROUPS + gi
+            cur = w[g + L.G_CURSOR]
+            for o in range(cur, tail):
+                base = self.sl + (o % self.cap) * self.sw + lw
+                if w[base] & 7 not in (_NEW, _DONE):
+                    w[base] = _NEW
+            ready = 0
+            next_ready: int | None = None
+            next_expiry: int | None = None
+            ready_lo = cur
+            for o in range(w[g + L.G_FLOOR], cur):
+                base = self.sl + (o % self.cap) * self.sw + lw
+                word = w[base]
+                state = word & 7
+                if state == _NEW:  # cannot happen below the cursor: deliverable now
+                    word = w[base] = _READY
+                    state = _READY
+                t = word >> 24
+                if state == _READY:
+                    ready += 1
+                    ready_lo = min(ready_lo, o)
+                    next_ready = t if next_ready is None else min(next_ready, t)
+                elif state == _LEASED:
+                    next_expiry = t if next_expiry is None else min(next_expiry, t)
+                elif state == _DEADING and (word >> 11) & L.OWNER_MASK == L.NO_OWNER:
+                    orphans = True
+            w[g + L.G_REDELIVER] = ready
+            w[g + L.G_NEXT_READY] = next_ready or 0
+            w[g + L.G_READY_LO] = ready_lo
+            w[g + L.G_NEXT_EXPIRY] = max(next_expiry, 1) if next_expiry is not None else 0
+            self.advance_floor(gi)
+        if orphans:
+            w[L.Q_ORPHANS] = 1
+        self._recompute_free()
+
     # ------------------------------------------------------------ reaping
     def expire(self, gi: int, now: int, owner: int, dead: list[DeadItem]) -> int:
         """Return this group's expired leases; the number returned."""
@@ -684,6 +805,8 @@ class Groups:
                     if self._give_back(gi, base, word, owner, now) == TO_DLQ:
                         dead.append((gi, o, (word >> 3) & 0xFF, "expired"))
                     n += 1
+                    if _CRASH:
+                        crashpoints.hit("expire.given_back")
                 elif not next_expiry or t < next_expiry:
                     next_expiry = t
             o += 1
@@ -692,14 +815,17 @@ class Groups:
         return n
 
     def reap_owner(self, dead_client: int, owner: int, now: int, dead: list[DeadItem]) -> int:
-        """Return every lease of a dead client (and retry its unfinished dead-letters)."""
+        """Return every lease of a dead client (and retry its unfinished dead-letters).
+        Leases live in [floor, cursor): the words past the cursor are NEW.  With
+        ``dead_client`` NO_OWNER: retry the orphaned dead-letter copies."""
         w = self.w
         n = 0
-        tail = w[L.Q_NEXT_OFFSET]
+        why = ("orphaned: its dead-letter queue was full" if dead_client == L.NO_OWNER
+               else "owner died while dead-lettering")
         for gi, _name in self.active():
             g = self.gw + gi * L.G_WORDS
             lw = L.S_GROUPS + gi
-            for o in range(w[g + L.G_FLOOR], tail):
+            for o in range(w[g + L.G_FLOOR], w[g + L.G_CURSOR]):
                 base = self.sl + (o % self.cap) * self.sw + lw
                 word = w[base]
                 state = word & 7
@@ -709,9 +835,11 @@ class Groups:
                     if self._give_back(gi, base, word, owner, now) == TO_DLQ:
                         dead.append((gi, o, (word >> 3) & 0xFF, "owner died"))
                     n += 1
+                    if _CRASH:
+                        crashpoints.hit("reap.partial")
                 elif state == _DEADING:
                     w[base] = (word & ~(L.OWNER_MASK << 11)) | (owner << 11)
-                    dead.append((gi, o, (word >> 3) & 0xFF, "owner died while dead-lettering"))
+                    dead.append((gi, o, (word >> 3) & 0xFF, why))
         return n
 
     # ------------------------------------------------------------ reading

@@ -21,6 +21,10 @@ Registry segment  ``/shmq.<instance>.reg``  (one per broker instance)
     | R_* words       | robust mutex  |            | max_clients x 4 words | max_queues x 32 words |
     +-----------------+---------------+------------+-----------------------+-----------------------+
 
+Every process attached to the instance holds a shared ``flock`` on the registry's file
+(inherited by forked children, released by the kernel when the last holder dies): an
+instance is dead exactly when an exclusive ``flock`` on it can be taken (``reclaim``).
+
 Queue segment  ``/shmq.<instance>.q<id>``  (one per queue, dead-letter queues included)
 ======================================================================================
 
@@ -97,7 +101,7 @@ def _magic(tag: bytes) -> int:
 
 REGISTRY_MAGIC = _magic(b"SHMQREG1")
 QUEUE_MAGIC = _magic(b"SHMQQUE1")
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 MUTEX_SIZE = 64  # room for a pthread_mutex_t (40 B on x86-64 glibc, 48 B on aarch64)
 
 # ---------------------------------------------------------------- registry
@@ -105,19 +109,19 @@ R_MAGIC = 0
 R_VERSION = 1
 R_INSTANCE_UID = 2  # random; every queue segment of the instance repeats it
 R_OWNER_PID = 3
-R_OWNER_START = 4  # owner's process start time, ms since the epoch
-R_HEARTBEAT = 5  # wall clock ms, refreshed by live clients
+R_OWNER_START = 4  # owner's process start time, clock ticks since boot (process.start_ticks)
+R_RESERVED_5 = 5
 R_CREATED_NS = 6
 R_MAX_QUEUES = 7
 R_MAX_CLIENTS = 8
 R_NEXT_QUEUE_ID = 9  # ids are never reused within an instance
-R_NEXT_REAP_MS = 10  # monotonic ms of the next dead-client scan
+R_NEXT_REAP_MS = 10  # monotonic ms of the next dead-client scan (a hint: two reapers may overlap)
 R_CLIENTS_OFF = 11
 R_QUEUES_OFF = 12
 R_TOTAL_SIZE = 13
 R_GENERATION = 14  # bumped on every queue create/delete
 R_JOURNAL_PID = 15  # the journal writer process (0: none), for durable queues
-R_JOURNAL_START = 16  # its start time, ms since the epoch
+R_JOURNAL_START = 16  # its start time, clock ticks since boot
 R_DATA_DIR_LEN = 17
 R_DATA_DIR = 32  # byte 256 .. 511: the journal's data dir (UTF-8), so any process can find it
 R_DATA_DIR_BYTES = 256
@@ -127,23 +131,25 @@ R_HEADER_SIZE = 1024
 # client table entry (4 words)
 C_STATE = 0  # C_FREE / C_LIVE
 C_PID = 1
-C_START = 2  # process start time, ms since the epoch
-C_HEARTBEAT = 3
-C_WORDS = 4
+C_START = 2  # process start time, clock ticks since boot (pid + start = identity)
+C_WORDS = 4  # word 3 reserved
 C_FREE = 0
 C_LIVE = 1
 
 # queue table entry (32 words)
-E_STATE = 0  # E_FREE / E_ACTIVE
+E_STATE = 0  # E_FREE / E_CREATING / E_ACTIVE
 E_QUEUE_ID = 1
 E_FLAGS = 2  # F_DLQ
 E_CREATED_NS = 3
 E_NAME_LEN = 4
 E_NAME = 5  # 26 words = 208 bytes of UTF-8 name
+E_CREATOR = 31  # E_CREATING: the creating process, pid | start ticks << CREATOR_PID_BITS
 E_WORDS = 32
 E_NAME_BYTES = 208
 E_FREE = 0
 E_ACTIVE = 1
+E_CREATING = 2  # name and id reserved; the segment is being made outside the registry lock
+CREATOR_PID_BITS = 22  # pids are below 2**22 (Linux's pid_max limit)
 
 # ---------------------------------------------------------------- queue
 Q_MAGIC = 0

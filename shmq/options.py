@@ -50,7 +50,7 @@ SPIN_CHECKS = 200  # header re-reads (about 20-60 us) before a consumer sleeps
 WAIT_SLICE = 0.05  # longest single sleep of a blocked put/get before it re-checks the header
 REAP_INTERVAL = 0.25  # how often dead processes' leases are looked for (s)
 ATTACH_TIMEOUT = 2.0  # how long to wait for a half-created instance to appear
-STALE_HEARTBEAT = 10.0  # an owner's heartbeat older than this may be declared dead
+CREATION_GRACE = 10.0  # s: objects of an instance with no registry younger than this are being created
 
 # --- server and wire protocol -----------------------------------------------------
 DEFAULT_HOST = "127.0.0.1"

@@ -1,35 +1,54 @@
-"""Who is alive: process identity as (pid, start time), proven with psutil.
+"""Who is alive: process identity as (pid, start time in clock ticks since boot).
 
-A pid alone is not an identity (pids are reused); pid plus the process's
-start time is.  A process is declared dead only when psutil proves it: the
-pid does not exist, is a zombie, or belongs to a process started at another
-time.  When we cannot look (AccessDenied), it counts as alive.
+A pid alone is not an identity (pids are reused); pid plus the process's start
+time is.  The start time is field 22 of ``/proc/<pid>/stat``: clock ticks since
+boot, set once by the kernel, exact and monotonic, so it never moves when the
+wall clock is stepped (psutil's ``create_time()`` adds the boot time, which is
+derived from the wall clock, and did move).  A process is declared dead only
+when that proves it: the pid does not exist, is a zombie, or belongs to a
+process started at another tick.  When we cannot look (permission), it counts
+as alive.
 """
 
 from __future__ import annotations
 
 import os
 
-import psutil
+_PROC = "/proc"
 
 
-def start_ms(pid: int) -> int:
-    """The process's start time, ms since the epoch (0 if it does not exist)."""
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start ticks) of a pid, None when it does not exist."""
     try:
-        return int(round(psutil.Process(pid).create_time() * 1000))
-    except psutil.Error:
+        with open(f"{_PROC}/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ')'
+    fields = raw[raw.rindex(b")") + 2:].split()
+    return fields[0].decode(), int(fields[19])  # fields 3 and 22 of proc(5)
+
+
+def start_ticks(pid: int) -> int:
+    """The process's start time in clock ticks since boot (0 if it does not exist)."""
+    if pid <= 0:
         return 0
+    try:
+        st = _stat(pid)
+    except PermissionError:
+        return 0
+    return st[1] if st else 0
 
 
 _me: tuple[int, int] | None = None
 
 
 def me() -> tuple[int, int]:
-    """(pid, start_ms) of this process (recomputed after fork)."""
+    """(pid, start ticks) of this process (recomputed after fork)."""
     global _me
     pid = os.getpid()
     if _me is None or _me[0] != pid:
-        _me = (pid, start_ms(pid))
+        _me = (pid, start_ticks(pid))
     return _me
 
 
@@ -37,11 +56,7 @@ def is_alive(pid: int, start: int) -> bool:
     if pid <= 0:
         return False
     try:
-        proc = psutil.Process(pid)
-        if abs(int(round(proc.create_time() * 1000)) - start) > 1:
-            return False  # the pid was reused
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.AccessDenied:
+        st = _stat(pid)
+    except PermissionError:
         return True
+    return st is not None and st[1] == start and st[0] != "Z"

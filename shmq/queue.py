@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import posix_ipc
 
+from . import crashpoints, options
 from . import layout as L
-from . import options
 from .api import Message, Payload, QueueConfig, own_leases
 from .api import Queue as QueueABC
 from .doorbell import NO_BELLS, RINGER
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from .shm import Attachment
 
 _BusyError = posix_ipc.BusyError
+_CRASH = crashpoints.watch(__name__)
 _monotonic_ns = time.monotonic_ns
 
 
@@ -389,7 +390,7 @@ class ShmQueue(QueueABC):
         ref = self._gcache.get(group)
         owner = self._att._slot
         w = self._w
-        if ref is None or owner is None or w[35] != self._ggen or w[4] != 1:  # Q_GROUP_GEN, Q_STATE
+        if ref is None or owner is None or w[4] != 1:  # Q_STATE
             return None
         gi = ref & 63  # L.GI_MASK
         now = _monotonic_ns() // 1_000_000 if self._real_clock else self._now()
@@ -398,6 +399,8 @@ class ShmQueue(QueueABC):
         if rc:
             self._ring.clock.acquire_slow(rc)
         try:
+            if w[35] != self._ggen:  # Q_GROUP_GEN: a group was created or deleted since we looked
+                return None
             m = self._groups.deliver_one(gi, ref, 9 | (owner << 11) | ((now + self._vis) << 24), now,
                                          Message, self, group)
         finally:
@@ -448,10 +451,17 @@ class ShmQueue(QueueABC):
                 if waiting:
                     w[33] -= 1 if w[33] else 0  # Q_CONSUMER_WAITERS
                     waiting = False
+                if w[g + L.G_SERIAL] != ref >> L.GI_BITS:  # deleted (maybe created again) meanwhile
+                    ref = self._groups.ref(self._groups.require(group))
+                    gi = ref & L.GI_MASK
+                    prefix = (self, ref, group)
+                    g = self._ring.groups_w + gi * L.G_WORDS
                 deliver(gi, owner, now, max_n, vis, got, dead, Message, prefix, max_bytes)
                 if not got and announce:
                     w[33] += 1  # announce a sleeper before letting go of the lock
                     waiting = True
+                    if _CRASH:
+                        crashpoints.hit("wait.announced")
             finally:
                 unlock(addr)
             if dead:
@@ -524,12 +534,15 @@ class ShmQueue(QueueABC):
         needed: then call ``get_many``."""
         if self._w[4] != 1:  # Q_STATE
             self._alive()
-        gi = self._group(group)
+        ref = self._group_ref(group)
         owner = self._att._slot
         if owner is None:
             owner = self._att.client_slot()
         vis = self._vis if visibility_timeout is None else _ms(visibility_timeout, "visibility_timeout")
         with self._ring.clock:
+            gi = self._groups.live(ref)
+            if gi < 0:  # deleted since we looked: the general path looks again
+                return None
             return self._groups.deliver_block(gi, owner, self._now(), max_n, vis, max_bytes)
 
     # ------------------------------------------------------------ settle
@@ -591,7 +604,7 @@ class ShmQueue(QueueABC):
             self._wake_consumers(1)  # deliverable again now, wherever its consumers wait
         if result == TO_DLQ:
             reason = "nack" if action == NACK else "dead_letter"
-            self._dead_letter([(ref & L.GI_MASK, msg[3], msg[4], reason)])
+            self._dead_letter([(ref & L.GI_MASK, msg[3], msg[4], reason)], options.WAIT_SLICE * 20)
 
     def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:
         msgs, stale, total = own_leases(self, messages)
@@ -636,6 +649,8 @@ class ShmQueue(QueueABC):
                         n += 1
                     elif result == TO_DLQ:
                         dead.append((ref & L.GI_MASK, o, dc, "nack"))
+                    if _CRASH:
+                        crashpoints.hit("give_back.chunk")
         if self._durable and (n or dead):
             self._settled()
         if dead:
@@ -654,27 +669,36 @@ class ShmQueue(QueueABC):
                 self._poke_journal()
 
     # ------------------------------------------------------------ dead letters
-    def _dead_letter(self, items: list[DeadItem]) -> None:
-        """Copy DEADING messages (owned by us, pinned) to the dead-letter queue, then mark DONE."""
+    def _dead_letter(self, items: list[DeadItem], wait: float = 0.0) -> None:
+        """Copy DEADING messages (owned by us, pinned) to the dead-letter queue, then mark
+        DONE.  A dead-letter queue's own message (given back 255 times: its delivery count
+        would saturate) is moved to the tail of the same queue, its origin kept.  ``wait``:
+        how long a copy may wait for room in a full DLQ before it is orphaned (retried by
+        the next reap): only a caller's own nack or dead-letter waits, never a reaper, an
+        expiry or a give-back done for others."""
         ring = self._ring
-        try:
-            dlq = self._att.dead_letter_queue(self)
-        except ShmqError:  # e.g. a journaled DLQ while no journal writer runs: retried later
-            dlq = None
+        dlq: ShmQueue | None = self
+        if not self.is_dlq:
+            try:
+                dlq = self._att.dead_letter_queue(self)
+            except ShmqError:  # e.g. a journaled DLQ while no journal writer runs: retried later
+                dlq = None
         names = dict(self._groups.active())
         for gi, off, dc, reason in items:
-            payload, _meta, ts = ring.record(off)
-            origin = json.dumps({"queue": self.name, "offset": off, "group": names.get(gi, "?"),
-                                 "reason": reason, "deliveries": dc, "timestamp_ns": ts}).encode()
+            payload, meta, ts = ring.record(off)
+            origin = meta if self.is_dlq else json.dumps(
+                {"queue": self.name, "offset": off, "group": names.get(gi, "?"), "reason": reason,
+                 "deliveries": dc, "timestamp_ns": ts}).encode()
             try:
                 if dlq is None:
                     raise Full("no dead-letter queue")
-                dlq._put_meta(payload, origin, options.WAIT_SLICE * 20)
+                dlq._put_meta(payload, origin, wait)
             except (Full, QueueNotFound, Timeout, StorageError):  # retried by maintenance
                 with ring.clock:
                     self._groups.orphan_dead(gi, off, dc)
-                    self._w[L.Q_ORPHANS] = 1
                 continue
+            if _CRASH:
+                crashpoints.hit("dlq.copied")
             with ring.clock:
                 freed = self._groups.finish_dead(gi, off, dc)
             if freed and self._w[L.Q_PRODUCER_WAITERS]:
@@ -698,10 +722,15 @@ class ShmQueue(QueueABC):
             self._wake_consumers(n)
         return n
 
-    def _reap_client(self, client: int, now: int) -> int:
+    def _reap_client(self, client: int, now: int, identity: tuple[int, int] | None = None) -> int:
+        """Give back the leases of client slot ``client`` here.  ``identity``: the (pid,
+        start) of the dead process it must still hold -- checked under the consumer lock,
+        where no new holder of the slot can lease anything meanwhile."""
         owner = self._att.client_slot()
         dead: list[DeadItem] = []
         with self._ring.clock:
+            if identity is not None and not self._att.registry.holds(client, *identity):
+                return 0  # reaped and reused already: the leases are a live process's
             n = self._groups.reap_owner(client, owner, now, dead)
         if dead:
             self._dead_letter(dead)

@@ -1,18 +1,25 @@
 """Find and reclaim shared memory left behind by dead shmq instances.
 
 An object is ours when its name matches ``shmq.<instance>.(reg|q<id>)...``
-and, for segments, it carries our magic.  An instance is dead when its
-registry's owner and every process registered in it are proven dead
-(pid + start time, see ``process``).  A live instance is never touched,
-except for objects its own registry proves orphaned (an id it allocated but
-does not list), which are removed under the registry lock.
+and, for segments, it carries our magic.  An instance is dead when no process
+is attached to it: every attached process (and every child forked from one)
+holds a shared ``flock`` on the registry's file, which the kernel releases when
+the last holder dies, so an exclusive ``flock`` that can be taken is the proof.
+It is held while the instance's objects are removed, and the registry's magic
+is zeroed first, so a process attaching at that moment sees a dead registry and
+makes a new one.  A live instance is never touched, except for objects its own
+registry proves orphaned (an id it allocated but neither lists nor is creating),
+which are removed under the registry lock.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from . import layout as L
@@ -65,47 +72,76 @@ def scan(instance: str | None = None) -> list[InstanceReport]:
     return reports
 
 
-def _judge(inst: str, matches: list[re.Match[str]]) -> InstanceReport:
+@contextmanager
+def _exclusive(reg_name: str) -> Iterator[bool]:
+    """Try the exclusive flock of a registry: True (and held for the block) when no
+    process is attached."""
+    try:
+        fd = os.open(os.path.join(SHM_DIR, reg_name), os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        yield True
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def _judge(inst: str, matches: list[re.Match[str]], dead: bool | None = None,
+           claim: bool = False) -> InstanceReport:
+    """``dead``: the caller holds the exclusive flock (True) or knows it is taken (False).
+    ``claim``: the caller will remove a dead instance: its registry is marked dead first."""
     names = [m.string for m in matches]
-    tmp_alive = [m for m in matches if m["tmppid"] and process.start_ms(int(m["tmppid"]))]
+    tmp_alive = [m for m in matches if m["tmppid"] and process.start_ticks(int(m["tmppid"]))]
     reg_name = f"shmq.{inst}.reg"
     if reg_name not in names:
-        young = [n for n in names if _age(n) < options.STALE_HEARTBEAT]
+        young = [n for n in names if _age(n) < options.CREATION_GRACE]
         if tmp_alive or young:
             return InstanceReport(inst, True, "being created", objects=names)
         return InstanceReport(inst, False, "no registry: leftovers of a dead run", objects=names)
+    if dead is None:
+        with _exclusive(reg_name) as free:
+            return _judge(inst, matches, free)
     try:
         mapping = Mapping.attach("/" + reg_name)
     except Exception as e:  # noqa: BLE001
+        if dead:
+            return InstanceReport(inst, False, f"registry unreadable ({e}), nobody attached", objects=names)
         return InstanceReport(inst, True, f"registry unreadable ({e}); left alone", objects=names)
     try:
         w = mapping.words
-        if w[L.R_MAGIC] != L.REGISTRY_MAGIC:
-            if _age(reg_name) < options.STALE_HEARTBEAT:
-                return InstanceReport(inst, True, "registry not valid yet", objects=names)
-            return InstanceReport(inst, False, "registry destroyed or invalid", objects=names)
-        owner = (w[L.R_OWNER_PID], w[L.R_OWNER_START])
+        valid = w[L.R_MAGIC] == L.REGISTRY_MAGIC
+        owner = w[L.R_OWNER_PID] if valid else 0
         clients = []
-        cw = w[L.R_CLIENTS_OFF] // L.WORD
-        for slot in range(w[L.R_MAX_CLIENTS]):
-            c = cw + slot * L.C_WORDS
-            if w[c + L.C_STATE] == L.C_LIVE:
-                clients.append((w[c + L.C_PID], w[c + L.C_START]))
-        qw = w[L.R_QUEUES_OFF] // L.WORD
-        ids = {w[qw + i * L.E_WORDS + L.E_QUEUE_ID] for i in range(w[L.R_MAX_QUEUES])
-               if w[qw + i * L.E_WORDS + L.E_STATE] == L.E_ACTIVE}
-        next_id = w[L.R_NEXT_QUEUE_ID]
+        ids: set[int] = set()
+        next_id = 0
+        if valid:
+            cw = w[L.R_CLIENTS_OFF] // L.WORD
+            for slot in range(w[L.R_MAX_CLIENTS]):
+                c = cw + slot * L.C_WORDS
+                if w[c + L.C_STATE] == L.C_LIVE:
+                    clients.append(w[c + L.C_PID])
+            qw = w[L.R_QUEUES_OFF] // L.WORD
+            ids = {w[qw + i * L.E_WORDS + L.E_QUEUE_ID] for i in range(w[L.R_MAX_QUEUES])
+                   if w[qw + i * L.E_WORDS + L.E_STATE] != L.E_FREE}
+            next_id = w[L.R_NEXT_QUEUE_ID]
+        if dead and valid and claim:
+            w[L.R_MAGIC] = 0  # whoever opened it a moment ago sees a dead registry once it may look
     finally:
         mapping.close()
-    alive_pids = [pid for pid, start in [owner, *clients] if process.is_alive(pid, start)]
-    report = InstanceReport(inst, bool(alive_pids), "", owner_pid=owner[0],
-                            pids=sorted({p for p, _ in clients}), queues=len(ids), objects=names)
-    if alive_pids:
-        report.reason = f"live processes attached: {sorted(set(alive_pids))}"
+    report = InstanceReport(inst, not dead, "", owner_pid=owner, pids=sorted(set(clients)),
+                            queues=len(ids), objects=names)
+    if dead:
+        report.reason = "no process is attached" if valid else "registry destroyed or invalid"
+    else:
+        report.reason = "processes attached" + (f" (registered: {report.pids})" if clients else "")
         report.orphans = [m.string for m in matches
                           if m["qid"] and int(m["qid"]) not in ids and int(m["qid"]) < next_id]
-    else:
-        report.reason = "owner and every attached process are dead"
     return report
 
 
@@ -121,12 +157,19 @@ def reclaim(instance: str | None = None, dry_run: bool = False) -> list[Instance
     Returns the reports of the instances acted on (or that would be, with ``dry_run``).
     """
     acted = []
-    for report in scan(instance):
+    for inst, matches in sorted(_objects().items()):
+        if instance is not None and inst != instance:
+            continue
+        if dry_run:
+            report = _judge(inst, matches)
+        else:
+            with _exclusive(f"shmq.{inst}.reg") as free:  # held while we remove
+                report = _judge(inst, matches, free, claim=True)
+                if not report.alive:
+                    for n in report.objects:
+                        _unlink(n)
         if not report.alive:
             acted.append(report)
-            if not dry_run:
-                for n in report.objects:
-                    _unlink(n)
         elif report.orphans:
             acted.append(report)
             if not dry_run:
@@ -138,11 +181,7 @@ def _remove_orphans(report: InstanceReport) -> None:
     from .registry import Registry
     reg = Registry.open(report.instance, create=False)
     try:
-        with reg.lock:  # no queue is being created while we look
-            ids = {e.queue_id for e in reg.queues()}
-            for n in report.orphans:
-                m = _NAME.match(n)
-                if m and m["qid"] and int(m["qid"]) not in ids:
-                    _unlink(n)
+        with reg.lock:  # ids listed or being created are not orphans
+            reg.repair()
     finally:
         reg.close()

@@ -1,22 +1,54 @@
 """The instance registry: one segment that names the queues and the processes attached.
 
 Lock order: the registry lock is taken before any queue lock, never after.
+A queue is created in three steps: its name and id are reserved under the registry lock
+(``reserve_queue``), its segment is made outside it (reserving a large segment's pages
+takes a while), and it is listed under the lock again (``publish_queue``).  A reservation
+whose creator died is dropped by the next one who looks (``repair``).
 A registry is created whole under a temporary name and linked into place, so
 no process ever attaches to a half-written one.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import time
 from dataclasses import dataclass
 
+from . import crashpoints, options, process
 from . import layout as L
-from . import options, process
-from .errors import InstanceError, InvalidArgument, LimitExceeded
+from .errors import InstanceError, InvalidArgument, LimitExceeded, QueueExists
 from .lock import RobustLock
-from .segment import Mapping, link_into_place, registry_name, unlink_shm
+from .segment import (
+    SHM_DIR,
+    Mapping,
+    link_into_place,
+    queue_id_of,
+    queue_segment_name,
+    registry_name,
+    semaphore_names,
+    shm_path,
+    unlink_semaphore,
+    unlink_shm,
+)
+
+_CRASH = crashpoints.watch(__name__)
+
+
+def _attached(mapping: Mapping) -> bool:
+    """Take the shared flock on an attached registry and check it is still the live one
+    (the name leads to this file, the magic is valid); else close it."""
+    fcntl.flock(mapping.fd, fcntl.LOCK_SH)  # waits out a reclaimer's exclusive lock
+    try:
+        same = os.stat(shm_path(mapping.name)).st_ino == os.fstat(mapping.fd).st_ino
+    except FileNotFoundError:
+        same = False
+    if same and mapping.words[L.R_MAGIC] == L.REGISTRY_MAGIC:
+        return True
+    mapping.close()
+    return False
 
 
 @dataclass(frozen=True)
@@ -31,8 +63,7 @@ class QueueEntry:
 class ClientEntry:
     slot: int
     pid: int
-    start_ms: int
-    heartbeat_ms: int
+    start: int  # clock ticks since boot (process.start_ticks)
 
 
 class Registry:
@@ -50,40 +81,53 @@ class Registry:
         self.clients_w = w[L.R_CLIENTS_OFF] // L.WORD
         self.queues_w = w[L.R_QUEUES_OFF] // L.WORD
         self.lock = RobustLock(self.mm, L.R_LOCK_OFF)
+        # a process died holding the registry lock: drop what its half-done work left
+        self.lock.on_recover = self.repair
         self._dead: set[tuple[int, int]] = set()
 
     # ------------------------------------------------------------ open / create
     @classmethod
     def open(cls, instance: str, *, create: bool = True, max_queues: int = options.MAX_QUEUES,
              max_clients: int = options.MAX_CLIENTS) -> Registry:
+        """Attach the instance's registry (creating it when ``create`` and none exists).
+
+        The returned registry holds a shared ``flock`` on the registry's file for as long
+        as it is open: the kernel's proof that this process (or a forked child, which
+        inherits it) is attached, read by ``reclaim``.  The lock is taken before the
+        mapping is trusted, and the name is checked to still lead to the same file with a
+        valid magic, so a registry reclaimed meanwhile is never used."""
         name = registry_name(instance)
         deadline = time.monotonic() + options.ATTACH_TIMEOUT
         while True:
+            mapping: Mapping | None
             try:
-                return cls(instance, Mapping.attach(name))
+                mapping = Mapping.attach(name, hold=True)
             except FileNotFoundError:
                 if not create:
                     raise InstanceError(f"no shmq instance named {instance!r} on this host") from None
-            if cls._create(instance, max_queues, max_clients):
-                return cls(instance, Mapping.attach(name))
+                mapping = cls._create(instance, max_queues, max_clients)
+            if mapping is not None and _attached(mapping):
+                return cls(instance, mapping)
             if time.monotonic() > deadline:  # lost the race, and the winner's object vanished
                 raise InstanceError(f"could not open instance {instance!r}")
 
     @staticmethod
-    def _create(instance: str, max_queues: int, max_clients: int) -> bool:
+    def _create(instance: str, max_queues: int, max_clients: int) -> Mapping | None:
+        """A new registry, whole and attached (its shared flock taken before its name
+        exists); None when another process published one first."""
         if not 1 <= max_clients < L.MAX_OWNER:
             raise LimitExceeded(f"max_clients must be 1..{L.MAX_OWNER - 1}")
         clients_off, queues_off, total = L.registry_size(max_queues, max_clients)
         tmp = f"{registry_name(instance)}.tmp{os.getpid()}.{secrets.token_hex(4)}"
-        mapping = Mapping.create(tmp, total)
+        mapping = Mapping.create(tmp, total, hold=True)
         try:
+            fcntl.flock(mapping.fd, fcntl.LOCK_SH)
             w = mapping.words
             pid, start = process.me()
             w[L.R_VERSION] = L.LAYOUT_VERSION
             w[L.R_INSTANCE_UID] = secrets.randbits(63) | 1
             w[L.R_OWNER_PID] = pid
             w[L.R_OWNER_START] = start
-            w[L.R_HEARTBEAT] = int(time.time() * 1000)
             w[L.R_CREATED_NS] = time.time_ns()
             w[L.R_MAX_QUEUES] = max_queues
             w[L.R_MAX_CLIENTS] = max_clients
@@ -93,14 +137,24 @@ class Registry:
             w[L.R_TOTAL_SIZE] = total
             RobustLock(mapping.mm, L.R_LOCK_OFF).initialise()
             w[L.R_MAGIC] = L.REGISTRY_MAGIC
-            return link_into_place(tmp, registry_name(instance))
-        finally:
+            if link_into_place(tmp, registry_name(instance)):
+                mapping.name = registry_name(instance)
+                return mapping
+        except BaseException:
             mapping.close()
+            raise
+        finally:
             unlink_shm(tmp)
+        mapping.close()
+        return None
 
     def close(self) -> None:
         self.lock.detach()
         self.mapping.close()
+
+    def detach(self) -> None:
+        """Let go of the shared flock (the instance is being destroyed); the mapping stays."""
+        self.mapping.close_fd()
 
     # ------------------------------------------------------------ owner
     @property
@@ -112,7 +166,6 @@ class Registry:
         with self.lock:
             self.w[L.R_OWNER_PID] = pid
             self.w[L.R_OWNER_START] = start
-            self.beat()
 
     def set_journal(self, data_dir: str | None) -> None:
         """Announce (or, with None, withdraw) this process as the journal writer."""
@@ -140,8 +193,6 @@ class Registry:
         n = self.w[L.R_DATA_DIR_LEN]
         return bytes(self.mm[L.R_DATA_DIR * 8:L.R_DATA_DIR * 8 + n]).decode() if n else None
 
-    def beat(self) -> None:
-        self.w[L.R_HEARTBEAT] = int(time.time() * 1000)
 
     # ------------------------------------------------------------ clients
     def register_client(self) -> int:
@@ -153,14 +204,31 @@ class Registry:
                 if w[c + L.C_STATE] == L.C_FREE:
                     w[c + L.C_PID] = pid
                     w[c + L.C_START] = start
-                    w[c + L.C_HEARTBEAT] = int(time.time() * 1000)
                     w[c + L.C_STATE] = L.C_LIVE
+                    if _CRASH:
+                        crashpoints.hit("registry.slot.taken")
                     return slot
         raise LimitExceeded(f"instance {self.instance!r} has {self.max_clients} processes attached already")
 
     def unregister_client(self, slot: int) -> None:
         with self.lock:
             self.w[self.clients_w + slot * L.C_WORDS + L.C_STATE] = L.C_FREE
+            if _CRASH:
+                crashpoints.hit("registry.slot.freed")
+
+    def holds(self, slot: int, pid: int, start: int) -> bool:
+        """Is client ``slot`` still taken by the process (pid, start)?  A reaper asks this
+        under each queue's consumer lock before it gives back that slot's leases there: a
+        slot freed by another reaper and taken by a new process must keep its leases."""
+        c = self.clients_w + slot * L.C_WORDS
+        w = self.w
+        return w[c + L.C_STATE] == L.C_LIVE and w[c + L.C_PID] == pid and w[c + L.C_START] == start
+
+    def free_client(self, entry: ClientEntry) -> None:
+        """Free a dead client's slot, if it still holds that client."""
+        with self.lock:
+            if self.holds(entry.slot, entry.pid, entry.start):
+                self.w[self.clients_w + entry.slot * L.C_WORDS + L.C_STATE] = L.C_FREE
 
     def clients(self) -> list[ClientEntry]:
         w = self.w
@@ -168,11 +236,11 @@ class Registry:
         for slot in range(self.max_clients):
             c = self.clients_w + slot * L.C_WORDS
             if w[c + L.C_STATE] == L.C_LIVE:
-                out.append(ClientEntry(slot, w[c + L.C_PID], w[c + L.C_START], w[c + L.C_HEARTBEAT]))
+                out.append(ClientEntry(slot, w[c + L.C_PID], w[c + L.C_START]))
         return out
 
     def client_alive(self, entry: ClientEntry) -> bool:
-        key = (entry.pid, entry.start_ms)
+        key = (entry.pid, entry.start)
         if key in self._dead:
             return False
         if process.is_alive(*key):
@@ -181,13 +249,12 @@ class Registry:
         return False
 
     def forget_dead(self, entry: ClientEntry) -> None:
-        self._dead.discard((entry.pid, entry.start_ms))
-
-    def touch_client(self, slot: int) -> None:
-        self.w[self.clients_w + slot * L.C_WORDS + L.C_HEARTBEAT] = int(time.time() * 1000)
+        self._dead.discard((entry.pid, entry.start))
 
     def reap_due(self, now_ms: int, interval_ms: int) -> bool:
-        """True at most once per interval across all processes (a cheap hint, not a lock)."""
+        """True about once per interval across all processes: a cheap hint, not a lock.
+        Two reapers may overlap; each re-checks a dead client's identity under every
+        queue's consumer lock (``holds``), so that is harmless."""
         w = self.w
         if now_ms < w[L.R_NEXT_REAP_MS]:
             return False
@@ -219,28 +286,137 @@ class Registry:
     def generation(self) -> int:
         return self.w[L.R_GENERATION]
 
-    def allocate_queue_id(self) -> int:
-        """Call with the registry lock held."""
-        qid = self.w[L.R_NEXT_QUEUE_ID]
-        self.w[L.R_NEXT_QUEUE_ID] = qid + 1
-        return qid
-
-    def add_queue(self, name: str, queue_id: int, is_dlq: bool) -> None:
-        """Publish a queue whose segment is complete.  Call with the registry lock held."""
+    def reserve_queue(self, name: str, is_dlq: bool) -> int:
+        """Reserve a name and a fresh queue id (state E_CREATING, naming this process as
+        the creator) so that the segment can be made outside the registry lock; the id.
+        Call with the registry lock held.  A reservation whose creator died is dropped."""
         w = self.w
         raw = name.encode()
+        free = -1
         for i in range(self.max_queues):
             e = self.queues_w + i * L.E_WORDS
-            if w[e + L.E_STATE] == L.E_FREE:
-                w[e + L.E_QUEUE_ID] = queue_id
-                w[e + L.E_FLAGS] = L.F_DLQ if is_dlq else 0
-                w[e + L.E_CREATED_NS] = time.time_ns()
-                w[e + L.E_NAME_LEN] = len(raw)
-                self.mm[(e + L.E_NAME) * 8:(e + L.E_NAME) * 8 + len(raw)] = raw
-                w[e + L.E_STATE] = L.E_ACTIVE
+            state = w[e + L.E_STATE]
+            if state != L.E_FREE and self._entry_name(e) == name:
+                if state == L.E_CREATING and not self._creator_alive(e):
+                    self._drop_reservation(e)
+                else:
+                    raise QueueExists(f"queue {name!r} exists in instance {self.instance!r}")
+            if w[e + L.E_STATE] == L.E_FREE and free < 0:
+                free = e
+        if free < 0:
+            raise LimitExceeded(f"instance {self.instance!r} holds {self.max_queues} queues already")
+        qid = w[L.R_NEXT_QUEUE_ID]
+        w[L.R_NEXT_QUEUE_ID] = qid + 1
+        pid, start = process.me()
+        w[free + L.E_QUEUE_ID] = qid
+        w[free + L.E_FLAGS] = L.F_DLQ if is_dlq else 0
+        w[free + L.E_CREATED_NS] = time.time_ns()
+        w[free + L.E_NAME_LEN] = len(raw)
+        self.mm[(free + L.E_NAME) * 8:(free + L.E_NAME) * 8 + len(raw)] = raw
+        w[free + L.E_CREATOR] = pid | start << L.CREATOR_PID_BITS
+        w[free + L.E_STATE] = L.E_CREATING
+        return qid
+
+    def _entry(self, queue_id: int, state: int) -> int:
+        w = self.w
+        for i in range(self.max_queues):
+            e = self.queues_w + i * L.E_WORDS
+            if w[e + L.E_STATE] == state and w[e + L.E_QUEUE_ID] == queue_id:
+                return e
+        return -1
+
+    def publish_queue(self, queue_id: int) -> bool:
+        """A reserved queue's segment is complete: list it.  False when the reservation
+        is gone (dropped as a dead creator's, which this process is not).  Call with the
+        registry lock held."""
+        e = self._entry(queue_id, L.E_CREATING)
+        if e < 0:
+            return False
+        self.w[e + L.E_STATE] = L.E_ACTIVE
+        self.w[L.R_GENERATION] += 1
+        return True
+
+    def cancel_reservation(self, queue_id: int) -> None:
+        """Call with the registry lock held."""
+        e = self._entry(queue_id, L.E_CREATING)
+        if e >= 0:
+            self.w[e + L.E_STATE] = L.E_FREE
+
+    def _creator_alive(self, e: int) -> bool:
+        c = self.w[e + L.E_CREATOR]
+        return process.is_alive(c & ((1 << L.CREATOR_PID_BITS) - 1), c >> L.CREATOR_PID_BITS)
+
+    def _drop_reservation(self, e: int) -> None:
+        """Remove what a dead creator made of a reserved queue, then the reservation."""
+        qid = self.w[e + L.E_QUEUE_ID]
+        unlink_shm(queue_segment_name(self.instance, qid))
+        for s in semaphore_names(self.instance, qid):
+            unlink_semaphore(s)
+        self.w[e + L.E_STATE] = L.E_FREE
+
+    def repair(self) -> int:
+        """Finish what a process that died holding the registry lock (or while creating a
+        queue) left half-done; the number of objects dropped.  Call with the lock held.
+
+        * a reservation whose creator died: its objects and the reservation go;
+        * a queue marked deleted but still listed (``delete_queue`` cut short): the
+          delete is finished (a journaled queue's journal is retired);
+        * a segment the registry neither lists nor is creating (a delete cut short after
+          unlisting): unlinked with its semaphores."""
+        w = self.w
+        n = 0
+        for i in range(self.max_queues):
+            e = self.queues_w + i * L.E_WORDS
+            state = w[e + L.E_STATE]
+            if state == L.E_CREATING and not self._creator_alive(e):
+                self._drop_reservation(e)
+                n += 1
+            elif state == L.E_ACTIVE and self._marked_deleted(w[e + L.E_QUEUE_ID]):
+                name, durable = self._entry_name(e), self._durable(w[e + L.E_QUEUE_ID])
+                self._drop_reservation(e)
                 w[L.R_GENERATION] += 1
-                return
-        raise LimitExceeded(f"instance {self.instance!r} holds {self.max_queues} queues already")
+                data_dir = self.data_dir()
+                if durable and data_dir:
+                    from .shm import retire_journal
+                    retire_journal(data_dir, name)
+                n += 1
+        ids = self.reserved_ids()
+        for name in os.listdir(SHM_DIR):
+            qid = queue_id_of(self.instance, name)
+            if qid is not None and qid not in ids and qid < w[L.R_NEXT_QUEUE_ID]:
+                unlink_shm(queue_segment_name(self.instance, qid))
+                for s in semaphore_names(self.instance, qid):
+                    unlink_semaphore(s)
+                n += 1
+        return n
+
+    def _segment_word(self, queue_id: int, word: int) -> int | None:
+        try:
+            m = Mapping.attach(queue_segment_name(self.instance, queue_id))
+        except (FileNotFoundError, InstanceError):
+            return None
+        try:
+            return m.words[word] if m.words[L.Q_MAGIC] == L.QUEUE_MAGIC else None
+        finally:
+            m.close()
+
+    def _marked_deleted(self, queue_id: int) -> bool:
+        return self._segment_word(queue_id, L.Q_STATE) == L.QS_DELETED
+
+    def _durable(self, queue_id: int) -> bool:
+        return bool(self._segment_word(queue_id, L.Q_DURABILITY))
+
+    def stale_reservations(self) -> list[int]:
+        """Ids of reservations whose creator is dead (read without the lock: a hint)."""
+        w = self.w
+        return [w[e + L.E_QUEUE_ID] for e in (self.queues_w + i * L.E_WORDS for i in range(self.max_queues))
+                if w[e + L.E_STATE] == L.E_CREATING and not self._creator_alive(e)]
+
+    def reserved_ids(self) -> set[int]:
+        """Ids of the queues listed or being created."""
+        w = self.w
+        return {w[e + L.E_QUEUE_ID] for e in (self.queues_w + i * L.E_WORDS for i in range(self.max_queues))
+                if w[e + L.E_STATE] != L.E_FREE}
 
     def remove_queue(self, queue_id: int) -> None:
         """Call with the registry lock held."""

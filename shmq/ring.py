@@ -23,13 +23,15 @@ import time
 from array import array
 from itertools import accumulate, compress
 
+from . import crashpoints, options
 from . import layout as L
-from . import options
 from .errors import InstanceError
 from .lock import RobustLock, trylock, unlock
 from .segment import Mapping
 
 DUPLICATE = -2  # try_put_many: this producer already wrote that sequence
+
+_CRASH = crashpoints.watch(__name__)
 
 
 def producer_key(producer: str) -> int:
@@ -70,6 +72,8 @@ class Ring:
         self.name = bytes(self.mm[L.Q_NAME * 8: L.Q_NAME * 8 + w[L.Q_NAME_LEN]]).decode()
         self.plock = RobustLock(self.mm, L.Q_LOCK_P, (w, L.Q_PLOCK_RECOVERIES))
         self.clock = RobustLock(self.mm, L.Q_LOCK_C, (w, L.Q_CLOCK_RECOVERIES))
+        # a producer died holding the producer lock: its idempotent put counts only if committed
+        self.plock.on_recover = self._recover_producer
         self._zero_leases = bytes(8 * self.max_groups)
 
     # ------------------------------------------------------------ creation
@@ -183,7 +187,11 @@ class Ring:
             b = (base + 4) * 8
             mm[b:b + len(self._zero_leases)] = self._zero_leases
             w[25] = p + n
+            if _CRASH:
+                crashpoints.hit("put.written")
             w[24] = off + 1  # commit
+            if _CRASH:
+                crashpoints.hit("put.committed")
             return off
         finally:
             unlock(addr)
@@ -278,6 +286,8 @@ class Ring:
             w[25] = p
             if producer:  # the order matters: see "Producer entry" in layout
                 w[26] = (pe - self.producers_w) // L.P_WORDS + 1
+                if _CRASH:
+                    crashpoints.hit("put_idem.pending")
                 if w[pe + L.P_KEY] == producer:
                     prev = w[pe + L.P_SEQ]
                 else:
@@ -287,10 +297,18 @@ class Ring:
                 w[pe + L.P_COMMIT] = off + count
                 w[pe + L.P_SEQ] = seq
                 w[pe + L.P_KEY] = producer
+                if _CRASH:
+                    crashpoints.hit("put_idem.entry")
                 w[24] = off + count  # commit
+                if _CRASH:
+                    crashpoints.hit("put_idem.committed")
                 w[26] = 0
             else:
+                if _CRASH:
+                    crashpoints.hit("put_many.written")
                 w[24] = off + count  # commit
+                if _CRASH:
+                    crashpoints.hit("put_many.committed")
             return off
         finally:
             self.plock.release()
@@ -317,6 +335,10 @@ class Ring:
         if w[24] < w[e + L.P_COMMIT]:
             w[e + L.P_SEQ] = w[e + L.P_PREV]
         w[26] = 0
+
+    def _recover_producer(self) -> None:
+        if self.w[L.Q_PENDING_PRODUCER]:
+            self._settle_pending()
 
     def producer_table(self) -> list[tuple[int, int]]:
         """(key, last sequence) of every remembered producer; call under plock."""

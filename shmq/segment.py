@@ -37,6 +37,14 @@ def queue_segment_name(instance: str, queue_id: int) -> str:
     return f"/{PREFIX}{instance}.q{queue_id}"
 
 
+def queue_id_of(instance: str, name: str) -> int | None:
+    """The queue id of a queue segment's name in /dev/shm (``shmq.<instance>.q<id>``)."""
+    prefix = f"{PREFIX}{instance}.q"
+    if name.startswith(prefix) and name[len(prefix):].isdigit():
+        return int(name[len(prefix):])
+    return None
+
+
 def semaphore_names(instance: str, queue_id: int) -> tuple[str, str, str, str]:
     """The semaphore names of a queue: not_empty, not_full, journal (wakes the journal
     writer) and durable (wakes those waiting for a durable mark)."""
@@ -47,17 +55,19 @@ def semaphore_names(instance: str, queue_id: int) -> tuple[str, str, str, str]:
 class Mapping:
     """One shared-memory object mapped into this process."""
 
-    __slots__ = ("name", "mm", "words", "size")
+    __slots__ = ("name", "mm", "words", "size", "fd")
 
-    def __init__(self, name: str, mm: mmap.mmap) -> None:
+    def __init__(self, name: str, mm: mmap.mmap, fd: int = -1) -> None:
         self.name = name
         self.mm = mm
         self.size = len(mm)
         self.words = memoryview(mm).cast("Q")
+        self.fd = fd  # the object's file, kept open when asked for (``hold``): -1 otherwise
 
     @classmethod
-    def create(cls, name: str, size: int) -> Mapping:
-        """Create a new object (fails if it exists), sized and zero-filled."""
+    def create(cls, name: str, size: int, hold: bool = False) -> Mapping:
+        """Create a new object (fails if it exists), sized and zero-filled.  ``hold``: keep
+        its file descriptor open (``fd``) until ``close``."""
         shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=options.SHM_MODE, size=size)
         try:
             try:  # reserve the pages now: a full /dev/shm is an error here, never a SIGBUS later
@@ -70,11 +80,13 @@ class Mapping:
             shm.close_fd()
             posix_ipc.unlink_shared_memory(name)
             raise
+        if hold:
+            return cls(name, mm, _cloexec(shm.fd))
         shm.close_fd()
         return cls(name, mm)
 
     @classmethod
-    def attach(cls, name: str) -> Mapping:
+    def attach(cls, name: str, hold: bool = False) -> Mapping:
         try:
             shm = posix_ipc.SharedMemory(name)
         except posix_ipc.ExistentialError:
@@ -83,16 +95,33 @@ class Mapping:
             if shm.size == 0:
                 raise InstanceError(f"shared memory {name} is empty (creation in progress or crashed)")
             mm = mmap.mmap(shm.fd, shm.size)
-        finally:
+        except BaseException:
             shm.close_fd()
+            raise
+        if hold:
+            return cls(name, mm, _cloexec(shm.fd))
+        shm.close_fd()
         return cls(name, mm)
 
+    def close_fd(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
     def close(self) -> None:
+        self.close_fd()
         self.words.release()
         try:
             self.mm.close()
         except BufferError:  # a Message still references the mapping; the GC unmaps it later
             pass
+
+
+def _cloexec(fd: int) -> int:
+    """A descriptor kept open must not leak into programs this process execs (a forked
+    child still shares it: that child is attached too)."""
+    os.set_inheritable(fd, False)
+    return fd
 
 
 def unlink_shm(name: str) -> bool:

@@ -21,10 +21,10 @@ from typing import Any
 
 import posix_ipc
 
+from . import crashpoints, options
 from . import layout as L
-from . import options
 from .api import Broker, QueueConfig, QueueInfo
-from .errors import InvalidArgument, QueueExists, QueueNotFound
+from .errors import InstanceError, InvalidArgument, QueueExists, QueueNotFound
 from .names import check_queue_name, dlq_name, is_dlq_name
 from .queue import ShmQueue, monotonic_ms
 from .registry import QueueEntry, Registry
@@ -39,6 +39,8 @@ from .segment import (
     unlink_semaphore,
     unlink_shm,
 )
+
+_CRASH = crashpoints.watch(__name__)
 
 
 class Attachment:
@@ -137,35 +139,42 @@ class Attachment:
                 f"durability {config.durability!r} needs a running broker to write the journal "
                 f"(shmq serve --instance {self.instance}); no journal writer is attached to this instance")
         with reg.lock:
-            if reg.find(name) is not None:
-                raise QueueExists(f"queue {name!r} exists in instance {self.instance!r}")
-            qid = reg.allocate_queue_id()
-            seg = queue_segment_name(self.instance, qid)
-            sems = semaphore_names(self.instance, qid)
+            qid = reg.reserve_queue(name, is_dlq)
+        if _CRASH:
+            crashpoints.hit("queue.create.segment")
+        seg = queue_segment_name(self.instance, qid)
+        sems = semaphore_names(self.instance, qid)
+        try:
             # The id is fresh in this registry, so an object already under its name can
             # only be a leftover of a dead earlier run of this instance: reclaim it.
             unlink_shm(seg)
             for s in sems:
                 unlink_semaphore(s)
-            try:
-                for s in sems:
-                    open_semaphore(s, create=True).close()
-                ring = Ring.create(
-                    seg, instance_uid=reg.uid, queue_id=qid, name=name, capacity=cap, max_bytes=mb,
-                    max_message_size=mms, visibility_ms=vis,
-                    max_deliveries=0 if is_dlq else config.max_deliveries,
-                    max_groups=config.max_groups, max_clients=reg.max_clients,
-                    durability=options.DURABILITY_MODES.index(config.durability),
-                    flags=L.F_DLQ if is_dlq else 0, default_group=options.DEFAULT_GROUP)
-                if restore is not None:
-                    restore(ring)
-                ring.close()
-                reg.add_queue(name, qid, is_dlq)
-            except BaseException:
+            for s in sems:
+                open_semaphore(s, create=True).close()
+            # outside the registry lock: reserving a large segment's pages takes a while
+            ring = Ring.create(
+                seg, instance_uid=reg.uid, queue_id=qid, name=name, capacity=cap, max_bytes=mb,
+                max_message_size=mms, visibility_ms=vis,
+                max_deliveries=0 if is_dlq else config.max_deliveries,
+                max_groups=config.max_groups, max_clients=reg.max_clients,
+                durability=options.DURABILITY_MODES.index(config.durability),
+                flags=L.F_DLQ if is_dlq else 0, default_group=options.DEFAULT_GROUP)
+            if restore is not None:
+                restore(ring)
+            ring.close()
+            with reg.lock:
+                if not reg.publish_queue(qid):
+                    raise InstanceError(f"the reservation of queue {name!r} was dropped")
+                if _CRASH:
+                    crashpoints.hit("queue.create.published")
+        except BaseException:
+            with reg.lock:
+                reg.cancel_reservation(qid)
                 unlink_shm(seg)
                 for s in sems:
                     unlink_semaphore(s)
-                raise
+            raise
         q = self.queue(name)
         if config.durability != "memory" and restore is None:
             # return once the journal writer has taken the queue on (its meta file is on disk)
@@ -184,10 +193,14 @@ class Attachment:
                 raise QueueNotFound(f"no queue named {name!r} in instance {self.instance!r}")
             q = self._open(entry)
             q._w[L.Q_STATE] = L.QS_DELETED  # other handles see this on their next call
+            if _CRASH:
+                crashpoints.hit("queue.delete.marked")
             for sem in (q._ne, q._nf, q._js, q._ds):  # wake sleepers so they notice at once
                 for _ in range(8):
                     sem.release()
             reg.remove_queue(entry.queue_id)
+            if _CRASH:
+                crashpoints.hit("queue.delete.unlisted")
             unlink_shm(queue_segment_name(self.instance, entry.queue_id))
             for s in semaphore_names(self.instance, entry.queue_id):
                 unlink_semaphore(s)
@@ -212,26 +225,36 @@ class Attachment:
 
     # ------------------------------------------------------------ reaping
     def reap(self, now: int, force: bool = False) -> int:
-        """Give back the leases of dead processes (at most once per REAP_INTERVAL, instance-wide)."""
+        """Give back the leases of dead processes (at most about once per REAP_INTERVAL,
+        instance-wide, unless ``force``), drop queue reservations of dead creators, and
+        retry dead-letter copies that failed; the number of leases given back."""
         reg = self.registry
         if not reg.reap_due(now, int(options.REAP_INTERVAL * 1000)) and not force:
             return 0
         me = self.client_slot()
-        reg.touch_client(me)
         n = 0
         for c in reg.clients():
             if c.slot == me or reg.client_alive(c):
                 continue
             for entry in reg.queues():
                 try:
-                    n += self._open(entry)._reap_client(c.slot, now)
+                    n += self._open(entry)._reap_client(c.slot, now, (c.pid, c.start))
                 except QueueNotFound:
                     continue
-            with reg.lock:
-                cw = reg.clients_w + c.slot * L.C_WORDS
-                if reg.w[cw + L.C_PID] == c.pid and reg.w[cw + L.C_START] == c.start_ms:
-                    reg.w[cw + L.C_STATE] = L.C_FREE
+                if _CRASH:
+                    crashpoints.hit("reap.queue")
+            reg.free_client(c)
             reg.forget_dead(c)  # the slot is free: no need to remember that its process died
+        if reg.stale_reservations():
+            with reg.lock:
+                reg.repair()
+        for entry in reg.queues():
+            try:
+                q = self._open(entry)
+                if q._w[L.Q_ORPHANS]:  # a dead-letter copy failed (full DLQ): try again
+                    q.maintain(now)
+            except QueueNotFound:
+                continue
         return n
 
     def release(self) -> None:
@@ -360,7 +383,13 @@ class ShmBroker(Broker):
 
     def __init__(self, instance: str = options.DEFAULT_INSTANCE, *,
                  clock: Callable[[], float] | None = None) -> None:
-        now_ms = None if clock is None else (lambda: int(clock() * 1000))
+        now_ms = None
+        if clock is not None:
+            now_ms = lambda: int(clock() * 1000)
+            if not 0 <= now_ms() < 1 << (L.TIME_SHIFT + 15):
+                raise InvalidArgument(
+                    "clock must count seconds from a recent origin, as time.monotonic does (lease "
+                    f"deadlines are kept in {64 - L.TIME_SHIFT} bits of ms): time.time does not fit")
         self._att = _attach(instance, now_ms)
         self.instance = instance
         self.url = f"shm://{instance}"
@@ -425,6 +454,7 @@ class ShmBroker(Broker):
                 except QueueNotFound:
                     pass
             reg.w[L.R_MAGIC] = 0  # late attachers see a dead registry
+        reg.detach()  # this process no longer keeps the instance alive
         next_id = reg.w[L.R_NEXT_QUEUE_ID]
         for qid in range(1, next_id):
             unlink_shm(queue_segment_name(self.instance, qid))

@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 import shmq
+from shmq.check import check_instance
 from shmq.shm import ShmBroker
 
 _counter = itertools.count()
@@ -56,10 +57,17 @@ def no_leaks() -> Iterator[None]:
 
 @pytest.fixture
 def instance() -> Iterator[str]:
+    """A fresh instance name; afterwards its shared memory must pass the invariant
+    checker (``shmq doctor --check``) and is removed."""
     name = unique_instance()
     yield name
     if os.path.exists(f"/dev/shm/shmq.{name}.reg"):
+        try:
+            violations = check_instance(name)
+        except shmq.InstanceError:  # destroyed by the test itself
+            violations = []
         ShmBroker(name).destroy()
+        assert violations == [], f"shmq doctor --check after the test: {violations}"
     mine = [n for n in leftovers(name) if n.split(".")[1 if n.startswith("shmq.") else 2] == name]
     assert not mine, f"this test left shared memory behind: {mine}"
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import random
 import signal
 import time
 from pathlib import Path
@@ -93,7 +92,12 @@ def _lease_without_cursor_then_hang(url: str, ready: mp.Event) -> None:  # type:
     time.sleep(60)
 
 
-def test_consumer_killed_between_lease_and_cursor(shm_broker: ShmBroker) -> None:
+@pytest.mark.parametrize("reap_first", [False, True], ids=["deliver-first", "reap-first"])
+def test_consumer_killed_between_lease_and_cursor(shm_broker: ShmBroker, reap_first: bool) -> None:
+    """The lease never reached anyone: the next holder of the consumer lock makes the word
+    NEW again, whether a reaper or a delivery comes first (a reaper used to turn it READY
+    above the cursor, where nothing delivers: the message was stranded for good)."""
+    from shmq.check import check_instance
     q = shm_broker.create_queue("q", visibility_timeout=600)
     q.put_many([b"a", b"b"])
     ready = CTX.Event()
@@ -101,12 +105,13 @@ def test_consumer_killed_between_lease_and_cursor(shm_broker: ShmBroker) -> None
     p.start()
     assert ready.wait(10)
     _kill(p)
-    first = q.get(timeout=5)
-    assert (first.payload, first.deliveries) == (b"b", 1)  # the half-taken one is stepped over
-    again = q.get(timeout=5)  # and given back because its owner is dead, long before 600 s
-    assert (again.payload, again.deliveries) == (b"a", 2)
-    q.ack_many([first, again])
-    q._ring.check_invariants()
+    if reap_first:
+        shm_broker.reap()
+    got = q.get_many(2, timeout=5)
+    assert [(m.payload, m.deliveries) for m in got] == [(b"a", 1), (b"b", 1)]
+    q.ack_many(got)
+    assert q.stats()["groups"]["default"]["depth"] == 0
+    assert check_instance(shm_broker.instance) == []
 
 
 def _take_and_hang(url: str, n: int, ready: mp.Event) -> None:  # type: ignore[type-arg]
@@ -169,154 +174,30 @@ def test_close_in_a_forked_child_gives_its_leases_back(shm_broker: ShmBroker) ->
 
 
 # ---------------------------------------------------------------- the storm
-def _storm_producer(url: str, pid_tag: int, log_dir: str, start: int, n: int) -> None:
-    q = shmq.connect(url).queue("storm")
-    with open(f"{log_dir}/p{pid_tag}.log", "a", buffering=1) as log:
-        for i in range(start, start + n):
-            ident = f"{pid_tag}.{i}"
-            log.write(f"A {ident}\n")
-            q.put(f"{ident}|{ident}".encode())  # the payload repeats the id: corruption shows
-            log.write(f"C {ident}\n")
-
-
-def _storm_consumer(url: str, tag: int, log_dir: str) -> None:
-    q = shmq.connect(url).queue("storm")
-    rnd = random.Random(tag)
-    with open(f"{log_dir}/c{tag}.log", "a", buffering=1) as log:
-        while True:
-            try:
-                msgs = q.get_many(rnd.choice([1, 1, 5, 20]), timeout=0.5)
-            except shmq.Empty:
-                continue
-            for m in msgs:
-                log.write(f"G {m.payload.decode()}\n")
-            if rnd.random() < 0.1 and msgs:
-                msgs[0].nack()
-                msgs = msgs[1:]
-            if len(msgs) > 1:
-                q.ack_many(msgs)
-            elif msgs:
-                msgs[0].ack()
-            for m in msgs:
-                log.write(f"K {m.payload.decode()}\n")
-
-
-def _storm_lock_hog(url: str) -> None:
-    """Holds the queue's locks much of the time, so that kills land inside them."""
-    q = shmq.connect(url).queue("storm")
-    ring = q._ring
-    while True:
-        lock = ring.plock if random.random() < 0.5 else ring.clock
-        lock.acquire()
-        time.sleep(random.uniform(0, 0.002))
-        lock.release()
-        time.sleep(random.uniform(0, 0.001))
-
-
-def _read_logs(log_dir: Path) -> dict[str, set[str]]:
-    sets: dict[str, set[str]] = {k: set() for k in "ACGK"}
-    for f in log_dir.iterdir():
-        for line in f.read_text().splitlines():
-            parts = line.split(" ", 1)
-            if len(parts) == 2 and parts[0] in sets:
-                sets[parts[0]].add(parts[1])
-    return sets
-
-
 def test_sigkill_storm_loses_nothing_and_invents_nothing(instance: str, tmp_path: Path) -> None:
-    b = ShmBroker(instance)
-    q = b.create_queue("storm", capacity=512, max_bytes=64 * 1024, visibility_timeout=30,
-                       max_deliveries=255)
-    rnd = random.Random(1234)
-    producers: dict[int, mp.process.BaseProcess] = {}
-    consumers: dict[int, mp.process.BaseProcess] = {}
-    next_tag = 0
-    kills = 0
-    per_producer = 2000
+    """A short run of ``shmq.chaos`` (``bench/chaos.py`` runs long ones): producers (plain and
+    idempotent), consumers of two groups, a dead-letter queue's consumer, lock hogs and forced
+    reapers are SIGKILLed at random (some also at armed crash points) and replaced, with one
+    queue journaled by a ``shmq serve``; then every group is drained and each message's fate
+    is checked against the processes' own logs, Jepsen style."""
+    from shmq.chaos import run_storm, summary
 
-    def spawn_producer() -> None:
-        nonlocal next_tag
-        next_tag += 1
-        p = CTX.Process(target=_storm_producer, args=(b.url, next_tag, str(tmp_path), 0, per_producer))
-        p.start()
-        producers[next_tag] = p
-
-    def spawn_consumer() -> None:
-        nonlocal next_tag
-        next_tag += 1
-        p = CTX.Process(target=_storm_consumer, args=(b.url, next_tag, str(tmp_path)))
-        p.start()
-        consumers[next_tag] = p
-
-    def spawn_hog() -> None:
-        nonlocal next_tag
-        next_tag += 1
-        p = CTX.Process(target=_storm_lock_hog, args=(b.url,))
-        p.start()
-        hogs[next_tag] = p
-
-    hogs: dict[int, mp.process.BaseProcess] = {}
-    spawners = {id(producers): spawn_producer, id(consumers): spawn_consumer, id(hogs): spawn_hog}
-    for _ in range(3):
-        spawn_producer()
-        spawn_consumer()
-    spawn_hog()
-    deadline = time.monotonic() + 25
-    while kills < 200 and time.monotonic() < deadline:
-        time.sleep(rnd.uniform(0.002, 0.03))
-        pool = rnd.choice([producers, consumers, hogs])
-        tag = rnd.choice(list(pool))
-        proc = pool.pop(tag)
-        if proc.is_alive():
-            _kill(proc)
-            kills += 1
-        else:
-            proc.join()
-        spawners[id(pool)]()
-    for p in hogs.values():
-        _kill(p)
-    finish = time.monotonic() + 60
-    for p in producers.values():  # let the last producers finish their runs
-        p.join(max(0.1, finish - time.monotonic()))
-    stuck = [p.pid for p in producers.values() if p.is_alive()]
-    for p in [*consumers.values(), *producers.values()]:
-        if p.is_alive():
-            _kill(p)
-    assert not stuck, f"producers {stuck} could not finish: {q.stats()}"
-    assert kills >= 100, f"only {kills} kills happened"
-
-    # drain: every dead consumer's leases must come back (reaper), nothing may be stuck
-    drained: list[str] = []
-    while True:
-        try:
-            msgs = q.get_many(100, timeout=1.5)
-        except shmq.Empty:
-            break
-        drained += [m.payload.decode() for m in msgs]
-        q.ack_many(msgs)
-
-    logs = _read_logs(tmp_path)
-    logs_count = sum(f.read_text().count("\nG ") for f in tmp_path.iterdir())
-    for payload in drained + list(logs["G"]):
-        ident, copy = payload.split("|")
-        assert ident == copy, f"corrupted payload {payload!r}"
-    # delivered: received by some consumer (logged before its ack) or drained at the end.
-    # A consumer killed after its ack but before its log line still logged the receipt.
-    delivered = {p.split("|")[0] for p in drained} | {p.split("|")[0] for p in logs["G"]}
-    lost = logs["C"] - delivered
-    unexpected = delivered - logs["A"]
-    duplicates = len(drained) + logs_count - len(delivered)
-    stats = q.stats()
-    print(f"kills={kills} attempted={len(logs['A'])} confirmed={len(logs['C'])} "
-          f"delivered={len(delivered)} duplicates~{duplicates} lock_recoveries={stats['lock_recoveries']}")
-    assert not lost, f"{len(lost)} confirmed messages were lost: {sorted(lost)[:10]}"
-    assert not unexpected, f"messages that were never produced: {sorted(unexpected)[:10]}"
-    assert stats["retained"] == 0 and stats["groups"]["default"]["in_flight"] == 0
-    assert stats["lock_recoveries"] > 0, "no kill landed inside a lock"
-    q._ring.check_invariants()
-    q.put(b"still works")  # and the queue still works
-    assert q.get(timeout=1).payload == b"still works"
-    b.destroy()
+    r = run_storm(kills=150, seconds=20, seed=1234, instance=instance, journal=True,
+                  log_dir=str(tmp_path), gap=(0.01, 0.1))
+    print(summary(r))
+    assert r.kills >= 50, f"only {r.kills} kills happened: {summary(r)}"
+    assert not r.bad_exits, f"children exited other than by our SIGKILL: {r.bad_exits}"
+    assert r.lost == {}, f"confirmed (or given back) messages were lost: {summary(r)}"
+    assert r.unexpected == {}, f"messages that were never produced: {summary(r)}"
+    assert r.stranded == {}, f"messages stranded after the drain: {summary(r)}"
+    assert not r.corrupted and not r.doubled, summary(r)
+    assert not r.stolen, f"leases taken from live consumers: {r.stolen[:10]}"
+    assert r.checker and r.violations == [], f"invariants violated after the storm: {r.violations}"
+    assert not r.problems, r.problems  # in flight, retained, the queues still work, /dev/shm clean
+    assert r.lock_recoveries > 0, "no kill landed inside a lock"
+    assert r.crash_deaths, "no child reached its armed crash point"
+    assert r.confirmed > 1000 and r.dead_lettered > 0, summary(r)
+    assert r.ok
 
 
 # ---------------------------------------------------------------- stale shared memory

@@ -1,10 +1,16 @@
 """A hypothesis state machine: the real queue (shared memory, injected clock) against a
-plain-Python model of what it must do -- puts, batches, gets from two groups, acks, nacks
-with delays, touches, commits, stale settles, lease expiry, dead-lettering and ring wrap-around.
-The ring's invariants are asserted after every step."""
+plain-Python model of what it must do -- puts, batches, idempotent producers, gets from
+three groups with per-delivery visibility timeouts, acks, nacks with delays, touches that
+lengthen or shorten, commits, stale settles, lease expiry, dead-lettering, ring
+wrap-around, groups deleted and created again, consumers that die (forked, with a crash
+point armed) and reapers at any step.  The invariant checker (``shmq doctor --check``) runs
+after every step, and a put the model says cannot fit must be refused."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
+import signal
 from dataclasses import dataclass, field
 
 import hypothesis.strategies as st
@@ -12,16 +18,21 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import shmq
+from shmq import crashpoints
+from shmq import layout as L
+from shmq.check import check_instance
 from shmq.shm import ShmBroker
 
 from .conftest import FakeClock, unique_instance
+
+CTX = mp.get_context("fork")
 
 CAP = 8
 MAX_BYTES = 4096
 MAX_SIZE = 700
 MAX_DELIVERIES = 3
 VIS = 10.0
-GROUPS = ("default", "g2")
+GROUPS = ("default", "g2", "g3")  # in the order of their indexes
 NEW, LEASED, READY, DONE = "new", "leased", "ready", "done"
 
 
@@ -30,6 +41,7 @@ class Lease:
     state: str = NEW
     dc: int = 0
     t: float = 0.0  # deadline (LEASED) or ready time (READY)
+    dead: bool = False  # LEASED by a consumer that died (its reaper gives it back)
 
 
 @dataclass
@@ -38,22 +50,35 @@ class Model:
     leases: dict[str, dict[int, Lease]] = field(default_factory=lambda: {g: {} for g in GROUPS})
     dlq: list[bytes] = field(default_factory=list)
     next_offset: int = 0
+    producers: dict[str, int] = field(default_factory=dict)  # idempotent producer -> last seq
 
     def floor(self, g: str) -> int:
         pending = [o for o, lease in self.leases[g].items() if lease.state != DONE]
         return min(pending) if pending else self.next_offset
 
     def retained(self) -> list[int]:
-        free = min(self.floor(g) for g in GROUPS)
+        free = min(self.floor(g) for g in self.leases)
         return [o for o in self.payloads if o >= free]
 
     def give_back(self, g: str, off: int, ready_at: float) -> None:
         lease = self.leases[g][off]
+        lease.dead = False
         if lease.dc >= MAX_DELIVERIES:
             lease.state = DONE
             self.dlq.append(self.payloads[off])
         else:
             lease.state, lease.t = READY, ready_at
+
+    def expire(self, g: str, now: float) -> None:
+        for off, lease in sorted(self.leases[g].items()):
+            if lease.state == LEASED and lease.t <= now:
+                self.give_back(g, off, now)
+
+    def deliverable(self, g: str, now: float, n: int) -> list[int]:
+        """What a get of ``n`` delivers now (after expiry): READY ones due, then NEW ones."""
+        leases = self.leases[g]
+        expect = [o for o, lease in sorted(leases.items()) if lease.state == READY and lease.t <= now][:n]
+        return expect + [o for o, lease in sorted(leases.items()) if lease.state == NEW][:n - len(expect)]
 
 
 class QueueMachine(RuleBasedStateMachine):
@@ -64,7 +89,11 @@ class QueueMachine(RuleBasedStateMachine):
         self.q = self.broker.create_queue("m", capacity=CAP, max_bytes=MAX_BYTES,
                                           max_message_size=MAX_SIZE, visibility_timeout=VIS,
                                           max_deliveries=MAX_DELIVERIES)
-        self.q.create_group("g2")
+        self.broker.create_queue("m.dlq", capacity=1024, max_bytes=1 << 20)  # never full here
+        for g in GROUPS[1:]:
+            self.q.create_group(g)
+        # only the reap rule reaps (a get that finds nothing would, every REAP_INTERVAL)
+        self.broker._att.registry.w[L.R_NEXT_REAP_MS] = 1 << 62
         self.model = Model()
         self.held: list[shmq.Message] = []
         self.counter = 0
@@ -84,6 +113,14 @@ class QueueMachine(RuleBasedStateMachine):
         # records never straddle the end of the ring: up to one record's worth of padding
         return used + sum(sizes) + MAX_SIZE > MAX_BYTES
 
+    def _must_be_full(self, sizes: list[int]) -> bool:
+        kept = self.model.retained()
+        used = sum(len(self.model.payloads[o]) for o in kept)
+        return len(kept) + len(sizes) > CAP or used + sum(sizes) > MAX_BYTES
+
+    def _refused(self, sizes: list[int]) -> None:
+        assert not self._must_be_full(sizes), "a put was accepted although the queue has no room"
+
     def _accept(self, offsets: list[int], payloads: list[bytes]) -> None:
         assert offsets == list(range(self.model.next_offset, self.model.next_offset + len(payloads)))
         for o, p in zip(offsets, payloads, strict=True):
@@ -100,6 +137,7 @@ class QueueMachine(RuleBasedStateMachine):
         except shmq.Full:
             assert self._may_be_full([len(p)]), "Full although the model has room"
             return
+        self._refused([len(p)])
         self._accept([off], [p])
 
     @rule(sizes=st.lists(st.integers(0, 300), min_size=1, max_size=4))
@@ -110,20 +148,38 @@ class QueueMachine(RuleBasedStateMachine):
         except shmq.Full:
             assert self._may_be_full([len(p) for p in ps]), "Full although the model has room"
             return
+        self._refused([len(p) for p in ps])
+        self._accept(offs, ps)
+
+    @rule(producer=st.sampled_from(["p1", "p2"]), step=st.sampled_from([-1, 0, 1, 1, 2]),
+          sizes=st.lists(st.integers(0, 200), min_size=1, max_size=3))
+    def put_idempotent(self, producer: str, step: int, sizes: list[int]) -> None:
+        last = self.model.producers.get(producer, 0)
+        seq = max(1, last + step)
+        ps = [self._payload(s) for s in sizes]
+        try:
+            offs = self.q.put_many(ps, block=False, producer=producer, seq=seq)
+        except shmq.Duplicate:
+            assert seq <= last, "a new sequence was taken for a duplicate"
+            return
+        except shmq.Full:
+            assert self._may_be_full([len(p) for p in ps]), "Full although the model has room"
+            return
+        assert seq > last, "a duplicate sequence was written again"
+        self._refused([len(p) for p in ps])
+        self.model.producers[producer] = seq
         self._accept(offs, ps)
 
     @rule(group=st.sampled_from(GROUPS), n=st.integers(1, 3),
-          budget=st.sampled_from([0, 0, 0, 1, 300, 700, 1000]))
-    def get(self, group: str, n: int, budget: int) -> None:
+          budget=st.sampled_from([0, 0, 0, 1, 300, 700, 1000]), vis=st.sampled_from([None, None, 1.0, 30.0]))
+    def get(self, group: str, n: int, budget: int, vis: float | None) -> None:
         """get_many; with a ``budget``, the server's poll: a prefix of what get_many would
-        deliver whose payloads fit it (one message at least)."""
+        deliver whose payloads fit it (one message at least).  ``vis``: this delivery's
+        visibility timeout."""
         now = self.clock.t
         leases = self.model.leases[group]
-        for off, lease in sorted(leases.items()):  # expiry first
-            if lease.state == LEASED and lease.t <= now:
-                self.model.give_back(group, off, now)
-        expect = [o for o, lease in sorted(leases.items()) if lease.state == READY and lease.t <= now][:n]
-        expect += [o for o, lease in sorted(leases.items()) if lease.state == NEW][:n - len(expect)]
+        self.model.expire(group, now)
+        expect = self.model.deliverable(group, now, n)
         if budget:
             total, fit = 0, 0
             for o in expect:
@@ -133,16 +189,16 @@ class QueueMachine(RuleBasedStateMachine):
                 fit += 1
             expect = expect[:fit]
         if budget:
-            got = self.q.poll(group, n, max_bytes=budget)
+            got = self.q.poll(group, n, visibility_timeout=vis, max_bytes=budget)
         else:
             try:
-                got = self.q.get_many(n, group=group, block=False)
+                got = self.q.get_many(n, group=group, block=False, visibility_timeout=vis)
             except shmq.Empty:
                 got = []
         assert [m.offset for m in got] == expect
         for m in got:
             lease = leases[m.offset]
-            lease.state, lease.dc, lease.t = LEASED, lease.dc + 1, now + VIS
+            lease.state, lease.dc, lease.t = LEASED, lease.dc + 1, now + (VIS if vis is None else vis)
             assert (m.payload, m.deliveries, m.group) == (self.model.payloads[m.offset], lease.dc, group)
         self.held = (self.held + got)[-12:]
 
@@ -178,8 +234,11 @@ class QueueMachine(RuleBasedStateMachine):
         self.held = (self.held + got)[-12:]
 
     def _current(self, m: shmq.Message) -> bool:
-        lease = self.model.leases[m.group][m.offset]
-        return lease.state == LEASED and lease.dc == m.deliveries
+        """Is this delivery (group incarnation, offset, deliveries) leased to us now?  A group
+        made again has a new serial: the old one's deliveries are stale."""
+        lease = self.model.leases[m.group].get(m.offset)
+        return (lease is not None and lease.state == LEASED and lease.dc == m.deliveries
+                and not lease.dead and m[1] == self.q._group_ref(m.group))
 
     @precondition(lambda self: self.held)
     @rule(i=st.integers(0, 11))
@@ -213,14 +272,22 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(group=st.sampled_from(GROUPS), k=st.integers(2, 12))
     def ack_offsets(self, group: str, k: int) -> None:
         """The server's batch ack: (offset, deliveries) columns of one group, the first ``k``
-        held by offset (often a run, leaving later deliveries unacknowledged)."""
+        held by offset (often a run, leaving later deliveries unacknowledged), sent with the
+        group reference they were delivered under (as a connection keeps its leases)."""
         ms = sorted((m for m in self.held if m.group == group), key=lambda m: (m.offset, m.deliveries))[:k]
         if not ms:
             return
-        current = [m for m in ms if self._current(m)]
-        ref = self.q._group_ref(group)
+        ref = ms[0][1]
+        ms = [m for m in ms if m[1] == ref]
+        current: list[shmq.Message] = []
+        expect_stale = []
+        for m in ms:  # a pair held twice is acknowledged once
+            if self._current(m) and not [c for c in current if c.offset == m.offset]:
+                current.append(m)
+            else:
+                expect_stale.append(m.offset)
         stale = self.q.ack_offsets(ref, [m.offset for m in ms], [m.deliveries for m in ms])
-        assert sorted(stale) == sorted(m.offset for m in ms if not self._current(m))
+        assert sorted(stale) == sorted(expect_stale)
         for m in current:
             self.model.leases[m.group][m.offset].state = DONE
 
@@ -239,15 +306,16 @@ class QueueMachine(RuleBasedStateMachine):
             raise AssertionError("a stale nack was accepted")
 
     @precondition(lambda self: self.held)
-    @rule(i=st.integers(0, 11))
-    def touch(self, i: int) -> None:
+    @rule(i=st.integers(0, 11), vis=st.sampled_from([None, 0.5, 20.0]))
+    def touch(self, i: int, vis: float | None) -> None:
+        """Extend a lease, or shorten it (``vis`` below the queue's)."""
         m = self.held[i % len(self.held)]
         if self._current(m):
-            m.touch()
-            self.model.leases[m.group][m.offset].t = self.clock.t + VIS
+            m.touch(vis)
+            self.model.leases[m.group][m.offset].t = self.clock.t + (VIS if vis is None else vis)
         else:
             try:
-                m.touch()
+                m.touch(vis)
             except shmq.StaleAck:
                 return
             raise AssertionError("a stale touch was accepted")
@@ -264,16 +332,73 @@ class QueueMachine(RuleBasedStateMachine):
     def advance(self, seconds: float) -> None:
         self.clock.advance(seconds)
 
+    @rule(group=st.sampled_from(GROUPS[1:]), start=st.sampled_from(["earliest", "latest"]))
+    def recreate_group(self, group: str, start: str) -> None:
+        """Delete a group and create it again (the same index, a new serial): the old
+        one's leases turn stale, the new one starts at the earliest retained or the next."""
+        self.q.delete_group(group)
+        del self.model.leases[group]
+        kept = self.model.retained()
+        self.q.create_group(group, start)
+        self.model.leases[group] = {o: Lease() for o in kept} if start == "earliest" else {}
+
+    @rule(group=st.sampled_from(GROUPS), n=st.integers(1, 4),
+          point=st.sampled_from(["", "deliver.run.leased", "deliver.cursor", "redeliver.leased"]))
+    def consumer_dies(self, group: str, n: int, point: str) -> None:
+        """A forked consumer takes ``n`` messages and dies: at ``point`` (SIGKILL, inside
+        the consumer lock), or just after its get returned (no goodbye)."""
+        now = self.clock.t
+        self.model.expire(group, now)  # the child's get expires first, as ours does
+        if len(self.model.dlq) != len(self._dlq_payloads()):
+            return  # (never: expiry into the DLQ is copied by the child, see below)
+        leases = self.model.leases[group]
+        expect = self.model.deliverable(group, now, n)
+        p = CTX.Process(target=_consume_and_die, args=(self.q, group, n, point))
+        p.start()
+        p.join(30)
+        ready = [o for o in expect if leases[o].state == READY]
+        if p.exitcode == -signal.SIGKILL and point == "deliver.run.leased":
+            taken = ready  # killed before its cursor moved: the new ones were never leased
+        elif p.exitcode == -signal.SIGKILL and point == "redeliver.leased":
+            taken = ready[:1]  # killed at its first redelivery
+        else:
+            assert p.exitcode in (0, -signal.SIGKILL), p.exitcode
+            taken = expect
+        for o in taken:
+            lease = leases[o]
+            lease.state, lease.dc, lease.t, lease.dead = LEASED, lease.dc + 1, now + VIS, True
+
+    @rule()
+    def reap(self) -> None:
+        """A reaper gives back every lease of the consumers that died."""
+        self.broker.reap()
+        for g in GROUPS:
+            for off, lease in sorted(self.model.leases[g].items()):
+                if lease.state == LEASED and lease.dead:
+                    self.model.give_back(g, off, self.clock.t)
+
+    def _dlq_payloads(self) -> list[bytes]:
+        dlq = self.broker.queue("m.dlq")
+        return [m.payload for m in dlq.read(0, max(1, dlq.offsets()[1]))]
+
     @invariant()
     def matches_model(self) -> None:
-        self.q._ring.check_invariants()
+        violations = check_instance(self.broker.instance)
+        assert violations == [], violations
         first, nxt = self.q.offsets()
         assert nxt == self.model.next_offset
         assert nxt - first == len(self.model.retained())
-        if self.model.dlq:
-            dlq = self.broker.queue("m.dlq")
-            assert dlq.offsets()[1] == len(self.model.dlq)
-            assert [m.payload for m in dlq.read(0, len(self.model.dlq))] == self.model.dlq
+        assert sorted(self._dlq_payloads()) == sorted(self.model.dlq)  # reapers copy in slot order
+
+
+def _consume_and_die(q: shmq.Queue, group: str, n: int, point: str) -> None:
+    if point:
+        crashpoints.arm(point)
+    try:
+        q.get_many(n, group=group, block=False)
+    except shmq.Empty:
+        pass
+    os._exit(0)  # no goodbye: its leases stay until a reaper gives them back
 
 
 QueueMachine.TestCase.settings = settings(

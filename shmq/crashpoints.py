@@ -1,0 +1,142 @@
+"""Named crash points: the places where a process may die between two stores that matter.
+
+A process whose environment has ``SHMQ_CRASH_POINT=NAME`` (or ``NAME:N``) SIGKILLs
+itself at the first (N-th) pass through the point ``NAME``; tests and ``bench/chaos.py``
+use them to prove that every such death is recoverable (FoundationDB's and SQLite's
+fault-injection points, for shared memory).  ``python -m shmq.crashpoints`` prints every
+name, one a line; ``docs/architecture.md`` says why the state each one leaves is
+recoverable.
+
+Cost when unset: none beyond a branch.  A module with points declares a global flag and
+writes each point as::
+
+    _CRASH = crashpoints.watch(__name__)   # False unless armed
+    ...
+    if _CRASH:
+        crashpoints.hit("put.written")
+
+The variable is read once, at import.  ``arm()`` arms a point later (a forked child in a
+test), by setting the flag of every watching module.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+ENV = "SHMQ_CRASH_POINT"
+
+# name -> what the process has done when it dies there (docs/architecture.md says why
+# each state is recoverable).  Keep the names grouped by the code that passes them.
+POINTS: dict[str, str] = {
+    # ring.py: producers, under the producer lock
+    "put.written": "a single put wrote its record and slot, not the commit (Q_NEXT_OFFSET)",
+    "put.committed": "a single put committed, still holding the producer lock",
+    "put_many.written": "a batch put wrote its records and slots, not the commit",
+    "put_many.committed": "a batch put committed, still holding the producer lock",
+    "put_idem.pending": "an idempotent put named its producer entry (Q_PENDING_PRODUCER) only",
+    "put_idem.entry": "an idempotent put rewrote its producer entry, not the commit",
+    "put_idem.committed": "an idempotent put committed, Q_PENDING_PRODUCER still set",
+    # queue.py: sleepers
+    "wait.announced": "a blocked put or get counted itself as a waiter and died asleep",
+    # group.py: deliveries, under the consumer lock
+    "deliver.one.leased": "the single-message hot path stored a lease word, not the cursor",
+    "deliver.run.leased": "the general path leased a run of new messages, not the cursor",
+    "deliver.block.leased": "the batch hot path leased a run, not the cursor",
+    "deliver.cursor": "a delivery moved the cursor, not the expiry hint",
+    "redeliver.leased": "a redelivery leased a READY word, not the hints",
+    "expire.given_back": "an expiry scan gave a lease back, not the expiry hint",
+    # group.py: settling
+    "ack.done": "an ack stored DONE, not the counters or the floor",
+    "ack_range.done": "a run ack stored DONE for the run, not the floor",
+    "ack_batch.partial": "a batch ack stored DONE for part of its offsets",
+    "floor.moved": "a floor moved, not the free offset",
+    "nack.hints": "a give-back (nack, expiry, reap) raised the hints, not the lease word",
+    "touch.extended": "a touch stored the new deadline, not the expiry hint",
+    "dead.marked": "a dead-letter marked the word DEADING, before the copy",
+    "commit.words": "a commit stored DONE words, not the cursor",
+    "group.create.active": "a group create stored ACTIVE, not the generation",
+    "group.delete.freed": "a group delete stored FREE, not the generation",
+    "reap.partial": "a reaper gave back part of a dead client's leases in one queue",
+    # queue.py / shm.py: copies, give-backs, reaping, queues
+    "dlq.copied": "a dead-letter copy is in the DLQ, the original is still DEADING",
+    "dlq.orphaned": "a failed dead-letter copy was orphaned, Q_ORPHANS not set",
+    "give_back.chunk": "a closed connection's leases were given back in part",
+    "reap.queue": "a reaper finished one queue of a dead client, the slot still taken",
+    "queue.create.segment": "a queue's segment and semaphores exist, not the registry entry",
+    "queue.create.published": "a queue is in the registry, the registry lock still held",
+    "queue.delete.marked": "a queue is marked deleted, still in the registry",
+    "queue.delete.unlisted": "a queue left the registry, its segment not unlinked",
+    # registry.py: client slots, under the registry lock
+    "registry.slot.taken": "a client slot was taken, the registry lock still held",
+    "registry.slot.freed": "a client slot was freed, the registry lock still held",
+    # server/: workers and the journal process
+    "worker.give_back.queue": "a closing connection's leases went back in one queue (or group), not the rest",
+    "worker.deliver.unsent": "a worker leased messages for a DELIVER (batch, push) and did not send it",
+    "worker.produce.unanswered": "a worker stored a produce (single, batch, publisher run), no reply sent",
+    "worker.ack.unanswered": "a worker applied an ACK, no reply sent",
+    "journal.round.appended": "a journal round of new messages is fsynced, Q_DURABLE_OFFSET not published",
+    "journal.round.published": "a journal round published its durable marks, not the free offset or wake-ups",
+    "recovery.rebuilt": "the supervisor rebuilt one queue from its journal, not the rest; nothing forked yet",
+}
+
+_CHECK = ""  # the armed point's name ("" when none)
+_LEFT = 0  # passes left until the kill
+_WATCHERS: list[str] = []
+
+
+def _parse(spec: str) -> tuple[str, int]:
+    name, _, n = spec.partition(":")
+    if name not in POINTS:
+        raise ValueError(f"{ENV}={spec!r}: no crash point named {name!r} "
+                         "(python -m shmq.crashpoints lists them)")
+    count = int(n) if n else 1
+    if count < 1:
+        raise ValueError(f"{ENV}={spec!r}: the pass count must be >= 1")
+    return name, count
+
+
+def watch(module: str) -> bool:
+    """Register a module whose global ``_CRASH`` guards its points; returns its value now."""
+    _WATCHERS.append(module)
+    return bool(_CHECK)
+
+
+def arm(name: str, count: int = 1) -> None:
+    """Die at the ``count``-th pass through ``name`` from now on (in this process)."""
+    global _CHECK, _LEFT
+    _CHECK, _LEFT = _parse(f"{name}:{count}")
+    for m in _WATCHERS:
+        mod = sys.modules.get(m)
+        if mod is not None:
+            mod._CRASH = True  # type: ignore[attr-defined]
+
+
+def disarm() -> None:
+    global _CHECK, _LEFT
+    _CHECK, _LEFT = "", 0
+    for m in _WATCHERS:
+        mod = sys.modules.get(m)
+        if mod is not None:
+            mod._CRASH = False  # type: ignore[attr-defined]
+
+
+def hit(name: str) -> None:
+    """A pass through the point ``name``: SIGKILL this process if it is the armed one's turn."""
+    global _LEFT
+    if name != _CHECK:
+        return
+    _LEFT -= 1
+    if _LEFT <= 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+_spec = os.environ.get(ENV, "")
+if _spec:
+    _CHECK, _LEFT = _parse(_spec)
+
+
+if __name__ == "__main__":
+    for _name in POINTS:
+        print(_name)
