@@ -20,7 +20,7 @@ every ``sync_interval`` seconds, and sooner when producers wait for room.
 
 A failing write (ENOSPC, EIO, ...) puts the errno into ``Q_JOURNAL_ERRNO``: new
 produces are refused with ``StorageError`` while consumers carry on; the round
-is retried every ``RETRY_INTERVAL`` and the error clears once a write succeeds.
+is retried every ``options.JOURNAL_RETRY_INTERVAL`` and the error clears once a write succeeds.
 
 :func:`recover` runs in the supervisor before anything else: every queue with
 a journal but no shared memory (a reboot, or a stop that removed it) is rebuilt
@@ -55,8 +55,6 @@ log = logging.getLogger("shmq.journal")
 # round points: the journal process only; the recovery point: the supervisor, before it forks
 _CRASH = crashpoints.watch(__name__)
 
-RETRY_INTERVAL = 0.5  # s between attempts while the journal cannot be written
-DROP_EVERY = 1.0  # s between looks for segment files every group has passed
 _ALWAYS = options.DURABILITY_MODES.index("always")
 
 
@@ -136,7 +134,7 @@ class QueueWriter(threading.Thread):
     def _sleep(self) -> None:
         q, w = self.q, self.q._w
         if w[L.Q_JOURNAL_ERRNO]:
-            timeout = RETRY_INTERVAL
+            timeout = options.JOURNAL_RETRY_INTERVAL
         elif self.always:
             timeout = options.WAIT_SLICE
         else:
@@ -157,7 +155,7 @@ class QueueWriter(threading.Thread):
         """Is a round due now?"""
         w = self.q._w
         if w[L.Q_JOURNAL_ERRNO]:
-            return time.monotonic() - self.error_at >= RETRY_INTERVAL
+            return time.monotonic() - self.error_at >= options.JOURNAL_RETRY_INTERVAL
         changed = w[L.Q_NEXT_OFFSET] != self.next or w[L.Q_SETTLE_SEQ] != self.settled
         if not changed:
             return False
@@ -211,7 +209,7 @@ class QueueWriter(threading.Thread):
     def drop(self) -> None:
         """Now and then: delete the segment files every group has passed."""
         now = time.monotonic()
-        if now - self.last_drop >= DROP_EVERY and not self.q._w[L.Q_JOURNAL_ERRNO]:
+        if now - self.last_drop >= options.JOURNAL_DROP_INTERVAL and not self.q._w[L.Q_JOURNAL_ERRNO]:
             self.last_drop = now
             self.journal.drop_below(min(self.q._w[L.Q_FREE_OFFSET], self.next))
 

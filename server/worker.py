@@ -44,6 +44,7 @@ from shmq import crashpoints, options
 from shmq import layout as L
 from shmq.api import Message
 from shmq.codec import (
+    WAIT_FOREVER,
     Frame,
     FrameDecoder,
     T,
@@ -72,9 +73,6 @@ from shmq.shm import ShmBroker
 
 from .placement import Counts, Handoff, choose
 
-FOREVER = 0xFFFFFFFF
-TICK = 0.05
-FLAG_GRACE = 1.0  # a bell flag stays set this long after its last waiter (no set/clear per request)
 BIND_TRIES = 20  # x 50 ms: a restarted worker waits for its predecessor's doorbell and handoff sockets to go
 SERVER_NAME = "shmq/0.1"
 log = logging.getLogger("shmq.worker")
@@ -206,13 +204,14 @@ class Worker:
 
     async def _tick(self) -> None:
         while True:
-            await asyncio.sleep(TICK)
+            await asyncio.sleep(options.WORKER_TICK)
             now = time.monotonic()
             for name in list(self.waiters) + list(self.subs):
                 self._flag(name)  # the flag may be on a queue deleted and created again
                 self.poke(name)
                 self.flag_needed[name] = now
-            for name in [n for n in self.flagged if now - self.flag_needed.get(n, 0.0) > FLAG_GRACE]:
+            grace = options.WORKER_FLAG_GRACE
+            for name in [n for n in self.flagged if now - self.flag_needed.get(n, 0.0) > grace]:
                 self._unflag(name)
 
     # ------------------------------------------------------------ doorbell
@@ -224,7 +223,7 @@ class Worker:
         self.bell = await _bind(Bell, att.registry.uid, self.worker_id)
         if self.bell is None:
             log.warning("worker %d: doorbell address in use; waiting requests are retried on the "
-                        "%d ms tick only", self.worker_id, TICK * 1000)
+                        "%d ms tick only", self.worker_id, options.WORKER_TICK * 1000)
         else:
             self.loop.add_reader(self.bell.fileno(), self._on_bell)
         for entry in att.registry.queues():
@@ -830,7 +829,7 @@ class Connection(asyncio.Protocol):
         t = d["timeout_ms"]
         if t == 0 or self.w.stopping:
             raise err()
-        deadline = None if t == FOREVER else time.monotonic() + t / 1000
+        deadline = None if t == WAIT_FOREVER else time.monotonic() + t / 1000
         if f.type in PRODUCE_TYPES:
             self.parked_produces[d["queue"]] = self.parked_produces.get(d["queue"], 0) + 1
         self.w.park(d["queue"], Waiter(self, f, d, deadline))
@@ -1086,7 +1085,7 @@ async def _bind(kind: Callable[[int, int], Any], instance_uid: int, worker_id: i
         except OSError as e:
             if e.errno != errno.EADDRINUSE:
                 raise
-            await asyncio.sleep(TICK)
+            await asyncio.sleep(options.WORKER_TICK)
     return None
 
 

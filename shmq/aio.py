@@ -45,6 +45,7 @@ from .errors import (
 )
 from .names import check_queue_name
 from .queue import _as_bytes
+from .settle import Settle
 from .tcp import (
     NO_REPLY_ID,
     _ms,
@@ -350,21 +351,21 @@ class AsyncMessage(Message):
         """Acknowledge.  ``wait=False``: without waiting for the broker's answer (as
         ``shmq.Message.ack``: a stale ack is then kept in ``broker.nowait_errors``)."""
         if wait:
-            await self[0]._settle(self, 0, 0.0)
+            await self[0]._settle(self, Settle.ACK, 0.0)
         else:
             self[0]._ack_nowait(self)
 
     async def nack(self, delay: float = 0.0) -> None:  # type: ignore[override]
         """Give the message back; it is delivered again after ``delay`` seconds."""
-        await self[0]._settle(self, 1, delay)
+        await self[0]._settle(self, Settle.NACK, delay)
 
     async def touch(self, visibility_timeout: float | None = None) -> None:  # type: ignore[override]
         """Extend the lease by the visibility timeout (or the given seconds) from now."""
-        await self[0]._settle(self, 2, visibility_timeout)
+        await self[0]._settle(self, Settle.TOUCH, visibility_timeout)
 
     async def dead_letter(self) -> None:  # type: ignore[override]
         """Send the message to the dead-letter queue now."""
-        await self[0]._settle(self, 3, 0.0)
+        await self[0]._settle(self, Settle.DEAD, 0.0)
 
     def __repr__(self) -> str:
         return "Async" + super().__repr__()
@@ -441,15 +442,15 @@ class AsyncQueue:
     def _ack_nowait(self, msg: Message) -> None:
         self._b._send_frame(ack_nowait_frame(self.name.encode(), msg))
 
-    async def _settle(self, msg: Message, action: int, arg: float | None) -> None:
+    async def _settle(self, msg: Message, action: Settle, arg: float | None) -> None:
         if msg.group is None:
             raise StaleAck(f"message {msg.offset} was read, not leased: it cannot be settled")
         common = dict(queue=self.name, group=msg.group, offset=msg.offset, deliveries=msg.deliveries)
-        if action == 0:
+        if action == Settle.ACK:
             await self._b._request(T.ACK, T.ACK_OK, **common)
-        elif action == 1:
+        elif action == Settle.NACK:
             await self._b._request(T.NACK, T.NACK_OK, delay_ms=_ms(arg or 0.0), **common)
-        elif action == 2:
+        elif action == Settle.TOUCH:
             await self._b._request(T.TOUCH, T.TOUCH_OK, visibility_ms=_vis(arg), **common)
         else:
             await self._b._request(T.DEAD_LETTER, T.DEAD_LETTER_OK, **common)

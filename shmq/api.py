@@ -17,6 +17,7 @@ from typing import Any
 
 from . import options
 from .errors import InvalidArgument, ShmqError
+from .settle import Settle
 
 Payload = bytes | bytearray | memoryview | str
 
@@ -115,15 +116,15 @@ class Message(tuple):  # type: ignore[type-arg]
 
     def nack(self, delay: float = 0.0) -> None:
         """Give the message back; it is delivered again after ``delay`` seconds."""
-        self[0]._settle(self, 1, delay)
+        self[0]._settle(self, Settle.NACK, delay)
 
     def touch(self, visibility_timeout: float | None = None) -> None:
         """Extend the lease by the visibility timeout (or the given seconds) from now."""
-        self[0]._settle(self, 2, visibility_timeout)
+        self[0]._settle(self, Settle.TOUCH, visibility_timeout)
 
     def dead_letter(self) -> None:
         """Send the message to the dead-letter queue now."""
-        self[0]._settle(self, 3, 0.0)
+        self[0]._settle(self, Settle.DEAD, 0.0)
 
     def __repr__(self) -> str:
         return (f"Message(queue={self.queue!r}, offset={self[3]}, group={self[2]!r}, "
@@ -210,10 +211,10 @@ class Queue(ABC):
     def stats(self) -> dict[str, Any]: ...
 
     @abstractmethod
-    def _settle(self, msg: Message, action: int, arg: float | None) -> None: ...
+    def _settle(self, msg: Message, action: Settle, arg: float | None) -> None: ...
 
     def _ack(self, msg: Message) -> None:
-        self._settle(msg, 0, 0.0)
+        self._settle(msg, Settle.ACK, 0.0)
 
     def _ack_nowait(self, msg: Message) -> None:
         self._ack(msg)

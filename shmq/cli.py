@@ -26,7 +26,7 @@ app = typer.Typer(help="shmq: a message broker for one host.", no_args_is_help=T
 console = Console(width=None if sys.stdout.isatty() else 160)  # pipes get whole tables
 err = Console(stderr=True, soft_wrap=True)
 
-DEFAULT_URL = f"tcp://{options.DEFAULT_HOST}:{options.DEFAULT_PORT}"
+DEFAULT_URL = options.DEFAULT_URL
 UrlOpt = typer.Option(None, "--url", envvar="SHMQ_URL", help=f"broker URL (default {DEFAULT_URL})")
 ShmOpt = typer.Option(None, "--shm", help="attach the shared memory of this local instance instead of TCP")
 TokenOpt = typer.Option(None, "--token", envvar=options.TOKEN_ENV, help="auth token")

@@ -49,6 +49,8 @@ __all__ = [
 MAGIC = 0xDEADBEEF
 VERSION = 1
 HEADER_SIZE = 16
+WAIT_FOREVER = 0xFFFFFFFF  # a timeout_ms that waits for ever (0: does not wait)
+NO_REPLY_ID = 0xFFFFFFFF  # the message id of every ACK_NO_REPLY / ACK_BATCH_NO_REPLY / ACK_RANGE_NO_REPLY
 
 _HEADER = struct.Struct(">IIBBHI")
 assert _HEADER.size == HEADER_SIZE

@@ -44,6 +44,7 @@ from . import crashpoints, options
 from . import layout as L
 from .errors import GroupNotFound, InvalidArgument, LimitExceeded, QueueExists
 from .ring import Ring
+from .settle import Settle
 
 _ALWAYS = options.DURABILITY_MODES.index("always")
 
@@ -52,10 +53,7 @@ STALE = 1
 TO_DLQ = 2
 FREED = 3
 
-ACK = 0
-NACK = 1
-TOUCH = 2
-DEAD = 3
+ACK, NACK, TOUCH, DEAD = Settle  # settle actions, as plain names for the hot paths
 
 _LEASED, _READY, _DONE, _DEADING, _NEW = L.LEASED, L.READY, L.DONE, L.DEADING, L.NEW
 

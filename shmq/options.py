@@ -55,6 +55,7 @@ CREATION_GRACE = 10.0  # s: objects of an instance with no registry younger than
 # --- server and wire protocol -----------------------------------------------------
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7878
+DEFAULT_URL = f"tcp://{DEFAULT_HOST}:{DEFAULT_PORT}"  # the CLI's and the Spark connector's default
 MAX_FRAME = 16 * 1024 * 1024 + 4096  # bytes of one frame's body; larger is refused before reading it
 # the largest message, with the largest metadata and queue name, in one PRODUCE or DELIVER frame
 assert MAX_MESSAGE_SIZE + MAX_META_SIZE + 2 * 256 + 64 <= MAX_FRAME
@@ -68,6 +69,8 @@ DEFAULT_PUBLISH_WINDOW = 256  # a Publisher's puts sent and not yet confirmed (q
 MAX_PUBLISH_WINDOW = 10_000
 HANDSHAKE_TIMEOUT = 5.0  # seconds a new connection has to send its handshake
 WORKER_RESTART_DELAY = 0.1
+WORKER_TICK = 0.05  # s: a worker retries its parked requests this often, doorbell or not
+WORKER_FLAG_GRACE = 1.0  # s a worker's bell flag stays set after its last waiter (no set/clear per request)
 SHUTDOWN_GRACE = 5.0  # seconds a worker has to finish requests in progress at shutdown
 TOKEN_ENV = "SHMQ_TOKEN"
 
@@ -80,3 +83,5 @@ JOURNAL_STATE_ROLL_FACTOR = 4  # a segment holding only state snapshots rolls at
 JOURNAL_PREALLOC_BYTES = 4 * 1024 * 1024  # zeros written ahead of the active segment's end (0: none)
 JOURNAL_DIR_MODE = 0o700  # the data directory (when we create it) and every queue directory
 JOURNAL_FILE_MODE = 0o600  # every journal file
+JOURNAL_RETRY_INTERVAL = 0.5  # s between attempts while a queue's journal cannot be written
+JOURNAL_DROP_INTERVAL = 1.0  # s between looks for segment files every group has passed

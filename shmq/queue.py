@@ -40,6 +40,7 @@ from .group import ACK, DEAD, FREED, NACK, OK, STALE, TO_DLQ, TOUCH, DeadItem, G
 from .lock import trylock, unlock
 from .names import check_group_name as _check_group_name
 from .ring import DUPLICATE, Ring, producer_key
+from .settle import Settle
 
 _ALWAYS = options.DURABILITY_MODES.index("always")
 
@@ -580,7 +581,7 @@ class ShmQueue(QueueABC):
         return StaleAck(f"the lease of message {msg[3]} (delivery {msg[4]}) on {self.name!r} is no "
                         "longer held: it was settled already, or it expired and was given back")
 
-    def _settle(self, msg: Message, action: int, arg: float | None) -> None:
+    def _settle(self, msg: Message, action: Settle, arg: float | None) -> None:
         """nack / touch / dead-letter (ack has its own path, ``_ack``)."""
         if action == ACK:
             return self._ack(msg)

@@ -73,7 +73,7 @@ from .errors import (
 from .segment import registry_name, shm_path
 
 FORMAT = "shmq"
-DEFAULT_URL = f"tcp://{options.DEFAULT_HOST}:{options.DEFAULT_PORT}"
+DEFAULT_URL = options.DEFAULT_URL
 DEFAULT_GROUP = "spark"  # the consumer group a streaming query owns, unless option "group" names one
 PARTITION_OFFSETS = 100_000  # a read task covers at most this many offsets (more: more partitions)
 DEFAULT_SINK_BATCH = 1_000  # messages per put_many of the sink (option "batchSize", <= MAX_BATCH)

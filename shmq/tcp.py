@@ -20,6 +20,8 @@ from typing import Any
 from . import options
 from .api import Broker, Message, Payload, Queue, QueueConfig, QueueInfo, own_leases
 from .codec import (
+    NO_REPLY_ID,
+    WAIT_FOREVER,
     Frame,
     FrameDecoder,
     T,
@@ -41,11 +43,10 @@ from .errors import (
 )
 from .names import check_queue_name
 from .queue import _as_bytes, check_producer
+from .settle import Settle
 
-FOREVER = 0xFFFFFFFF
 RECV_SIZE = 1 << 18  # bytes one read takes at most
 MSG_MORE = getattr(socket, "MSG_MORE", 0)  # Linux: hold a frame for the next send
-NO_REPLY_ID = 0xFFFFFFFF  # the message id of every ACK_NO_REPLY / ACK_BATCH_NO_REPLY (docs/protocol.md)
 MAX_ID = 0x7FFFFFFF  # other requests' ids are 1 .. MAX_ID, wrapping
 
 
@@ -53,10 +54,10 @@ def _timeout_ms(block: bool, timeout: float | None) -> int:
     if not block:
         return 0
     if timeout is None:
-        return FOREVER
+        return WAIT_FOREVER
     if timeout < 0:
         raise InvalidArgument("timeout must be >= 0")
-    return min(int(timeout * 1000), FOREVER - 1)
+    return min(int(timeout * 1000), WAIT_FOREVER - 1)
 
 
 def parse_tcp_url(url: str) -> tuple[str, int]:
@@ -317,15 +318,15 @@ class TcpQueue(Queue):
     def _ack_nowait(self, msg: Message) -> None:
         self._b._send_no_reply(ack_nowait_frame(self._qb, msg))
 
-    def _settle(self, msg: Message, action: int, arg: float | None) -> None:
+    def _settle(self, msg: Message, action: Settle, arg: float | None) -> None:
         if msg.group is None:
             raise StaleAck(f"message {msg.offset} was read, not leased: it cannot be settled")
         common = dict(queue=self.name, group=msg.group, offset=msg.offset, deliveries=msg.deliveries)
-        if action == 0:
+        if action == Settle.ACK:
             self._b._request(T.ACK, T.ACK_OK, **common)
-        elif action == 1:
+        elif action == Settle.NACK:
             self._b._request(T.NACK, T.NACK_OK, delay_ms=_ms(arg or 0.0), **common)
-        elif action == 2:
+        elif action == Settle.TOUCH:
             self._b._request(T.TOUCH, T.TOUCH_OK, visibility_ms=_vis(arg), **common)
         else:
             self._b._request(T.DEAD_LETTER, T.DEAD_LETTER_OK, **common)
