@@ -1,11 +1,12 @@
 # make run  - install, then start the broker on its defaults
-# make test - install, then lint, type-check and run the whole test suite
+# make test - install, then lint, type-check and run the whole test suite (what CI runs)
+# make check - the inner loop: lint, type-check and the tests not marked slow, spark or crash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: run test install lint bench clean
+.PHONY: run test check install lint bench clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -19,11 +20,14 @@ run: $(STAMP)
 	$(VENV)/bin/shmq serve
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check shmq server
-	$(VENV)/bin/mypy shmq server
+	$(VENV)/bin/ruff check shmq server tests bench
+	$(VENV)/bin/mypy shmq server tests bench
 
 test: lint
 	$(VENV)/bin/pytest -n 2 tests
+
+check: lint
+	$(VENV)/bin/pytest -n 2 -m "not slow and not spark and not crash" tests
 
 bench: $(STAMP)
 	$(PY) bench/bench_local.py

@@ -99,7 +99,7 @@ import common
 from common import BATCH, SHMQ, WORKLOAD_LABELS, Out, TrialError, fmt_ratio, fmt_us, median, ratio
 
 import shmq
-from server.placement import affinity_for
+from shmq.server.placement import affinity_for
 
 try:
     import redis

@@ -20,6 +20,7 @@ import pytest
 import shmq
 from shmq.check import check_instance
 from shmq.shm import ShmBroker
+from shmq.tcp import TcpBroker
 
 _counter = itertools.count()
 SESSION_PREFIX = f"t{os.getpid()}x"
@@ -107,7 +108,23 @@ def wait_until(pred: Callable[[], bool], timeout: float = 5.0, interval: float =
         time.sleep(interval)
 
 
-__all__ = ["FakeClock", "shmq", "unique_instance", "wait_until", "leftovers"]
+def connect_shm(url: str, **kwargs: Any) -> ShmBroker:
+    """``shmq.connect`` for a ``shm://`` URL, typed as the broker it returns there, for a
+    test that looks at the shared-memory handle's own parts (``reap``, ``_ring``, ...)."""
+    b = shmq.connect(url, **kwargs)
+    assert isinstance(b, ShmBroker), b
+    return b
+
+
+def connect_tcp(url: str, token: str | None = None, **kwargs: Any) -> TcpBroker:
+    """``shmq.connect`` for a ``tcp://`` URL, typed as the broker it returns there, for a
+    test that looks at the TCP handle's own parts (``worker``, ``subscribe``, ...)."""
+    b = shmq.connect(url, token, **kwargs)
+    assert isinstance(b, TcpBroker), b
+    return b
+
+
+__all__ = ["FakeClock", "connect_shm", "connect_tcp", "shmq", "unique_instance", "wait_until", "leftovers"]
 
 
 # ---------------------------------------------------------------- the broker server

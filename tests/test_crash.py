@@ -7,6 +7,7 @@ import multiprocessing as mp
 import os
 import signal
 import time
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
 import posix_ipc
@@ -17,7 +18,9 @@ from shmq import layout as L
 from shmq import process
 from shmq.shm import ShmBroker
 
-from .conftest import unique_instance, wait_until
+from .conftest import connect_shm, unique_instance, wait_until
+
+pytestmark = pytest.mark.crash
 
 CTX = mp.get_context("fork")
 
@@ -28,8 +31,8 @@ def _kill(p: mp.process.BaseProcess) -> None:
 
 
 # ---------------------------------------------------------------- deterministic kills
-def _hold_locks_then_hang(url: str, ready: mp.Event) -> None:  # type: ignore[type-arg]
-    q = shmq.connect(url).queue("q")
+def _hold_locks_then_hang(url: str, ready: Event) -> None:
+    q = connect_shm(url).queue("q")
     q._ring.plock.acquire()
     q._ring.clock.acquire()
     ready.set()
@@ -48,8 +51,8 @@ def test_lock_holder_killed_inside_the_lock(shm_broker: ShmBroker) -> None:
     assert q.stats()["lock_recoveries"] == 2
 
 
-def _half_write_then_hang(url: str, ready: mp.Event) -> None:  # type: ignore[type-arg]
-    q = shmq.connect(url).queue("q")
+def _half_write_then_hang(url: str, ready: Event) -> None:
+    q = connect_shm(url).queue("q")
     ring = q._ring
     w = ring.w
     ring.plock.acquire()
@@ -78,8 +81,8 @@ def test_producer_killed_mid_write_publishes_nothing(shm_broker: ShmBroker) -> N
     q._ring.check_invariants()
 
 
-def _lease_without_cursor_then_hang(url: str, ready: mp.Event) -> None:  # type: ignore[type-arg]
-    b = shmq.connect(url)
+def _lease_without_cursor_then_hang(url: str, ready: Event) -> None:
+    b = connect_shm(url)
     q = b.queue("q")
     slot = q._att.client_slot()
     ring = q._ring
@@ -114,7 +117,7 @@ def test_consumer_killed_between_lease_and_cursor(shm_broker: ShmBroker, reap_fi
     assert check_instance(shm_broker.instance) == []
 
 
-def _take_and_hang(url: str, n: int, ready: mp.Event) -> None:  # type: ignore[type-arg]
+def _take_and_hang(url: str, n: int, ready: Event) -> None:
     q = shmq.connect(url).queue("q")
     q.get_many(n)
     ready.set()
@@ -132,7 +135,7 @@ def test_dead_consumers_leases_come_back_within_a_second(shm_broker: ShmBroker) 
         q.get(block=False)
     _kill(p)
     t0 = time.monotonic()
-    got = []
+    got: list[shmq.Message] = []
     while len(got) < 5:
         got += q.get_many(5, timeout=2)
     assert time.monotonic() - t0 < 1.5
@@ -153,7 +156,7 @@ def test_exiting_process_gives_its_leases_back_at_once(shm_broker: ShmBroker) ->
     assert (m.payload, m.deliveries) == (b"x", 2)
 
 
-def _take_close_and_hang(url: str, ready: mp.Event) -> None:  # type: ignore[type-arg]
+def _take_close_and_hang(url: str, ready: Event) -> None:
     b = shmq.connect(url)  # in a forked child, over the handle state inherited from the parent
     b.queue("q").get()
     b.close()
@@ -174,6 +177,7 @@ def test_close_in_a_forked_child_gives_its_leases_back(shm_broker: ShmBroker) ->
 
 
 # ---------------------------------------------------------------- the storm
+@pytest.mark.slow
 def test_sigkill_storm_loses_nothing_and_invents_nothing(instance: str, tmp_path: Path) -> None:
     """A short run of ``shmq.chaos`` (``bench/chaos.py`` runs long ones): producers (plain and
     idempotent), consumers of two groups, a dead-letter queue's consumer, lock hogs and forced
@@ -201,7 +205,7 @@ def test_sigkill_storm_loses_nothing_and_invents_nothing(instance: str, tmp_path
 
 
 # ---------------------------------------------------------------- stale shared memory
-def _create_instance_and_hang(name: str, ready: mp.Event) -> None:  # type: ignore[type-arg]
+def _create_instance_and_hang(name: str, ready: Event) -> None:
     b = ShmBroker(name)
     b.create_queue("left").put(b"behind")
     ready.set()
@@ -274,7 +278,7 @@ def test_doctor_cli_lists_and_cleans(instance: str) -> None:
 
 def _die_between_floor_and_free(url: str) -> None:
     """What advance_floor does for a lone group, killed between its two stores."""
-    q = shmq.connect(url).queue("floorfree")
+    q = connect_shm(url).queue("floorfree")
     ring = q._ring
     w = ring.w
     ring.clock.acquire()

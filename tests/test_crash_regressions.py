@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from multiprocessing.synchronize import Event
 
 import psutil
 import pytest
@@ -23,7 +24,9 @@ from shmq import process
 from shmq.lock import EBUSY, trylock, unlock
 from shmq.shm import ShmBroker
 
-from .conftest import FakeClock, wait_until
+from .conftest import FakeClock, connect_shm, wait_until
+
+pytestmark = pytest.mark.crash
 
 CTX = mp.get_context("fork")
 
@@ -123,7 +126,7 @@ def test_a_touch_that_shortens_a_lease_is_kept(clocked: ShmBroker, clock: FakeCl
 
 
 # ---------------------------------------------------------------- bug 5: two reapers
-def _lease_and_hang(url: str, ready: mp.Event) -> None:  # type: ignore[type-arg]
+def _lease_and_hang(url: str, ready: Event) -> None:
     shmq.connect(url).queue("q").get()
     ready.set()
     time.sleep(60)
@@ -172,7 +175,7 @@ def test_a_clock_step_does_not_make_live_processes_dead(monkeypatch: pytest.Monk
 # ---------------------------------------------------------------- bug 7: a group create cut short
 def _create_group_and_die(url: str) -> None:
     """The first stores of a group create, up to ACTIVE, then death inside the lock."""
-    q = shmq.connect(url).queue("q")
+    q = connect_shm(url).queue("q")
     ring, w = q._ring, q._ring.w
     ring.clock.acquire()
     g = ring.groups_w + 1 * L.G_WORDS

@@ -22,6 +22,10 @@ from shmq import crashpoints
 from shmq.check import check_instance
 from shmq.shm import ShmBroker
 
+from .conftest import connect_shm
+
+pytestmark = pytest.mark.crash
+
 CTX = mp.get_context("fork")
 SERVER_POINTS = {n for n in crashpoints.POINTS if n.startswith(("worker.", "journal.", "recovery."))}
 CORE_POINTS = [n for n in crashpoints.POINTS if n not in SERVER_POINTS]
@@ -101,7 +105,7 @@ def _workload(url: str, log_path: str, point: str) -> None:
             log.acked(msgs)
 
     for r in range(3):
-        b = shmq.connect(url)
+        b = connect_shm(url)
         q, o, e = b.queue("q"), b.queue("o"), b.queue("e")
         _put(log, q, 1)
         _put(log, q, 4)

@@ -184,6 +184,7 @@ def jepsen(tmp_path: Path, policy: str, lose_shm: bool, kills: int = 3, batch: i
             "kills": kill_times, "delivered": len(got)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy,lose_shm", [("always", False), ("always", True), ("interval", False),
                                              ("interval", True), ("memory", False)])
 def test_kill9_the_whole_broker_while_producing(tmp_path: Path, policy: str, lose_shm: bool) -> None:
@@ -202,11 +203,13 @@ def test_kill9_the_whole_broker_while_producing(tmp_path: Path, policy: str, los
         assert not r["lost"], sorted(r["lost"])[:20]
 
 
+@pytest.mark.slow
 def test_kill9_with_batches_and_lost_shared_memory(tmp_path: Path) -> None:
     r = jepsen(tmp_path, "always", True, kills=2, batch=50)
     assert not r["unexpected"] and not r["lost"]
 
 
+@pytest.mark.slow
 def test_kill9_with_publisher_confirms_and_lost_shared_memory(tmp_path: Path) -> None:
     """Pipelined puts (a Publisher, 32 unconfirmed at a time): still nothing confirmed is lost."""
     r = jepsen(tmp_path, "always", True, kills=2, window=32)

@@ -14,6 +14,7 @@ import signal
 from dataclasses import dataclass, field
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -24,6 +25,8 @@ from shmq.check import check_instance
 from shmq.shm import ShmBroker
 
 from .conftest import FakeClock, unique_instance
+
+pytestmark = pytest.mark.slow  # 60 examples of 60 steps: about 10 s
 
 CTX = mp.get_context("fork")
 

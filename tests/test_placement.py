@@ -14,10 +14,10 @@ import pytest
 
 import shmq
 import shmq.aio
-from server.placement import MAX_PREFACE, Counts, Handoff, address, affinity_for, choose
 from shmq.codec import FrameDecoder, T, decode_body, encode_body, encode_frame
+from shmq.server.placement import MAX_PREFACE, Counts, Handoff, address, affinity_for, choose
 
-from .conftest import Server, wait_until
+from .conftest import Server, connect_tcp, wait_until
 
 CTX = mp.get_context("fork")
 
@@ -163,14 +163,14 @@ def _connections(srv: Server) -> list[int]:
 
 
 def _lands_on(srv: Server, affinity: str) -> int:
-    b = shmq.connect(srv.url, affinity=affinity)
+    b = connect_tcp(srv.url, affinity=affinity)
     b.close()
     return b.worker
 
 
 def test_connections_are_balanced_across_workers_and_work_wherever_they_land(two_workers: Server) -> None:
     srv = two_workers
-    brokers = [shmq.connect(srv.url) for _ in range(6)]
+    brokers = [connect_tcp(srv.url) for _ in range(6)]
     try:
         assert sorted(b.worker for b in brokers) == [0, 0, 0, 1, 1, 1]
         wait_until(lambda: _connections(srv) == [3, 3])  # the sockets really live there
@@ -190,7 +190,7 @@ def test_connections_are_balanced_across_workers_and_work_wherever_they_land(two
             b.close()
             brokers.remove(b)
         wait_until(lambda: _connections(srv) == [1, 3])
-        brokers += [shmq.connect(srv.url) for _ in range(2)]
+        brokers += [connect_tcp(srv.url) for _ in range(2)]
         assert [b.worker for b in brokers[-2:]] == [1, 1]
     finally:
         for b in brokers:
@@ -200,8 +200,8 @@ def test_connections_are_balanced_across_workers_and_work_wherever_they_land(two
 def test_connections_with_one_affinity_share_a_worker(two_workers: Server) -> None:
     srv = two_workers
     key = _key(1, 2)
-    brokers = [shmq.connect(srv.url, affinity=key) for _ in range(4)]
-    other = shmq.connect(srv.url, affinity=_key(0, 2))
+    brokers = [connect_tcp(srv.url, affinity=key) for _ in range(4)]
+    other = connect_tcp(srv.url, affinity=_key(0, 2))
 
     async def aio_worker() -> int:
         b = await shmq.aio.connect(srv.url, affinity=key)
@@ -228,7 +228,7 @@ def test_connections_with_one_affinity_share_a_worker(two_workers: Server) -> No
 def test_a_client_that_pipelines_after_its_handshake_stays_where_it_landed(two_workers: Server) -> None:
     """Bytes after the HANDSHAKE in the same read: nothing is moved, everything answered."""
     srv = two_workers
-    first = shmq.connect(srv.url)  # worker A has one connection; the raw one may land beside it
+    first = connect_tcp(srv.url)  # worker A has one connection; the raw one may land beside it
     first.create_queue("piped")
     try:
         for _ in range(6):
@@ -254,7 +254,7 @@ def test_a_killed_worker_is_handed_nothing_and_its_successor_takes_connections_a
         two_workers: Server) -> None:
     srv = two_workers
     key = _key(1, 2)
-    b = shmq.connect(srv.url, affinity=key)
+    b = connect_tcp(srv.url, affinity=key)
     assert b.worker == 1
     b.create_queue("k")
     victim = next(p for p in srv.workers() if any(
@@ -263,12 +263,12 @@ def test_a_killed_worker_is_handed_nothing_and_its_successor_takes_connections_a
     victim.kill()
     victim.wait(10)
     # worker 1 is dead or restarting: a connection for it is served by whoever can
-    late = [shmq.connect(srv.url, affinity=key) for _ in range(5)]
+    late = [connect_tcp(srv.url, affinity=key) for _ in range(5)]
     for i, c in enumerate(late):
         c.queue("k").put(b"%d" % i)
     wait_until(lambda: len(srv.workers()) == 2 and victim.pid not in {p.pid for p in srv.workers()})
     wait_until(lambda: _lands_on(srv, key) == 1, timeout=10)
-    again = shmq.connect(srv.url, affinity=key)
+    again = connect_tcp(srv.url, affinity=key)
     try:
         assert again.worker == 1
         got = sorted(again.queue("k").get(timeout=5).payload for _ in range(5))
@@ -284,12 +284,12 @@ def test_a_connection_is_not_handed_to_a_full_worker() -> None:
     landed (worker 0), or refused by worker 1 if that is where it landed, never lost."""
     srv = Server(workers=2, extra=["--max-connections", "2"])
     key = _key(1, 2)
-    full = [shmq.connect(srv.url, affinity=key) for _ in range(2)]
+    full = [connect_tcp(srv.url, affinity=key) for _ in range(2)]
     try:
         assert [b.worker for b in full] == [1, 1]
         for _ in range(8):
             try:
-                b = shmq.connect(srv.url, affinity=key)
+                b = connect_tcp(srv.url, affinity=key)
             except shmq.ConnectionLost as e:  # it landed on worker 1, which is full and says so
                 assert "worker 1 holds 2 connections already" in str(e)
                 continue
@@ -304,7 +304,7 @@ def test_a_connection_is_not_handed_to_a_full_worker() -> None:
 
 def test_the_handshake_answer_names_the_serving_worker(two_workers: Server) -> None:
     srv = two_workers
-    hold = shmq.connect(srv.url)
+    hold = connect_tcp(srv.url)
     try:
         s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
         s.sendall(encode_frame(T.HANDSHAKE, 9, encode_body(T.HANDSHAKE, token="", client="raw",

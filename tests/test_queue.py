@@ -6,6 +6,7 @@ import multiprocessing as mp
 import os
 import threading
 import time
+from multiprocessing.context import ForkContext, ForkServerContext, SpawnContext
 
 import pytest
 
@@ -58,7 +59,7 @@ def test_all_delivered_with_several_producers(broker: shmq.Broker) -> None:
     procs = [CTX.Process(target=_produce, args=(broker.url, "many", t, 400)) for t in range(4)]
     for p in procs:
         p.start()
-    got = []
+    got: list[bytes] = []
     while len(got) < 1600:
         m = q.get(timeout=10)
         got.append(m.payload)
@@ -567,6 +568,7 @@ def _child_uses_pickled_queue(q: shmq.Queue, out: mp.Queue) -> None:
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_handles_cross_into_children(broker: shmq.Broker, method: str) -> None:
     ctx = mp.get_context(method)
+    assert isinstance(ctx, ForkContext | SpawnContext | ForkServerContext)  # for mypy: one with a Process
     q = broker.create_queue("kids")
     q.put(b"hello child")
     out = ctx.Queue()
@@ -578,7 +580,7 @@ def test_handles_cross_into_children(broker: shmq.Broker, method: str) -> None:
     assert q.stats()["retained"] == 0
 
 
-def test_objects_are_private_and_named_for_the_instance(shm_broker: shmq.Broker) -> None:
+def test_objects_are_private_and_named_for_the_instance(shm_broker: ShmBroker) -> None:
     shm_broker.create_queue("private")
     names = [n for n in os.listdir("/dev/shm") if f"shmq.{shm_broker.instance}." in n]
     assert len(names) == 6  # registry, queue segment, four semaphores

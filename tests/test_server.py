@@ -12,7 +12,8 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
+from multiprocessing.synchronize import Event
 from typing import Any
 
 import psutil
@@ -21,11 +22,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shmq
-from shmq.codec import FrameDecoder, T, decode_body, encode_body, encode_frame
+from shmq.codec import Frame, FrameDecoder, T, decode_body, encode_body, encode_frame
 from shmq.errors import Status
 from shmq.shm import ShmBroker
+from shmq.tcp import TcpQueue
 
-from .conftest import Server, wait_until
+from .conftest import Server, connect_tcp, wait_until
 
 CTX = mp.get_context("fork")
 
@@ -39,7 +41,7 @@ def _raw(server: Server, handshake: bool = True) -> socket.socket:
     return s
 
 
-def _recv_frame(s: socket.socket) -> object:
+def _recv_frame(s: socket.socket) -> Frame:
     dec = FrameDecoder()
     while True:
         data = s.recv(65536)
@@ -104,10 +106,10 @@ def _bells(q: object) -> bytes:
 def test_a_parked_get_flags_its_worker_and_a_colocated_put_rings_it(server: Server) -> None:
     """A get parked over TCP sets its worker's byte in the queue's bell table; a put from
     another process rings the doorbell and the get returns; once nobody waits there any
-    more the worker clears its flag (after a grace of FLAG_GRACE)."""
+    more the worker clears its flag (after a grace of WORKER_FLAG_GRACE)."""
     import threading
 
-    tcp = shmq.connect(server.url)
+    tcp = connect_tcp(server.url)
     local = ShmBroker(server.instance)
     try:
         q = tcp.create_queue("bell")
@@ -131,14 +133,15 @@ def test_a_parked_get_flags_its_worker_and_a_colocated_put_rings_it(server: Serv
 def test_a_subscription_flags_its_worker_until_it_ends(server: Server) -> None:
     """A push subscription sets its worker's bell flag on the queue; once it is
     unsubscribed, and once its connection is closed, the flag is cleared (after
-    FLAG_GRACE): a worker nobody waits on is not rung by every put there."""
+    WORKER_FLAG_GRACE): a worker nobody waits on is not rung by every put there."""
     local = ShmBroker(server.instance)
     try:
         local.create_queue("subbell")
         lq = local.queue("subbell")
         for how in ("unsubscribe", "close"):
-            tcp = shmq.connect(server.url)
+            tcp = connect_tcp(server.url)
             sub = tcp.queue("subbell").subscribe(credit=5)
+            assert isinstance(sub, Generator)  # a generator: close() unsubscribes
             lq.put(how.encode())
             msg = next(sub)
             assert msg.payload == how.encode()
@@ -161,7 +164,7 @@ def test_worker_flags_a_queue_deleted_and_created_again(server: Server) -> None:
     wait for the 50 ms tick.)"""
     import threading
 
-    tcp = shmq.connect(server.url)
+    tcp = connect_tcp(server.url)
     local = ShmBroker(server.instance)
     try:
         q = tcp.create_queue("again")
@@ -198,7 +201,7 @@ def test_a_restarted_worker_clears_the_bell_flags_of_its_predecessor() -> None:
     srv = Server(workers=2)
     local = ShmBroker(srv.instance)
     try:
-        b = shmq.connect(srv.url)
+        b = connect_tcp(srv.url)
         b.create_queue("stale")
         lq = local.queue("stale")
         victim = next(p for p in srv.workers() if any(
@@ -237,7 +240,7 @@ def test_an_unwaited_ack_reaches_the_broker_with_no_later_request(server: Server
         local.close()
 
 
-def _take_and_hang(url: str, n: int, ready: mp.Event) -> None:  # type: ignore[type-arg]
+def _take_and_hang(url: str, n: int, ready: Event) -> None:
     b = shmq.connect(url)
     b.queue("lease").get_many(n)
     ready.set()
@@ -286,7 +289,7 @@ def test_sigkilled_worker_is_restarted_and_nothing_is_lost() -> None:
             held[0].ack()
         b2 = shmq.connect(srv.url)
         q2 = b2.queue("w")
-        got = []
+        got: list[bytes] = []
         while len(got) < 100:
             ms = q2.get_many(100, timeout=2)
             q2.ack_many(ms)
@@ -335,7 +338,7 @@ def test_malformed_frames_get_an_error_and_a_close(server: Server, junk: bytes, 
     s = _raw(server)
     s.sendall(junk)
     f = _recv_frame(s)
-    assert (f.type, f.status) == (T.ERROR, status)  # type: ignore[attr-defined]
+    assert (f.type, f.status) == (T.ERROR, status)
     assert _closed(s)
     s.close()
     b = shmq.connect(server.url)  # everyone else carries on
@@ -347,14 +350,14 @@ def test_bad_request_bodies_and_unknown_queues_keep_the_connection(server: Serve
     s = _raw(server)
     s.sendall(encode_frame(T.PRODUCE, 2, b"\x00\x05ab"))  # truncated body
     f = _recv_frame(s)
-    assert (f.type, f.status, f.msg_id) == (T.ERROR, Status.PROTOCOL_ERROR, 2)  # type: ignore[attr-defined]
+    assert (f.type, f.status, f.msg_id) == (T.ERROR, Status.PROTOCOL_ERROR, 2)
     s.sendall(encode_frame(T.PRODUCE, 3, encode_body(T.PRODUCE, queue="nope", timeout_ms=0, payload=b"x")))
     f = _recv_frame(s)
-    assert (f.type, f.status, f.msg_id) == (T.ERROR, Status.QUEUE_NOT_FOUND, 3)  # type: ignore[attr-defined]
+    assert (f.type, f.status, f.msg_id) == (T.ERROR, Status.QUEUE_NOT_FOUND, 3)
     s.sendall(encode_frame(T.DELIVER, 4, b""))  # a response type sent as a request
-    assert _recv_frame(s).status == Status.INVALID_TYPE  # type: ignore[attr-defined]
+    assert _recv_frame(s).status == Status.INVALID_TYPE
     s.sendall(encode_frame(T.LIST_QUEUES, 5))
-    assert _recv_frame(s).type == T.LIST_QUEUES_OK  # type: ignore[attr-defined]
+    assert _recv_frame(s).type == T.LIST_QUEUES_OK
     s.close()
 
 
@@ -362,7 +365,7 @@ def test_frame_before_handshake_and_truncated_frame(server: Server) -> None:
     s = _raw(server, handshake=False)
     s.sendall(encode_frame(T.LIST_QUEUES, 1))
     f = _recv_frame(s)
-    assert (f.type, f.status) == (T.ERROR, Status.PROTOCOL_ERROR)  # type: ignore[attr-defined]
+    assert (f.type, f.status) == (T.ERROR, Status.PROTOCOL_ERROR)
     assert _closed(s)
     s.close()
     s = _raw(server)
@@ -384,21 +387,21 @@ def test_ack_range_acks_what_it_holds_reports_the_rest_and_refuses_too_many(serv
         first = q.put_many([b"%d" % i for i in range(6)])[0]
         s.sendall(encode_frame(T.CONSUME_BATCH, 2, encode_body(
             T.CONSUME_BATCH, queue="ranged", group="default", max=4, timeout_ms=1000, visibility_ms=0)))
-        assert _recv_frame(s).type == T.DELIVER_BATCH  # type: ignore[attr-defined]
+        assert _recv_frame(s).type == T.DELIVER_BATCH
         # it holds the first 4 (delivery 1) and asks for all 6: the last 2 were never its own
         s.sendall(encode_frame(T.ACK_RANGE, 3, encode_body(T.ACK_RANGE, queue="ranged", group="default",
                                                            first=first, count=6, deliveries=1)))
         f = _recv_frame(s)
-        assert f.type == T.ACK_BATCH_OK  # type: ignore[attr-defined]
-        assert decode_body(T.ACK_BATCH_OK, f.body)["stale"] == [first + 4, first + 5]  # type: ignore[attr-defined]
+        assert f.type == T.ACK_BATCH_OK
+        assert decode_body(T.ACK_BATCH_OK, f.body)["stale"] == [first + 4, first + 5]
         g = q.stats()["groups"]["default"]
         assert g["acked"] == 4 and g["in_flight"] == 0
         s.sendall(encode_frame(T.ACK_RANGE_NO_REPLY, 4, encode_body(
             T.ACK_RANGE_NO_REPLY, queue="ranged", group="default", first=0, count=10_001, deliveries=1)))
         f = _recv_frame(s)
-        assert (f.type, f.status, f.msg_id) == (T.ERROR, Status.LIMIT_EXCEEDED, 4)  # type: ignore[attr-defined]
+        assert (f.type, f.status, f.msg_id) == (T.ERROR, Status.LIMIT_EXCEEDED, 4)
         s.sendall(encode_frame(T.LIST_QUEUES, 5))
-        assert _recv_frame(s).type == T.LIST_QUEUES_OK  # type: ignore[attr-defined]
+        assert _recv_frame(s).type == T.LIST_QUEUES_OK
         assert [m.payload for m in q.get_many(10, timeout=5)] == [b"4", b"5"]  # nothing else was touched
     finally:
         s.close()
@@ -430,7 +433,7 @@ def test_byte_at_a_time_client(server: Server) -> None:
     for byte in encode_frame(T.LIST_QUEUES, 9):
         s.send(bytes([byte]))
     f = _recv_frame(s)
-    assert (f.type, f.msg_id) == (T.LIST_QUEUES_OK, 9)  # type: ignore[attr-defined]
+    assert (f.type, f.msg_id) == (T.LIST_QUEUES_OK, 9)
     s.close()
 
 
@@ -491,11 +494,11 @@ def test_a_thousand_idle_connections(server: Server) -> None:
 
 
 @contextlib.contextmanager
-def _twenty_to_push(server: Server, name: str, **limits: Any) -> Iterator[tuple[shmq.Queue, shmq.Queue]]:
+def _twenty_to_push(server: Server, name: str, **limits: Any) -> Iterator[tuple[shmq.Queue, TcpQueue]]:
     """A queue holding b"0" .. b"19": its handle, and the handle of a second connection
     (the subscriber's); both connections and the queue are gone afterwards."""
     b = shmq.connect(server.url)
-    sub_b = shmq.connect(server.url)
+    sub_b = connect_tcp(server.url)
     try:
         q = b.create_queue(name, **limits)
         q.put_many([f"{i}".encode() for i in range(20)])
@@ -510,6 +513,7 @@ def _twenty_to_push(server: Server, name: str, **limits: Any) -> Iterator[tuple[
 def test_push_subscription_with_credit(server: Server, credit: int) -> None:
     with _twenty_to_push(server, "push") as (q, sq):
         it = sq.subscribe(credit=credit)
+        assert isinstance(it, Generator)  # a generator: close() unsubscribes
         got = []
         for m in it:
             got.append(m.payload)
@@ -527,6 +531,7 @@ def test_push_subscription_sends_at_most_its_credit_and_gives_back_the_rest(serv
     but never handed out (not after the visibility timeout)."""
     with _twenty_to_push(server, "pushback", visibility_timeout=30) as (q, sq):
         it = sq.subscribe(credit=4)
+        assert isinstance(it, Generator)  # a generator: close() unsubscribes
         first = next(it)  # the first push came with 4: one handed out, no credit back yet
         assert q.stats()["groups"]["default"]["in_flight"] == 4
         first.ack()
@@ -594,6 +599,7 @@ def _cli(server: Server, *args: str, stdin: bytes | None = None) -> subprocess.C
                           env={**os.environ, "SHMQ_URL": server.url})
 
 
+@pytest.mark.slow
 def test_cli_end_to_end(server: Server) -> None:
     assert _cli(server, "create", "cli", "--max-deliveries", "2").returncode == 0
     out = _cli(server, "produce", "cli", "--json", stdin=b"one\ntwo\nthree\n")

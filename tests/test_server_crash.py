@@ -35,6 +35,8 @@ from shmq.shm import ShmBroker
 
 from .conftest import Server, _mp_helper, leftovers, unique_instance, wait_until
 
+pytestmark = pytest.mark.crash
+
 CLI = [sys.executable, "-c", "from shmq.cli import app; app()"]
 RESTARTED = "exited with -9; restarting"  # the supervisor's line for a SIGKILLed worker or journal process
 

@@ -26,6 +26,7 @@ from shmq.shm import ShmBroker
 from .conftest import Server, leftovers, unique_instance, wait_until
 
 pytestmark = [
+    pytest.mark.spark,
     pytest.mark.timeout(300),  # the first test also waits for the JVM: slow on a busy machine
     pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
     pytest.mark.filterwarnings("ignore:Cannot infer the eval type from type hints:UserWarning"),
