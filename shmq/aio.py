@@ -33,7 +33,7 @@ from collections.abc import AsyncGenerator, Iterable, Sequence
 from typing import Any
 
 from . import options
-from .api import Message, Payload, QueueConfig, QueueInfo, own_leases
+from .api import Message, Payload, QueueConfig, QueueInfo, as_bytes, own_leases
 from .codec import Frame, FrameDecoder, T, decode_body, error_of, frame
 from .errors import (
     AuthError,
@@ -44,7 +44,6 @@ from .errors import (
     StaleAck,
 )
 from .names import check_queue_name
-from .queue import _as_bytes
 from .settle import Settle
 from .tcp import (
     NO_REPLY_ID,
@@ -392,7 +391,7 @@ class AsyncQueue:
 
     async def put(self, payload: Payload, block: bool = True, timeout: float | None = None) -> int:
         r = await self._b._request(T.PRODUCE, T.PRODUCE_OK, queue=self.name,
-                                   timeout_ms=_timeout_ms(block, timeout), payload=bytes(_as_bytes(payload)))
+                                   timeout_ms=_timeout_ms(block, timeout), payload=bytes(as_bytes(payload)))
         return int(r["offset"])
 
     async def put_many(self, payloads: Sequence[Payload], block: bool = True,

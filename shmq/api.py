@@ -22,6 +22,27 @@ from .settle import Settle
 Payload = bytes | bytearray | memoryview | str
 
 
+def as_bytes(payload: Payload) -> bytes | bytearray | memoryview:
+    """A payload as bytes-like (a str is UTF-8 encoded); ``InvalidArgument`` otherwise."""
+    if isinstance(payload, str):
+        return payload.encode()
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        return payload
+    raise InvalidArgument(f"payload must be bytes-like or str, not {type(payload).__name__}")
+
+
+def check_producer(producer: str | None, seq: int | None) -> bool:
+    """Check an idempotent producer's (id, sequence); True when the put is idempotent."""
+    if producer is None and seq is None:
+        return False
+    if not isinstance(producer, str) or not 1 <= len(producer) <= options.PRODUCER_ID_MAX:
+        raise InvalidArgument(f"producer must be a string of 1-{options.PRODUCER_ID_MAX} chars "
+                              "(and goes with seq)")
+    if type(seq) is not int or not 1 <= seq < 1 << 63:
+        raise InvalidArgument("seq must be an int in 1 .. 2**63-1 (and goes with producer)")
+    return True
+
+
 @dataclass(frozen=True)
 class QueueConfig:
     """The limits a queue is created with (``create_queue`` keyword arguments)."""

@@ -21,7 +21,7 @@ import posix_ipc
 
 from . import crashpoints, options
 from . import layout as L
-from .api import Message, Payload, QueueConfig, own_leases
+from .api import Message, Payload, QueueConfig, as_bytes, check_producer, own_leases
 from .api import Queue as QueueABC
 from .doorbell import NO_BELLS, RINGER
 from .errors import (
@@ -55,14 +55,6 @@ _monotonic_ns = time.monotonic_ns
 def monotonic_ms() -> int:
     """The default clock of leases and delays: monotonic, system-wide, in ms."""
     return _monotonic_ns() // 1_000_000
-
-
-def _as_bytes(payload: Payload) -> bytes | bytearray | memoryview:
-    if isinstance(payload, str):
-        return payload.encode()
-    if isinstance(payload, (bytes, bytearray, memoryview)):
-        return payload
-    raise InvalidArgument(f"payload must be bytes-like or str, not {type(payload).__name__}")
 
 
 class ShmQueue(QueueABC):
@@ -120,7 +112,7 @@ class ShmQueue(QueueABC):
     def put(self, payload: Payload, block: bool = True, timeout: float | None = None,
             *, wait_durable: bool = True) -> int:
         if type(payload) is not bytes:
-            payload = _as_bytes(payload)
+            payload = as_bytes(payload)
         if len(payload) > self._max:
             raise MessageTooLarge(f"payload of {len(payload)} bytes exceeds max_message_size "
                                   f"{self._max} of queue {self.name!r}")
@@ -140,11 +132,11 @@ class ShmQueue(QueueABC):
         """Append a batch atomically.  With ``producer`` and ``seq`` (an idempotent
         producer): raise :class:`Duplicate` and write nothing when this producer already
         wrote ``seq`` or a later sequence to this queue."""
-        key = check_producer(producer, seq)
+        key = producer_key(producer) if check_producer(producer, seq) else 0  # type: ignore[arg-type]
         if set(map(type, payloads)) == {bytes}:  # the usual case, checked at C speed
             items = list(payloads)
         else:
-            items = [p if type(p) is bytes else _as_bytes(p) for p in payloads]
+            items = [p if type(p) is bytes else as_bytes(p) for p in payloads]
         if not items:
             return []
         self._alive()
@@ -829,18 +821,6 @@ class ShmQueue(QueueABC):
             "journal_error": (errno.errorcode.get(w[L.Q_JOURNAL_ERRNO], w[L.Q_JOURNAL_ERRNO])
                               if w[L.Q_JOURNAL_ERRNO] else None),
         }
-
-
-def check_producer(producer: str | None, seq: int | None) -> int:
-    """Check an idempotent producer's (id, sequence); its table key (0: not idempotent)."""
-    if producer is None and seq is None:
-        return 0
-    if not isinstance(producer, str) or not 1 <= len(producer) <= options.PRODUCER_ID_MAX:
-        raise InvalidArgument(f"producer must be a string of 1-{options.PRODUCER_ID_MAX} chars "
-                              "(and goes with seq)")
-    if type(seq) is not int or not 1 <= seq < 1 << 63:
-        raise InvalidArgument("seq must be an int in 1 .. 2**63-1 (and goes with producer)")
-    return producer_key(producer)
 
 
 def _ms(seconds: float, what: str) -> int:

@@ -18,7 +18,7 @@ from operator import itemgetter
 from typing import Any
 
 from . import options
-from .api import Broker, Message, Payload, Queue, QueueConfig, QueueInfo, own_leases
+from .api import Broker, Message, Payload, Queue, QueueConfig, QueueInfo, as_bytes, check_producer, own_leases
 from .codec import (
     NO_REPLY_ID,
     WAIT_FOREVER,
@@ -42,7 +42,6 @@ from .errors import (
     StaleAck,
 )
 from .names import check_queue_name
-from .queue import _as_bytes, check_producer
 from .settle import Settle
 
 RECV_SIZE = 1 << 18  # bytes one read takes at most
@@ -257,7 +256,7 @@ class TcpQueue(Queue):
     def put(self, payload: Payload, block: bool = True, timeout: float | None = None) -> int:
         b = self._b
         if type(payload) is not bytes:
-            payload = bytes(_as_bytes(payload))
+            payload = bytes(as_bytes(payload))
         msg_id = b._next_id()
         b._send_frame(produce_frame(msg_id, self._qb, _timeout_ms(block, timeout), payload))
         return int(b._decoded(b._answer(msg_id), T.PRODUCE, T.PRODUCE_OK)["offset"])
@@ -273,7 +272,7 @@ class TcpQueue(Queue):
 
     def _publish(self, payload: Payload, block: bool, timeout: float | None) -> int:
         return self._b._start(T.PRODUCE, queue=self.name, timeout_ms=_timeout_ms(block, timeout),
-                              payload=bytes(_as_bytes(payload)))
+                              payload=bytes(as_bytes(payload)))
 
     def _confirm(self, token: int) -> int:
         return int(self._b._decoded(self._b._answer(token), T.PRODUCE, T.PRODUCE_OK)["offset"])
@@ -483,7 +482,7 @@ def batch_payloads(payloads: Sequence[Payload]) -> list[bytes]:
     if set(map(type, payloads)) == {bytes}:  # the usual case, checked at C speed
         items = list(payloads)  # type: ignore[arg-type]
     else:
-        items = [bytes(_as_bytes(p)) for p in payloads]
+        items = [bytes(as_bytes(p)) for p in payloads]
     if len(items) > options.MAX_BATCH:
         raise LimitExceeded(f"{len(items)} messages in one batch; the limit over TCP is "
                             f"{options.MAX_BATCH}")
