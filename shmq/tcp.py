@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Generator, Iterable, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -357,7 +357,7 @@ class TcpQueue(Queue):
         return dict(self._b._request(T.STATS, T.STATS_OK, queue=self.name)["stats"])
 
     def subscribe(self, group: str = options.DEFAULT_GROUP, credit: int = options.DEFAULT_CREDIT,
-                  visibility_timeout: float | None = None) -> Iterator[Message]:
+                  visibility_timeout: float | None = None) -> Generator[Message, None, None]:
         """Push mode: the broker sends up to ``credit`` unacknowledged messages ahead
         (in batches when ``credit`` > 1); the messages handed out here return their
         credit in steps of half the window.  Use a dedicated broker handle.  Closing
