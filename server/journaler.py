@@ -34,7 +34,6 @@ import logging
 import os
 import shutil
 import signal
-import sys
 import threading
 import time
 from dataclasses import asdict
@@ -306,7 +305,6 @@ class JournalService:
 
 def journal_main(instance: str, root: str, interval: float, segment_bytes: int, ready: Any) -> None:
     """The journal process (forked by the supervisor)."""
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="shmq journal: %(message)s")
     svc = JournalService(instance, Path(root), interval, segment_bytes)
     signal.signal(signal.SIGTERM, lambda *_: svc.stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop

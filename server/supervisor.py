@@ -30,6 +30,7 @@ so a test sees the recovery rather than a crash loop.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import signal
 import socket
@@ -42,12 +43,20 @@ from shmq import crashpoints, options
 from shmq.errors import InvalidArgument, ShmqError
 from shmq.shm import ShmBroker
 
+from . import logs
 from .brokerlock import AlreadyServed, claim
 from .journaler import data_dir_for, journal_main, recover
 from .placement import Counts
 from .worker import reuseport_socket, worker_main
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+log = logging.getLogger("shmq.supervisor")
+
+
+def _child(role: str, log_setup: tuple[str, str], main: Any, *args: Any) -> None:
+    """A forked worker or journal process: its own log lines first, then its work."""
+    logs.setup(role, *log_setup)
+    main(*args)
 
 
 def exclusive_port(host: str, port: int) -> int:
@@ -64,10 +73,15 @@ class Supervisor:
                  port: int = options.DEFAULT_PORT, workers: int = 0, token: str = "",
                  max_connections: int = options.MAX_CONNECTIONS, keep: bool = False,
                  data_dir: str | None = None, sync_interval: float = options.DEFAULT_SYNC_INTERVAL,
-                 segment_bytes: int = options.JOURNAL_SEGMENT_BYTES) -> None:
+                 segment_bytes: int = options.JOURNAL_SEGMENT_BYTES, log_level: str = logs.DEFAULT_LEVEL,
+                 log_format: str = logs.DEFAULT_FORMAT) -> None:
         if host not in LOOPBACK and not token:
             raise InvalidArgument(f"binding {host} (not loopback) needs an auth token: "
                                   f"--token or ${options.TOKEN_ENV}")
+        if log_level not in logs.LEVELS or log_format not in logs.FORMATS:
+            raise InvalidArgument(f"--log-level must be one of {', '.join(logs.LEVELS)} and --log-format "
+                                  f"one of {', '.join(logs.FORMATS)}")
+        self.log = (log_level, log_format)
         self.instance = instance
         self.host = host
         self.port = port
@@ -90,17 +104,17 @@ class Supervisor:
 
     def _start(self, i: int) -> None:
         ready = self.ctx.Event()
-        p = self.ctx.Process(target=worker_main, name=f"shmq-worker-{i}", daemon=False,
-                             args=(self.instance, self.host, self.port, i, self.token, ready,
-                                   self.max_connections, self.counts))
+        p = self.ctx.Process(target=_child, name=f"shmq-worker-{i}", daemon=False,
+                             args=(f"worker-{i}", self.log, worker_main, self.instance, self.host,
+                                   self.port, i, self.token, ready, self.max_connections, self.counts))
         p.start()
         self.procs[i] = (p, ready)
 
     def _start_journal(self) -> None:
         ready = self.ctx.Event()
-        p = self.ctx.Process(target=journal_main, name="shmq-journal", daemon=False,
-                             args=(self.instance, str(self.data_dir), self.sync_interval,
-                                   self.segment_bytes, ready))
+        p = self.ctx.Process(target=_child, name="shmq-journal", daemon=False,
+                             args=("journal", self.log, journal_main, self.instance, str(self.data_dir),
+                                   self.sync_interval, self.segment_bytes, ready))
         p.start()
         if not ready.wait(30):
             raise ShmqError("the journal process did not start")
@@ -109,6 +123,7 @@ class Supervisor:
     def serve(self, announce: Any = print) -> int:
         """Run the broker until SIGTERM / SIGINT; the exit status (1: the instance is served
         by another broker already, and nothing was changed)."""
+        logs.setup("supervisor", *self.log)
         # A stop asked for during start-up is honoured once the workers are up.
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
@@ -132,7 +147,7 @@ class Supervisor:
             probe = reuseport_socket(self.host, self.port)
             # queues whose shared memory is gone (a reboot, a stop) come back from their journals
             for line in recover(broker, self.data_dir):
-                print(f"shmq: {line}", file=sys.stderr)
+                log.info("%s", line)
             self._start_journal()
             for i in range(self.n):
                 self._start(i)
@@ -180,16 +195,14 @@ class Supervisor:
                 if i == -1:
                     self.journal.join()
                     if not self._stop:
-                        print(f"shmq: the journal process exited with {self.journal.exitcode}; restarting",
-                              file=sys.stderr)
+                        log.warning("the journal process exited with %s; restarting", self.journal.exitcode)
                         self._start_journal()
                     continue
                 p, _ = self.procs.pop(i)
                 p.join()
                 if self._stop:
                     continue
-                print(f"shmq: worker {i} (pid {p.pid}) exited with {p.exitcode}; restarting",
-                      file=sys.stderr)
+                log.warning("worker %d (pid %d) exited with %s; restarting", i, p.pid, p.exitcode)
                 att.reap(att.now_ms(), force=True)  # its connections' leases come back now
                 self._start(i)
             now = time.monotonic()
@@ -198,7 +211,7 @@ class Supervisor:
                 try:
                     self._maintain(broker)
                 except Exception as e:  # noqa: BLE001 - the supervisor must outlive any one queue
-                    print(f"shmq: maintenance failed: {e!r}", file=sys.stderr)
+                    log.error("maintenance failed: %r", e)
 
     @staticmethod
     def _maintain(broker: ShmBroker) -> None:

@@ -88,6 +88,9 @@ def serve(
                                         help="longest time an `interval` queue goes without fsync (s)"),
     journal_segment_bytes: int = typer.Option(options.JOURNAL_SEGMENT_BYTES,
                                               help="journal segment file size before it rolls"),
+    log_level: str = typer.Option("info", help="debug, info, warning or error"),
+    log_format: str = typer.Option("text", help="text (one line each, naming process role and pid) "
+                                                "or json (one object a line)"),
 ) -> None:
     """Run the broker: a supervisor and N workers on one SO_REUSEPORT port.
 
@@ -97,7 +100,7 @@ def serve(
 
     try:
         sup = Supervisor(instance, host, port, workers, token, max_connections, keep,
-                         data_dir or None, sync_interval, journal_segment_bytes)
+                         data_dir or None, sync_interval, journal_segment_bytes, log_level, log_format)
         raise typer.Exit(sup.serve())
     except ShmqError as e:
         _fail(e)
