@@ -23,8 +23,8 @@ Why this lock and not another:
   workers are still on their way out, and a new ``shmq serve`` takes over.
 
 The lock is taken on the registry the supervisor attached, and checked after it is taken
-to still be that live registry (same file under the name, valid magic, same instance
-uid): a broker that held the lock until a moment ago removes the instance before it lets
+to still be that live registry (the file it mapped, its magic still valid):
+a broker that held the lock until a moment ago removes the instance before it lets
 go, and the newcomer then attaches the new one and tries again.
 
 A refused supervisor names the live one: the registry's owner pid (written by the lock
@@ -54,7 +54,6 @@ CLAIM_TRIES = 20  # attaches in a row that found the registry replaced meanwhile
 OWNER_WAIT = 2.0  # s a refused supervisor waits for the lock holder to name itself
 _F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)
 _FLOCK = "hhqqi4x"  # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks), padding
-_HEAD = struct.Struct(f"<{max(L.R_MAGIC, L.R_INSTANCE_UID) + 1}Q")  # the registry's first words
 
 _held: set[int] = set()  # descriptors holding a broker lock in this process
 
@@ -133,7 +132,7 @@ def _try_lock(instance: str, reg: Registry) -> BrokerLock | None:
     except FileNotFoundError:
         return None
     try:
-        if not _same(fd, path, reg):
+        if not _same(fd, reg):
             return None
         try:
             fcntl.fcntl(fd, _F_OFD_SETLK, struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, LOCK_BYTE, 1, 0))
@@ -143,7 +142,7 @@ def _try_lock(instance: str, reg: Registry) -> BrokerLock | None:
             pid, url = holder(reg)
             raise AlreadyServed(instance, pid, url) from None
         # the holder until a moment ago removes the instance before it lets go: check again
-        if not _same(fd, path, reg):
+        if not _same(fd, reg):
             return None
         lock = BrokerLock(instance, fd)
         fd = -1
@@ -153,20 +152,11 @@ def _try_lock(instance: str, reg: Registry) -> BrokerLock | None:
             os.close(fd)  # (releases the lock too, if it was taken on a dead registry)
 
 
-def _same(fd: int, path: str, reg: Registry) -> bool:
-    """Is ``fd`` the file under ``path``, and both it and ``reg`` the same live registry?"""
-    try:
-        st, now = os.fstat(fd), os.stat(path)
-    except FileNotFoundError:
-        return False
-    if (st.st_dev, st.st_ino) != (now.st_dev, now.st_ino):
-        return False
-    try:
-        head = _HEAD.unpack(os.pread(fd, _HEAD.size, 0))
-    except struct.error:  # shorter than a header: not a registry we can lock
-        return False
-    return (head[L.R_MAGIC] == L.REGISTRY_MAGIC and head[L.R_INSTANCE_UID] == reg.uid
-            and reg.w[L.R_MAGIC] == L.REGISTRY_MAGIC)
+def _same(fd: int, reg: Registry) -> bool:
+    """Is ``fd`` the file ``reg`` has mapped, and ``reg`` still live?  (A removed registry's
+    magic is zeroed before its name goes: ``ShmBroker.destroy``, ``reclaim``.)"""
+    st, mine = os.fstat(fd), os.fstat(reg.mapping.fd)
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino) and reg.w[L.R_MAGIC] == L.REGISTRY_MAGIC
 
 
 def holder(reg: Registry) -> tuple[int, str | None]:

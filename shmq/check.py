@@ -37,7 +37,7 @@ from .errors import InstanceError
 from .group import Groups
 from .registry import Registry
 from .ring import Ring
-from .segment import SHM_DIR, Mapping, queue_segment_name, semaphore_names
+from .segment import SHM_DIR, Mapping, queue_id_of, queue_segment_name, semaphore_names
 
 _STATES = {L.NEW: "NEW", L.LEASED: "LEASED", L.READY: "READY", L.DONE: "DONE", L.DEADING: "DEADING"}
 
@@ -98,10 +98,9 @@ def _check_registry(reg: Registry) -> list[str]:
             continue
         listed[qid] = (name, bool(w[e + L.E_FLAGS] & L.F_DLQ))
     reserved = set(names.values())
-    seg = re.compile(rf"^shmq\.{re.escape(reg.instance)}\.q(\d+)$")
     for n in sorted(os.listdir(SHM_DIR)):
-        m = seg.match(n)
-        if m and int(m[1]) not in reserved:
+        seg_id = queue_id_of(reg.instance, n)
+        if seg_id is not None and seg_id not in reserved:
             bad.append(f"registry: segment {n} belongs to no queue (an orphan)")
     for qid, (name, is_dlq) in sorted(listed.items()):
         bad += [f"{name}: {v}" for v in _check_queue(reg, qid, name, is_dlq)]

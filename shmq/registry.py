@@ -193,7 +193,6 @@ class Registry:
         n = self.w[L.R_DATA_DIR_LEN]
         return bytes(self.mm[L.R_DATA_DIR * 8:L.R_DATA_DIR * 8 + n]).decode() if n else None
 
-
     # ------------------------------------------------------------ clients
     def register_client(self) -> int:
         pid, start = process.me()
@@ -266,15 +265,17 @@ class Registry:
         n = self.w[e + L.E_NAME_LEN]
         return bytes(self.mm[(e + L.E_NAME) * 8:(e + L.E_NAME) * 8 + n]).decode()
 
+    def _entries(self, *states: int) -> list[int]:
+        """Word indexes of the queue-table entries in one of ``states`` (the state column
+        read as one strided slice)."""
+        qw = self.queues_w
+        column = self.w[qw + L.E_STATE:qw + self.max_queues * L.E_WORDS:L.E_WORDS].tolist()
+        return [qw + i * L.E_WORDS for i, state in enumerate(column) if state in states]
+
     def queues(self) -> list[QueueEntry]:
         w = self.w
-        out = []
-        for i in range(self.max_queues):
-            e = self.queues_w + i * L.E_WORDS
-            if w[e + L.E_STATE] == L.E_ACTIVE:
-                out.append(QueueEntry(self._entry_name(e), w[e + L.E_QUEUE_ID],
-                                      bool(w[e + L.E_FLAGS] & L.F_DLQ), w[e + L.E_CREATED_NS]))
-        return out
+        return [QueueEntry(self._entry_name(e), w[e + L.E_QUEUE_ID], bool(w[e + L.E_FLAGS] & L.F_DLQ),
+                           w[e + L.E_CREATED_NS]) for e in self._entries(L.E_ACTIVE)]
 
     def find(self, name: str) -> QueueEntry | None:
         for q in self.queues():
@@ -298,7 +299,7 @@ class Registry:
             state = w[e + L.E_STATE]
             if state != L.E_FREE and self._entry_name(e) == name:
                 if state == L.E_CREATING and not self._creator_alive(e):
-                    self._drop_reservation(e)
+                    self._drop(e)
                 else:
                     raise QueueExists(f"queue {name!r} exists in instance {self.instance!r}")
             if w[e + L.E_STATE] == L.E_FREE and free < 0:
@@ -318,12 +319,8 @@ class Registry:
         return qid
 
     def _entry(self, queue_id: int, state: int) -> int:
-        w = self.w
-        for i in range(self.max_queues):
-            e = self.queues_w + i * L.E_WORDS
-            if w[e + L.E_STATE] == state and w[e + L.E_QUEUE_ID] == queue_id:
-                return e
-        return -1
+        """The word index of queue ``queue_id``'s entry in ``state``, else -1."""
+        return next((e for e in self._entries(state) if self.w[e + L.E_QUEUE_ID] == queue_id), -1)
 
     def publish_queue(self, queue_id: int) -> bool:
         """A reserved queue's segment is complete: list it.  False when the reservation
@@ -346,8 +343,9 @@ class Registry:
         c = self.w[e + L.E_CREATOR]
         return process.is_alive(c & ((1 << L.CREATOR_PID_BITS) - 1), c >> L.CREATOR_PID_BITS)
 
-    def _drop_reservation(self, e: int) -> None:
-        """Remove what a dead creator made of a reserved queue, then the reservation."""
+    def _drop(self, e: int) -> None:
+        """Remove a queue's objects (a dead creator's, or a half-deleted queue's), then
+        free its entry."""
         qid = self.w[e + L.E_QUEUE_ID]
         unlink_shm(queue_segment_name(self.instance, qid))
         for s in semaphore_names(self.instance, qid):
@@ -365,15 +363,13 @@ class Registry:
           unlisting): unlinked with its semaphores."""
         w = self.w
         n = 0
-        for i in range(self.max_queues):
-            e = self.queues_w + i * L.E_WORDS
-            state = w[e + L.E_STATE]
-            if state == L.E_CREATING and not self._creator_alive(e):
-                self._drop_reservation(e)
+        for e in self._entries(L.E_CREATING, L.E_ACTIVE):
+            if w[e + L.E_STATE] == L.E_CREATING and not self._creator_alive(e):
+                self._drop(e)
                 n += 1
-            elif state == L.E_ACTIVE and self._marked_deleted(w[e + L.E_QUEUE_ID]):
+            elif w[e + L.E_STATE] == L.E_ACTIVE and self._marked_deleted(w[e + L.E_QUEUE_ID]):
                 name, durable = self._entry_name(e), self._durable(w[e + L.E_QUEUE_ID])
-                self._drop_reservation(e)
+                self._drop(e)
                 w[L.R_GENERATION] += 1
                 data_dir = self.data_dir()
                 if durable and data_dir:
@@ -408,22 +404,15 @@ class Registry:
 
     def stale_reservations(self) -> list[int]:
         """Ids of reservations whose creator is dead (read without the lock: a hint)."""
-        w = self.w
-        return [w[e + L.E_QUEUE_ID] for e in (self.queues_w + i * L.E_WORDS for i in range(self.max_queues))
-                if w[e + L.E_STATE] == L.E_CREATING and not self._creator_alive(e)]
+        return [self.w[e + L.E_QUEUE_ID] for e in self._entries(L.E_CREATING) if not self._creator_alive(e)]
 
     def reserved_ids(self) -> set[int]:
         """Ids of the queues listed or being created."""
-        w = self.w
-        return {w[e + L.E_QUEUE_ID] for e in (self.queues_w + i * L.E_WORDS for i in range(self.max_queues))
-                if w[e + L.E_STATE] != L.E_FREE}
+        return {self.w[e + L.E_QUEUE_ID] for e in self._entries(L.E_ACTIVE, L.E_CREATING)}
 
     def remove_queue(self, queue_id: int) -> None:
         """Call with the registry lock held."""
-        w = self.w
-        for i in range(self.max_queues):
-            e = self.queues_w + i * L.E_WORDS
-            if w[e + L.E_STATE] == L.E_ACTIVE and w[e + L.E_QUEUE_ID] == queue_id:
-                w[e + L.E_STATE] = L.E_FREE
-                w[L.R_GENERATION] += 1
-                return
+        e = self._entry(queue_id, L.E_ACTIVE)
+        if e >= 0:
+            self.w[e + L.E_STATE] = L.E_FREE
+            self.w[L.R_GENERATION] += 1

@@ -248,13 +248,12 @@ class Attachment:
         if reg.stale_reservations():
             with reg.lock:
                 reg.repair()
-        for entry in reg.queues():
-            try:
-                q = self._open(entry)
-                if q._w[L.Q_ORPHANS]:  # a dead-letter copy failed (full DLQ): try again
-                    q.maintain(now)
-            except QueueNotFound:
-                continue
+        for q in list(self._queues.values()):  # the queues this process has mapped (the
+            if q._w[L.Q_ORPHANS]:  # broker's supervisor maintains them all)
+                try:
+                    q.maintain(now)  # a dead-letter copy met a full DLQ: try it again
+                except QueueNotFound:
+                    pass
         return n
 
     def release(self) -> None:
