@@ -42,12 +42,11 @@ import time
 
 import psutil
 
-from shmq import layout as L
 from shmq import process
 from shmq.errors import InstanceError
 from shmq.registry import Registry
 from shmq.segment import registry_name, shm_path
-from shmq.shm import ShmBroker
+from shmq.serverqueue import ServerBroker
 
 LOCK_BYTE = 1  # the byte of the registry file whose write lock means "served"
 CLAIM_TRIES = 20  # attaches in a row that found the registry replaced meanwhile
@@ -103,7 +102,7 @@ class BrokerLock:
             os.close(fd)  # the last descriptor of its open file description: the lock goes
 
 
-def claim(instance: str) -> tuple[ShmBroker, BrokerLock]:
+def claim(instance: str) -> tuple[ServerBroker, BrokerLock]:
     """Attach the instance (creating it when none exists) and take its broker lock, without
     changing anything of an instance that is served already.
 
@@ -111,9 +110,9 @@ def claim(instance: str) -> tuple[ShmBroker, BrokerLock]:
     closed then (nothing is removed, no ownership taken).
     """
     for _ in range(CLAIM_TRIES):
-        broker = ShmBroker(instance)
+        broker = ServerBroker(instance)
         try:
-            lock = _try_lock(instance, broker._att.registry)
+            lock = _try_lock(instance, broker.registry)
         except BaseException:
             broker.close()
             raise
@@ -156,7 +155,7 @@ def _same(fd: int, reg: Registry) -> bool:
     """Is ``fd`` the file ``reg`` has mapped, and ``reg`` still live?  (A removed registry's
     magic is zeroed before its name goes: ``ShmBroker.destroy``, ``reclaim``.)"""
     st, mine = os.fstat(fd), os.fstat(reg.mapping.fd)
-    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino) and reg.w[L.R_MAGIC] == L.REGISTRY_MAGIC
+    return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino) and reg.live
 
 
 def holder(reg: Registry) -> tuple[int, str | None]:

@@ -37,24 +37,21 @@ import signal
 import threading
 import time
 from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from shmq import crashpoints, options
-from shmq import layout as L
 from shmq.api import QueueConfig
-from shmq.errors import QueueNotFound, ShmqError, StorageError
-from shmq.group import Groups
+from shmq.durability import Durability
+from shmq.errors import ShmqError, StorageError
 from shmq.journal import Journal, JournalError, list_queues
-from shmq.queue import ShmQueue
-from shmq.ring import Ring
-from shmq.shm import Attachment, ShmBroker
+from shmq.recovery import restore_fill
+from shmq.serverqueue import ServerBroker, ServerQueue
 
 log = logging.getLogger("shmq.journal")
 # round points: the journal process only; the recovery point: the supervisor, before it forks
 _CRASH = crashpoints.watch(__name__)
-
-_ALWAYS = options.DURABILITY_MODES.index("always")
 
 
 def data_dir_for(instance: str, data_dir: str | None = None) -> Path:
@@ -70,40 +67,36 @@ def data_dir_for(instance: str, data_dir: str | None = None) -> Path:
     return (base / instance).resolve()
 
 
-def _meta(q: ShmQueue) -> dict[str, Any]:
-    return {"name": q.name, "is_dlq": q.is_dlq, "config": asdict(q.config),
-            "created_ns": q._w[L.Q_CREATED_NS]}
-
-
 class QueueWriter(threading.Thread):
     """The journal of one queue, written by one thread."""
 
-    def __init__(self, q: ShmQueue, root: Path, interval: float,
+    def __init__(self, q: ServerQueue, root: Path, interval: float,
                  segment_bytes: int = options.JOURNAL_SEGMENT_BYTES) -> None:
         super().__init__(name=f"journal-{q.name}", daemon=True)
         self.q = q
+        self.d: Durability = q.durability  # the writer's side of the marks
         self.root = root
         self.interval = interval
-        self.always = q._ring.durability == _ALWAYS
+        self.always = self.d.always
         self.stopping = threading.Event()
         self.segment_bytes = segment_bytes
         self.journal = Journal(root, q.name, log=log, segment_bytes=segment_bytes)
         meta = self.journal.read_meta()
-        if meta is not None and meta.get("created_ns") != q._w[L.Q_CREATED_NS]:
+        if meta is not None and meta.get("created_ns") != self.d.created_ns:
             # an earlier queue of the same name whose journal outlived it
             log.warning("journal of %r belongs to an earlier queue of that name: replaced", q.name)
             self.journal.destroy()
             self.journal = Journal(root, q.name, log=log, segment_bytes=segment_bytes)
             meta = None
         if meta is None:
-            self.journal.write_meta(_meta(q))
+            self.journal.write_meta(q.meta())
             self.journal.recover()
         else:
             rec = self.journal.recover(floor=1 << 63)  # only the end matters here
             for p in rec.problems:
                 log.error("journal of %r: %s", q.name, p)
         # resume after what the journal holds, or after a rebuilt queue's tombstones
-        self.next = max(self.journal.next_offset, q._w[L.Q_FREE_OFFSET], q.durable_offset())
+        self.next = max(self.journal.next_offset, self.d.free_offset, self.d.offset())
         self.settled = -1  # Q_SETTLE_SEQ of the last snapshot written
         self.last_sync = 0.0
         self.last_drop = 0.0
@@ -111,19 +104,17 @@ class QueueWriter(threading.Thread):
 
     # ------------------------------------------------------------ the loop
     def run(self) -> None:
-        q, w = self.q, self.q._w
         while True:
             stopping = self.stopping.is_set()
             try:
-                deleted = w[L.Q_STATE] != L.QS_ACTIVE
-                if deleted:
+                if self.d.deleted:
                     break
                 self.round(force=stopping)
                 self.drop()
             except (JournalError, OSError) as e:
                 self._failed(e)
             except Exception:  # noqa: BLE001 - report, then keep the queue's journal going
-                log.exception("journal of %r: round failed", q.name)
+                log.exception("journal of %r: round failed", self.q.name)
                 self._failed(OSError(5, "internal error"))
             if stopping:
                 break
@@ -131,8 +122,7 @@ class QueueWriter(threading.Thread):
         self.journal.close()
 
     def _sleep(self) -> None:
-        q, w = self.q, self.q._w
-        if w[L.Q_JOURNAL_ERRNO]:
+        if self.d.error:
             timeout = options.JOURNAL_RETRY_INTERVAL
         elif self.always:
             timeout = options.WAIT_SLICE
@@ -140,46 +130,30 @@ class QueueWriter(threading.Thread):
             timeout = min(options.WAIT_SLICE, max(0.0, self.last_sync + self.interval - time.monotonic()))
         if self._pending() or self.stopping.is_set():
             return
-        w[L.Q_JOURNAL_WAITING] = 1
-        try:
-            if not self._pending():
-                try:
-                    q._js.acquire(timeout)
-                except Exception:  # noqa: BLE001 - BusyError: the timeout passed
-                    pass
-        finally:
-            w[L.Q_JOURNAL_WAITING] = 0
+        self.d.sleep(timeout, self._pending)
 
     def _pending(self) -> bool:
         """Is a round due now?"""
-        w = self.q._w
-        if w[L.Q_JOURNAL_ERRNO]:
+        d = self.d
+        if d.error:
             return time.monotonic() - self.error_at >= options.JOURNAL_RETRY_INTERVAL
-        changed = w[L.Q_NEXT_OFFSET] != self.next or w[L.Q_SETTLE_SEQ] != self.settled
-        if not changed:
+        if not d.changed(self.next, self.settled):
             return False
         if self.always:
             return True
-        return (time.monotonic() - self.last_sync >= self.interval or w[L.Q_PRODUCER_WAITERS] > 0)
+        return time.monotonic() - self.last_sync >= self.interval or d.producers_wait
 
     def round(self, force: bool = False) -> bool:
         """Journal what changed since the last round; True when something was written."""
         if not force and not self._pending():
             return False
-        q, w, ring = self.q, self.q._w, self.q._ring
-        settle = w[L.Q_SETTLE_SEQ]
-        with ring.clock:
-            groups = q._groups.snapshot()
-        with ring.plock:
-            nxt = w[L.Q_NEXT_OFFSET]
-            producers = ring.producer_table()
-        if nxt == self.next and settle == self.settled and not w[L.Q_JOURNAL_ERRNO]:
+        d = self.d
+        snap = d.snapshot()
+        settle, nxt = snap.settle_seq, snap.next_offset
+        if nxt == self.next and settle == self.settled and not d.error:
             return False
-        items = []
-        for o in range(self.next, nxt):  # published and not yet freed (free <= durable <= next)
-            payload, _meta, ts = ring.record(o)
-            items.append((o, ts, payload))
-        state = json.dumps({"groups": groups, "producers": producers, "next": nxt},
+        items = d.records(self.next, nxt)  # published and not yet freed (free <= durable <= next)
+        state = json.dumps({"groups": snap.groups, "producers": snap.producers, "next": nxt},
                            separators=(",", ":")).encode()
         self.journal.append(items, state)  # both or neither
         self.journal.sync()
@@ -188,45 +162,30 @@ class QueueWriter(threading.Thread):
         self.next = nxt
         self.settled = settle
         self.last_sync = time.monotonic()
-        with ring.clock:  # the free offset follows the mark in the same hold (shmq.check)
-            w[L.Q_DURABLE_OFFSET] = nxt
-            w[L.Q_DURABLE_SETTLE] = settle
-            if _CRASH and items:
-                crashpoints.hit("journal.round.published")
-            freed = q._groups._recompute_free()
-        if w[L.Q_JOURNAL_ERRNO]:
-            log.warning("journal of %r is writable again", q.name)
-            w[L.Q_JOURNAL_ERRNO] = 0
-        if freed and w[L.Q_PRODUCER_WAITERS]:
-            q._wake(q._nf, w[L.Q_PRODUCER_WAITERS], w[L.Q_PRODUCER_WAITERS])
-        if w[L.Q_DURABLE_WAITERS]:
-            q._wake(q._ds, w[L.Q_DURABLE_WAITERS], w[L.Q_DURABLE_WAITERS])
-        if self.always and items:  # its consumers see the batch now
-            q._wake_consumers(len(items))
+        crash = _published if _CRASH and items else None
+        if d.publish(nxt, settle, len(items), crash):
+            log.warning("journal of %r is writable again", self.q.name)
         return True
 
     def drop(self) -> None:
         """Now and then: delete the segment files every group has passed."""
         now = time.monotonic()
-        if now - self.last_drop >= options.JOURNAL_DROP_INTERVAL and not self.q._w[L.Q_JOURNAL_ERRNO]:
+        if now - self.last_drop >= options.JOURNAL_DROP_INTERVAL and not self.d.error:
             self.last_drop = now
-            self.journal.drop_below(min(self.q._w[L.Q_FREE_OFFSET], self.next))
+            self.journal.drop_below(min(self.d.free_offset, self.next))
 
     def _failed(self, e: BaseException) -> None:
-        q, w = self.q, self.q._w
+        q = self.q
         err = getattr(e, "errno", None) or 5  # EIO when unknown
-        if not w[L.Q_JOURNAL_ERRNO]:
+        if self.d.fail(err):  # mark waiters raise StorageError
             log.error("journal of %r cannot be written: %s; produce is refused until it can", q.name, e)
-        w[L.Q_JOURNAL_ERRNO] = err
         self.error_at = time.monotonic()
-        if w[L.Q_DURABLE_WAITERS]:  # they raise StorageError
-            q._wake(q._ds, w[L.Q_DURABLE_WAITERS], w[L.Q_DURABLE_WAITERS])
         if self.journal.failed:  # an fsync failed: what reached the disk is unknown
             try:
                 self.journal.close()
                 self.journal = Journal(self.root, q.name, log=log, segment_bytes=self.segment_bytes)
                 self.journal.recover(floor=1 << 63)
-                self.next = min(self.next, max(self.journal.next_offset, w[L.Q_FREE_OFFSET]))
+                self.next = min(self.next, max(self.journal.next_offset, self.d.free_offset))
             except (JournalError, OSError) as e2:
                 log.error("journal of %r cannot be reopened: %s", q.name, e2)
 
@@ -237,8 +196,7 @@ class JournalService:
     def __init__(self, instance: str, root: Path, interval: float,
                  segment_bytes: int = options.JOURNAL_SEGMENT_BYTES) -> None:
         self.segment_bytes = segment_bytes
-        self.broker = ShmBroker(instance)
-        self.att: Attachment = self.broker._att
+        self.broker = ServerBroker(instance)
         self.root = root
         self.interval = interval
         self.writers: dict[int, QueueWriter] = {}
@@ -246,40 +204,34 @@ class JournalService:
 
     def scan(self) -> None:
         """Start a writer for every journaled queue that has none; forget deleted ones."""
-        entries = {e.queue_id: e for e in self.att.registry.queues()}
-        gone = [qid for qid, wr in self.writers.items() if qid not in entries or not wr.is_alive()]
+        queues = self.broker.queues_by_id()
+        gone = [qid for qid, wr in self.writers.items() if qid not in queues or not wr.is_alive()]
         for qid in gone:
             wr = self.writers.pop(qid)
             wr.stopping.set()
             wr.join()
         if gone:
             remove_retired(self.root)
-            self.att.prune()
-        for qid, entry in entries.items():
-            if qid in self.writers:
-                continue
-            try:
-                q = self.att._open(entry)
-            except QueueNotFound:
-                continue
-            if not q._durable:
+            self.broker.prune()
+        for qid, q in queues.items():
+            if qid in self.writers or not q.durability.journaled:
                 continue
             try:
                 wr = QueueWriter(q, self.root, self.interval, self.segment_bytes)
             except (JournalError, OSError) as e:
-                log.error("cannot open the journal of %r: %s", entry.name, e)
-                q._w[L.Q_JOURNAL_ERRNO] = getattr(e, "errno", None) or 5
+                log.error("cannot open the journal of %r: %s", q.name, e)
+                q.durability.fail(getattr(e, "errno", None) or 5)
                 continue
             wr.start()
             self.writers[qid] = wr
 
     def run(self, ready: Any = None) -> None:
-        self.att.registry.set_journal(str(self.root))
+        self.broker.set_journal(str(self.root))
         gen = -1
         if ready is not None:
             ready.set()
         while not self.stop.wait(0.05):
-            g = self.att.registry.generation
+            g = self.broker.generation
             if g != gen or any(not wr.is_alive() for wr in self.writers.values()):
                 gen = g
                 self.scan()
@@ -290,14 +242,14 @@ class JournalService:
         for wr in self.writers.values():
             wr.stopping.set()
             try:
-                wr.q._js.release()
+                wr.d.wake_writer()
             except Exception:  # noqa: BLE001 - the semaphore may be gone with its queue
                 pass
         for wr in self.writers.values():
             wr.join()
         self.writers.clear()
         try:
-            self.att.registry.set_journal(None)
+            self.broker.set_journal(None)
         except ShmqError:
             pass
         self.broker.close()
@@ -314,6 +266,10 @@ def journal_main(instance: str, root: str, interval: float, segment_bytes: int, 
     except (OSError, AttributeError):
         pass
     svc.run(ready)
+
+
+def _published() -> None:
+    crashpoints.hit("journal.round.published")
 
 
 # ---------------------------------------------------------------------------- recovery
@@ -346,9 +302,8 @@ def check_data_dir(root: Path) -> None:
         raise StorageError(f"data dir {root} is not usable: {e.strerror or e}") from None
 
 
-def recover(broker: ShmBroker, root: Path) -> list[str]:
+def recover(broker: ServerBroker, root: Path) -> list[str]:
     """Rebuild every journaled queue whose shared memory is gone; lines for the log."""
-    att = broker._att
     report = []
     check_data_dir(root)
     remove_retired(root)
@@ -359,17 +314,13 @@ def recover(broker: ShmBroker, root: Path) -> list[str]:
             if meta is None:
                 report.append(f"{name}: no meta file; left alone")
                 continue
-            existing = att.registry.find(name)
+            existing = broker.find(name)
             if existing is not None:
-                try:
-                    q = att._open(existing)
-                    if q._w[L.Q_CREATED_NS] == meta.get("created_ns"):
-                        continue  # the shared memory survived: the writer resumes
-                except QueueNotFound:
-                    pass
+                if existing.durability.created_ns == meta.get("created_ns"):
+                    continue  # the shared memory survived: the writer resumes
                 report.append(f"{name}: a different queue of that name exists; journal left alone")
                 continue
-            report.append(_rebuild(att, j, meta))
+            report.append(_rebuild(broker, j, meta))
             if _CRASH:
                 crashpoints.hit("recovery.rebuilt")
         finally:
@@ -377,7 +328,7 @@ def recover(broker: ShmBroker, root: Path) -> list[str]:
     return report
 
 
-def _rebuild(att: Attachment, j: Journal, meta: dict[str, Any]) -> str:
+def _rebuild(broker: ServerBroker, j: Journal, meta: dict[str, Any]) -> str:
     name = meta["name"]
     config = QueueConfig(**meta["config"])
     rec = j.recover()
@@ -407,20 +358,9 @@ def _rebuild(att: Attachment, j: Journal, meta: dict[str, Any]) -> str:
                     name, cap, max_bytes)
         config = QueueConfig(**{**asdict(config), "capacity": cap, "max_bytes": max_bytes})
 
-    def fill(ring: Ring) -> None:
-        w = ring.w
-        ring.restore(records, first, tail)
-        if groups:
-            Groups(ring).restore(groups, first, tail)
-        else:
-            g = ring.groups_w
-            w[g + L.G_CURSOR] = w[g + L.G_FLOOR] = first
-        ring.restore_producers([(int(k), int(s)) for k, s in state.get("producers", [])], tail)
-        w[L.Q_CREATED_NS] = int(meta["created_ns"])
-        w[L.Q_DURABLE_OFFSET] = tail
-        w[L.Q_DURABLE_SETTLE] = 0
-
-    att.create_queue(name, config, is_dlq=bool(meta.get("is_dlq")), restore=fill)
+    producers = [(int(k), int(s)) for k, s in state.get("producers", [])]
+    fill = partial(restore_fill, records, groups, producers, first, tail, int(meta["created_ns"]))
+    broker.restore_queue(name, config, bool(meta.get("is_dlq")), fill)
     live = sum(1 for o in records if o >= first)
     return (f"{name}: rebuilt from the journal: offsets {first}..{tail - 1}, {live} messages retained, "
             f"{len(groups)} groups" + (f", {len(rec.problems)} problems (see above)" if rec.problems else ""))

@@ -41,7 +41,7 @@ from typing import Any
 
 from shmq import crashpoints, options
 from shmq.errors import InvalidArgument, ShmqError
-from shmq.shm import ShmBroker
+from shmq.serverqueue import ServerBroker
 
 from . import logs
 from .brokerlock import AlreadyServed, claim
@@ -134,7 +134,7 @@ class Supervisor:
         except AlreadyServed as e:
             print(f"shmq: {e}", file=sys.stderr)
             return 1
-        reg = broker._att.registry
+        reg = broker.registry
         reg.take_ownership()  # (also how a refused newcomer learns our pid)
         # queues that outlived a crashed broker: a failed start leaves them for the next one
         inherited = bool(reg.queues())
@@ -182,8 +182,7 @@ class Supervisor:
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._stop = True
 
-    def _watch(self, broker: ShmBroker) -> None:
-        att = broker._att
+    def _watch(self, broker: ServerBroker) -> None:
         next_maint = 0.0
         while not self._stop:
             sentinels = {p.sentinel: i for i, (p, _) in self.procs.items()}
@@ -203,27 +202,15 @@ class Supervisor:
                 if self._stop:
                     continue
                 log.warning("worker %d (pid %d) exited with %s; restarting", i, p.pid, p.exitcode)
-                att.reap(att.now_ms(), force=True)  # its connections' leases come back now
+                broker.reap()  # its connections' leases come back now
                 self._start(i)
             now = time.monotonic()
             if now >= next_maint:
                 next_maint = now + options.REAP_INTERVAL
                 try:
-                    self._maintain(broker)
+                    broker.maintain()  # the lease reaper
                 except Exception as e:  # noqa: BLE001 - the supervisor must outlive any one queue
                     log.error("maintenance failed: %r", e)
-
-    @staticmethod
-    def _maintain(broker: ShmBroker) -> None:
-        """The lease reaper: dead processes' leases, expired visibility timeouts."""
-        att = broker._att
-        att.prune()
-        att.reap(att.now_ms(), force=True)
-        for entry in att.registry.queues():
-            try:
-                att._open(entry).maintain()
-            except ShmqError:
-                pass  # deleted meanwhile
 
     def _shutdown(self) -> None:
         for p, _ in self.procs.values():

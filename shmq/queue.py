@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import errno
 import json
-import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import posix_ipc
 
@@ -24,6 +23,7 @@ from . import layout as L
 from .api import Message, Payload, QueueConfig, as_bytes, check_producer, own_leases
 from .api import Queue as QueueABC
 from .doorbell import NO_BELLS, RINGER
+from .durability import Durability, Mark
 from .errors import (
     Duplicate,
     Empty,
@@ -39,13 +39,29 @@ from .errors import (
 from .group import ACK, DEAD, FREED, NACK, OK, STALE, TO_DLQ, TOUCH, DeadItem, Groups
 from .lock import trylock, unlock
 from .names import check_group_name as _check_group_name
+from .registry import Registry
 from .ring import DUPLICATE, Ring, producer_key
 from .settle import Settle
 
 _ALWAYS = options.DURABILITY_MODES.index("always")
 
-if TYPE_CHECKING:
-    from .shm import Attachment
+
+
+class Host(Protocol):
+    """What a queue handle needs of the process's view of its instance (``shm.Attachment``,
+    which makes the handles: this module does not import it)."""
+
+    url: str
+    now_ms: Callable[[], int]
+    bell_skip: int
+    _slot: int | None  # this process's client slot, None until it has one (read on the hot path)
+
+    @property
+    def registry(self) -> Registry: ...
+    def client_slot(self) -> int: ...
+    def reap(self, now: int, force: bool = False) -> int: ...
+    def forget(self, queue_id: int) -> None: ...
+    def dead_letter_queue(self, q: ShmQueue) -> ShmQueue | None: ...
 
 _BusyError = posix_ipc.BusyError
 _CRASH = crashpoints.watch(__name__)
@@ -60,7 +76,7 @@ def monotonic_ms() -> int:
 class ShmQueue(QueueABC):
     """One queue of a co-located instance."""
 
-    def __init__(self, att: Attachment, ring: Ring, not_empty: posix_ipc.Semaphore,
+    def __init__(self, att: Host, ring: Ring, not_empty: posix_ipc.Semaphore,
                  not_full: posix_ipc.Semaphore, journal: posix_ipc.Semaphore,
                  durable: posix_ipc.Semaphore) -> None:
         self._att = att
@@ -73,9 +89,6 @@ class ShmQueue(QueueABC):
         self._ds = durable
         self._durable = ring.durability != 0
         self._always = ring.durability == _ALWAYS
-        # A server sets this to be told of a durable mark to wait for, instead of waiting
-        # (its event loop must not block): called with (queue, header word, value).
-        self._defer_marks: Callable[[ShmQueue, int, int], None] | None = None
         self.name = ring.name
         self._max = ring.max_message_size
         self._gcache: dict[str, int] = {}  # group name -> reference (layout.group_ref)
@@ -85,10 +98,7 @@ class ShmQueue(QueueABC):
         self._vis = ring.visibility_ms
         self._clock_addr = ring.clock.address
         self._mm = ring.mm  # the bell table is read as one slice of it (no buffer export kept)
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        from .shm import _queue_from_url
-        return (_queue_from_url, (self._att.url, self.name))
+        self._dur = Durability(self)  # the durable marks (both sides: shmq.durability)
 
     def __repr__(self) -> str:
         return f"ShmQueue({self._att.url!r}, {self.name!r})"
@@ -163,72 +173,31 @@ class ShmQueue(QueueABC):
                      key: int, seq: int) -> int:
         """put / put_many on a journaled queue: refused while the journal cannot be written;
         with ``always`` (and ``wait_durable``) it returns once the journal has the batch."""
-        self._journal_ok()
+        self._dur.check()
         deadline = None if timeout is None else time.monotonic() + timeout
         first = self._put_wait(items, None, block, timeout, first_try=True, producer=key, seq=seq)
         if not self._always:  # an `always` batch is shown to consumers once journaled
             self._wake_consumers(len(items))
         else:
-            self._poke_journal()
-            if not wait_durable:
-                pass
-            elif self._defer_marks is not None:
-                self._defer_marks(self, L.Q_DURABLE_OFFSET, first + len(items))
-            else:
-                self.wait_durable(first + len(items), deadline)
+            mark = self._dur.put_mark(first + len(items))
+            if wait_durable and mark is not None:
+                mark.wait(deadline)
         return first
-
-    def _poke_journal(self) -> None:
-        """Wake the journal writer if it sleeps (an `always` round starts at once)."""
-        if self._w[L.Q_JOURNAL_WAITING]:
-            self._js.release()
-
-    def _journal_ok(self) -> None:
-        err = self._w[L.Q_JOURNAL_ERRNO]
-        if err:
-            raise StorageError(f"queue {self.name!r} cannot take messages: its journal cannot be written "
-                               f"({errno.errorcode.get(err, err)}: {os.strerror(err)}); consumers are "
-                               "still served")
 
     def durable_offset(self) -> int:
         """Offsets below this are as durable as the queue's policy makes them."""
-        return min(self._w[L.Q_DURABLE_OFFSET], self._w[L.Q_NEXT_OFFSET])
+        return self._dur.offset()
 
     def wait_durable(self, end: int, deadline: float | None = None) -> None:
         """Wait until every offset below ``end`` is in the journal (fsynced).  Raises
         :class:`Timeout` at ``deadline`` (monotonic s), :class:`StorageError` when the
         journal writer reports a write error."""
-        self._wait_mark(L.Q_DURABLE_OFFSET, end, deadline)
+        self._dur.wait(L.Q_DURABLE_OFFSET, end, deadline)
 
     def _settled(self) -> None:
         """After a change of group state on a journaled queue: tell the journal writer;
         on an ``always`` queue, return once the change is on disk."""
-        seq = self._w[L.Q_SETTLE_SEQ]  # the group operation moved it, under the consumer lock
-        self._poke_journal()
-        if not self._always:
-            pass
-        elif self._defer_marks is not None:
-            self._defer_marks(self, L.Q_DURABLE_SETTLE, seq)
-        else:
-            self._wait_mark(L.Q_DURABLE_SETTLE, seq, None)
-
-    def _wait_mark(self, word: int, end: int, deadline: float | None) -> None:
-        w = self._w
-        if w[word] >= end:
-            return
-        for _ in range(options.SPIN_CHECKS):
-            if w[word] >= end:
-                return
-
-        def reached() -> int | None:
-            if w[word] >= end:
-                return end
-            self._journal_ok()
-            return None
-
-        self._sleep_until(reached, self._ds, L.Q_DURABLE_WAITERS, deadline,
-                          lambda: Timeout(f"{self.name!r} was not journaled in time (the change is in "
-                                          "shared memory and may still take effect)"))
+        _sync(self._dur.settle_mark())
 
     def _sleep_until(self, attempt: Callable[[], int | None], sem: posix_ipc.Semaphore, waiters: int,
                      deadline: float | None, expired: Callable[[], Exception]) -> int:
@@ -268,12 +237,12 @@ class ShmQueue(QueueABC):
         returns once the copy is journaled, so the original can be settled safely."""
         self._alive()
         if self._durable:
-            self._journal_ok()
+            self._dur.check()
         off = self._put_wait([payload], [meta], True, timeout, first_try=True)
         self._wake_consumers(1)
-        if self._always:
-            self._poke_journal()
-            self.wait_durable(off + 1, time.monotonic() + timeout)
+        mark = self._dur.put_mark(off + 1)
+        if mark is not None:
+            mark.wait(time.monotonic() + timeout)
         return off
 
     def _put_wait(self, items: list[Any], metas: list[bytes] | None, block: bool,
@@ -303,30 +272,6 @@ class ShmQueue(QueueABC):
             raise Full(f"queue {self.name!r} is full")
         return self._sleep_until(attempt, self._nf, L.Q_PRODUCER_WAITERS, deadline,
                                  lambda: Full(f"queue {self.name!r} is full (timed out after {timeout} s)"))
-
-    def could_fit(self, payloads: Sequence[Payload]) -> bool:
-        """Would this batch fit the queue when empty?"""
-        return self._ring.fits_empty(sum(map(len, payloads)), len(payloads))
-
-    def wait(self, timeout: float, since: int | None = None) -> bool:
-        """Sleep until the queue's tail moves past ``since`` (default: its value now), at
-        most ``timeout`` s; a hint for servers that park waiting requests.  True when
-        woken before the timeout."""
-        w = self._w
-        tail = w[L.Q_NEXT_OFFSET] if since is None else since
-        with self._ring.clock:
-            w[L.Q_CONSUMER_WAITERS] += 1
-        try:
-            if w[L.Q_NEXT_OFFSET] != tail:
-                return True
-            try:
-                self._ne.acquire(timeout)
-                return True
-            except _BusyError:
-                return False
-        finally:
-            with self._ring.clock:
-                w[L.Q_CONSUMER_WAITERS] -= 1 if w[L.Q_CONSUMER_WAITERS] else 0
 
     def _wake_consumers(self, n: int) -> None:
         """``n`` messages became available: wake co-located consumers sleeping on the
@@ -497,47 +442,6 @@ class ShmQueue(QueueABC):
             except _BusyError:
                 pass
 
-    def poll(self, group: str, max_n: int, visibility_timeout: float | None = None,
-             max_bytes: int = 0) -> list[Message]:
-        """``get_many(max_n, block=False)`` for the server, which polls often and finds
-        nothing as often: an empty list then, not an exception.  ``max_bytes``: stop
-        before the payloads and metadata pass it, one message at least (0: no limit)."""
-        one = self._take_one(group) if max_n == 1 and visibility_timeout is None else None
-        if one is not None:
-            m, gi, now = one
-            if m is not None:
-                return [m]
-            w = self._w
-            g = self._ring.groups_w + gi * L.G_WORDS
-            ne = w[g + L.G_NEXT_EXPIRY]
-            if w[self._groups.tail_word] <= w[g + L.G_CURSOR] and not w[g + L.G_REDELIVER] and (
-                    not ne or now < ne):
-                return []  # nothing new, nothing to give back, nothing expired
-        try:
-            return self._take(group, max_n, False, None, visibility_timeout, max_bytes)
-        except Empty:
-            return []
-
-    def take_block(self, group: str, max_n: int, visibility_timeout: float | None = None,
-                   max_bytes: int = 0) -> tuple[int, list[int], list[int], bytes] | None:
-        """The batch hot path of ``get_many(block=False)`` for the server: up to ``max_n``
-        new messages of ``group`` leased at once, as columns (first offset, timestamps,
-        payload lengths, the payloads back to back; see ``Groups.deliver_block``), an
-        empty run when there is nothing to deliver.  None when the general path is
-        needed: then call ``get_many``."""
-        if self._w[4] != 1:  # Q_STATE
-            self._alive()
-        ref = self._group_ref(group)
-        owner = self._att._slot
-        if owner is None:
-            owner = self._att.client_slot()
-        vis = self._vis if visibility_timeout is None else _ms(visibility_timeout, "visibility_timeout")
-        with self._ring.clock:
-            gi = self._groups.live(ref)
-            if gi < 0:  # deleted since we looked: the general path looks again
-                return None
-            return self._groups.deliver_block(gi, owner, self._now(), max_n, vis, max_bytes)
-
     # ------------------------------------------------------------ settle
     def _ack_nowait(self, msg: Message) -> None:
         self._ack(msg, wait_durable=False)
@@ -563,7 +467,7 @@ class ShmQueue(QueueABC):
             if wait_durable:
                 self._settled()
             else:
-                self._poke_journal()
+                self._dur.poke()
 
     def _not_ours(self, msg: Message) -> StaleAck:
         return StaleAck(f"message {msg[3]} is not a delivery of {self.name!r} (read() results "
@@ -577,6 +481,11 @@ class ShmQueue(QueueABC):
         """nack / touch / dead-letter (ack has its own path, ``_ack``)."""
         if action == ACK:
             return self._ack(msg)
+        _sync(self._settle_unsynced(msg, action, arg))
+
+    def _settle_unsynced(self, msg: Message, action: Settle, arg: float | None) -> Mark | None:
+        """nack / touch / dead-letter, not waiting for the journal: the mark that confirms
+        it on an ``always`` queue (``shmq.durability``)."""
         ref = msg[1]
         if ref < 0 or msg[0] is not self:
             raise self._not_ours(msg)
@@ -591,13 +500,13 @@ class ShmQueue(QueueABC):
             result = self._groups.settle(ref, msg[3], msg[4], action, owner, self._now(), arg_ms)
         if result == STALE:
             raise self._stale(msg)
-        if self._durable and action != TOUCH:
-            self._settled()
+        mark = self._dur.settle_mark() if action != TOUCH else None
         if result == OK and action == NACK and not arg_ms:
             self._wake_consumers(1)  # deliverable again now, wherever its consumers wait
         if result == TO_DLQ:
             reason = "nack" if action == NACK else "dead_letter"
             self._dead_letter([(ref & L.GI_MASK, msg[3], msg[4], reason)], options.WAIT_SLICE * 20)
+        return mark
 
     def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:
         msgs, stale, total = own_leases(self, messages)
@@ -613,45 +522,6 @@ class ShmQueue(QueueABC):
         if stale:
             raise StaleAck.of_batch(stale, total)
 
-    def ack_offsets(self, ref: int, offsets: list[int], deliveries: list[int]) -> list[int]:
-        """``ack_many`` for the server, which keeps its leases as (group reference, offset,
-        deliveries): returns the offsets that were stale (the others are acknowledged)."""
-        stale: list[int] = []
-        with self._ring.clock:
-            freed = self._groups.ack_offsets(ref, offsets, deliveries, stale)
-        self._after_acks(freed, len(offsets))
-        return stale
-
-    def give_back(self, ref: int, offsets: list[int], deliveries: list[int]) -> int:
-        """Nack (no delay) many leases of one group, for the server giving back a closed
-        connection's leases: the consumer lock taken once per ``options.GIVE_BACK_CHUNK``, one
-        wake-up for all; stale ones are skipped.  The number given back (a message past
-        ``max_deliveries`` goes to the dead-letter queue, as a nack sends it)."""
-        self._alive()
-        owner = self._att.client_slot()
-        settle = self._groups.settle
-        dead: list[DeadItem] = []
-        n = 0
-        step = options.GIVE_BACK_CHUNK
-        for i in range(0, len(offsets), step):  # others may take the lock in between
-            with self._ring.clock:
-                now = self._now()
-                for o, dc in zip(offsets[i:i + step], deliveries[i:i + step], strict=True):
-                    result = settle(ref, o, dc, NACK, owner, now)
-                    if result == OK:
-                        n += 1
-                    elif result == TO_DLQ:
-                        dead.append((ref & L.GI_MASK, o, dc, "nack"))
-                    if _CRASH:
-                        crashpoints.hit("give_back.chunk")
-        if self._durable and (n or dead):
-            self._settled()
-        if dead:
-            self._dead_letter(dead)
-        if n:
-            self._wake_consumers(n)
-        return n + len(dead)
-
     def _after_acks(self, freed: bool, n: int, wait_durable: bool = True) -> None:
         if freed and self._w[27]:  # Q_PRODUCER_WAITERS
             self._wake(self._nf, self._w[27], n)
@@ -659,7 +529,7 @@ class ShmQueue(QueueABC):
             if wait_durable:
                 self._settled()
             else:
-                self._poke_journal()
+                self._dur.poke()
 
     # ------------------------------------------------------------ dead letters
     def _dead_letter(self, items: list[DeadItem], wait: float = 0.0) -> None:
@@ -732,15 +602,22 @@ class ShmQueue(QueueABC):
         return n
 
     # ------------------------------------------------------------ groups, replay, stats
+    # Each change of group state has an ``_unsynced`` form that returns the mark confirming
+    # it on an ``always`` queue instead of waiting for it (``shmq.serverqueue`` uses those).
     def create_group(self, name: str, start: str = "earliest") -> None:
+        _sync(self._create_group_unsynced(name, start))
+
+    def _create_group_unsynced(self, name: str, start: str) -> Mark | None:
         self._alive()
         _check_group_name(name)
         with self._ring.clock:
             self._groups.create(name, start)
-        if self._durable:
-            self._settled()
+        return self._dur.settle_mark()
 
     def delete_group(self, name: str) -> None:
+        _sync(self._delete_group_unsynced(name))
+
+    def _delete_group_unsynced(self, name: str) -> Mark | None:
         self._alive()
         if name == options.DEFAULT_GROUP:
             raise InvalidArgument("the default group cannot be deleted")
@@ -748,14 +625,16 @@ class ShmQueue(QueueABC):
             freed = self._groups.delete(self._groups.require(name))
         if freed and self._w[L.Q_PRODUCER_WAITERS]:
             self._wake(self._nf, self._w[L.Q_PRODUCER_WAITERS], 1)
-        if self._durable:
-            self._settled()
+        return self._dur.settle_mark()
 
     def groups(self) -> list[str]:
         return [name for _, name in self._groups.active()]
 
     def commit(self, group: str, offset: int) -> None:
         """Settle every message of ``group`` below ``offset`` (leases on them turn stale)."""
+        _sync(self._commit_unsynced(group, offset))
+
+    def _commit_unsynced(self, group: str, offset: int) -> Mark | None:
         self._alive()
         if offset < 0:
             raise InvalidArgument("offset must be >= 0")
@@ -763,11 +642,15 @@ class ShmQueue(QueueABC):
             freed = self._groups.commit(self._groups.require(group), offset)
         if freed and self._w[L.Q_PRODUCER_WAITERS]:
             self._wake(self._nf, self._w[L.Q_PRODUCER_WAITERS], 1)
-        if self._durable:
-            self._settled()
+        return self._dur.settle_mark()
 
     def purge(self) -> int:
         """Drop every retained message for every group; the number dropped."""
+        n, mark = self._purge_unsynced()
+        _sync(mark)
+        return n
+
+    def _purge_unsynced(self) -> tuple[int, Mark | None]:
         self._alive()
         with self._ring.clock:
             first, nxt = self._w[L.Q_FREE_OFFSET], self._w[L.Q_NEXT_OFFSET]
@@ -775,9 +658,7 @@ class ShmQueue(QueueABC):
                 self._groups.commit(gi, nxt)
         if self._w[L.Q_PRODUCER_WAITERS]:
             self._wake(self._nf, self._w[L.Q_PRODUCER_WAITERS], self._w[L.Q_PRODUCER_WAITERS])
-        if self._durable:
-            self._settled()
-        return int(nxt - first)
+        return int(nxt - first), self._dur.settle_mark()
 
     def read(self, offset: int, max_messages: int = 1) -> list[Message]:
         """Retained messages from ``offset`` on, without leasing them (replay)."""
@@ -821,6 +702,12 @@ class ShmQueue(QueueABC):
             "journal_error": (errno.errorcode.get(w[L.Q_JOURNAL_ERRNO], w[L.Q_JOURNAL_ERRNO])
                               if w[L.Q_JOURNAL_ERRNO] else None),
         }
+
+
+def _sync(mark: Mark | None) -> None:
+    """Wait for a durable mark (``always`` queues); None: nothing to wait for."""
+    if mark is not None:
+        mark.wait()
 
 
 def _ms(seconds: float, what: str) -> int:

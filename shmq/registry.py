@@ -158,6 +158,12 @@ class Registry:
 
     # ------------------------------------------------------------ owner
     @property
+    def live(self) -> bool:
+        """Still the instance's registry?  (A removed one's magic is zeroed before its name
+        goes: ``ShmBroker.destroy``, ``reclaim``.)"""
+        return bool(self.w[L.R_MAGIC] == L.REGISTRY_MAGIC)
+
+    @property
     def owner(self) -> tuple[int, int]:
         return self.w[L.R_OWNER_PID], self.w[L.R_OWNER_START]
 

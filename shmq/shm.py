@@ -11,6 +11,7 @@ a client slot of its own on first use.
 from __future__ import annotations
 
 import atexit
+import copyreg
 import multiprocessing.util as mp_util
 import os
 import threading
@@ -182,7 +183,7 @@ class Attachment:
             with q._ring.clock:
                 w[L.Q_SETTLE_SEQ] += 1
                 seq = w[L.Q_SETTLE_SEQ]
-            q._wait_mark(L.Q_DURABLE_SETTLE, seq, time.monotonic() + options.JOURNAL_ADOPT_TIMEOUT)
+            q._dur.wait(L.Q_DURABLE_SETTLE, seq, time.monotonic() + options.JOURNAL_ADOPT_TIMEOUT)
         return q
 
     def delete_queue(self, name: str) -> None:
@@ -470,5 +471,11 @@ class ShmBroker(Broker):
 
 
 def _queue_from_url(url: str, name: str) -> ShmQueue:
-    from . import connect
-    return connect(url).queue(name)  # type: ignore[return-value]
+    return ShmBroker(url[len("shm://"):] or options.DEFAULT_INSTANCE).queue(name)
+
+
+def _reduce_queue(q: ShmQueue) -> tuple[Any, ...]:
+    return (_queue_from_url, (q._att.url, q.name))
+
+
+copyreg.pickle(ShmQueue, _reduce_queue)  # a queue handle pickles as its URL and name, and reattaches

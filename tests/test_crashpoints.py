@@ -20,6 +20,7 @@ import pytest
 import shmq
 from shmq import crashpoints
 from shmq.check import check_instance
+from shmq.serverqueue import ServerQueue
 from shmq.shm import ShmBroker
 
 from .conftest import connect_shm
@@ -114,17 +115,18 @@ def _workload(url: str, log_path: str, point: str) -> None:
         ack(q, [q.get(block=False)])  # registers the slot
         ack(q, [q.get(block=False)])  # the hot path
         _put(log, q, 6)
-        block = q.take_block("default", 3)  # the server's batch path, acked as the server does
+        sq = ServerQueue(q)
+        block = sq.take_block("default", 3)  # the server's batch path, acked as the server does
         if block:
             first, _stamps, lens, data = block
-            ref = q._group_ref("default")
+            ref = sq.group_ref("default")
             msgs, pos = [], 0
             for i, n in enumerate(lens):
                 msgs.append(tuple.__new__(shmq.Message, (q, ref, "default", first + i, 1,
                                                          data[pos:pos + n], b"", 0)))
                 pos += n
             log.trying(msgs)
-            assert not q.ack_offsets(ref, [m.offset for m in msgs], [1] * len(msgs))
+            assert not sq.ack_offsets(ref, [m.offset for m in msgs], [1] * len(msgs))[0]
             log.acked(msgs)
         ms = _take(q, 4)  # the general path
         ack(q, ms[:2])  # a run
@@ -148,7 +150,7 @@ def _workload(url: str, log_path: str, point: str) -> None:
         del short
         # group g2: a batch given back (a server's closed connection), a commit, a group made and dropped
         g2 = _take(q, 3, group="g2")
-        q.give_back(q._group_ref("g2"), [m.offset for m in g2], [m.deliveries for m in g2])
+        sq.give_back(sq.group_ref("g2"), [m.offset for m in g2], [m.deliveries for m in g2])
         below = q.offsets()[0] + 2
         log.f.write(f"T commit g2 {below}\n")
         q.commit("g2", below)

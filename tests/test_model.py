@@ -22,6 +22,7 @@ import shmq
 from shmq import crashpoints
 from shmq import layout as L
 from shmq.check import check_instance
+from shmq.serverqueue import ServerQueue
 from shmq.shm import ShmBroker
 
 from .conftest import FakeClock, unique_instance
@@ -92,6 +93,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.q = self.broker.create_queue("m", capacity=CAP, max_bytes=MAX_BYTES,
                                           max_message_size=MAX_SIZE, visibility_timeout=VIS,
                                           max_deliveries=MAX_DELIVERIES)
+        self.sq = ServerQueue(self.q)  # the server's view of it (poll, take_block, ack_offsets)
         self.broker.create_queue("m.dlq", capacity=1024, max_bytes=1 << 20)  # never full here
         for g in GROUPS[1:]:
             self.q.create_group(g)
@@ -192,7 +194,7 @@ class QueueMachine(RuleBasedStateMachine):
                 fit += 1
             expect = expect[:fit]
         if budget:
-            got = self.q.poll(group, n, visibility_timeout=vis, max_bytes=budget)
+            got = self.sq.poll(group, n, visibility_timeout=vis, max_bytes=budget)
         else:
             try:
                 got = self.q.get_many(n, group=group, block=False, visibility_timeout=vis)
@@ -211,7 +213,7 @@ class QueueMachine(RuleBasedStateMachine):
         (cut short where its payloads would pass ``budget``)."""
         now = self.clock.t
         leases = self.model.leases[group]
-        block = self.q.take_block(group, n, max_bytes=budget)
+        block = self.sq.take_block(group, n, max_bytes=budget)
         if block is None:
             return  # the server then calls get_many (the rule above); nothing may have changed
         first, stamps, lens, data = block
@@ -224,7 +226,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert len(stamps) == len(offsets) and sum(lens) == len(data)
         if budget:
             assert sum(lens) <= budget
-        ref = self.q._group_ref(group)  # as the server keeps it
+        ref = self.sq.group_ref(group)  # as the server keeps it
         got = []
         pos = 0
         for o, ln, ts in zip(offsets, lens, stamps, strict=True):
@@ -241,7 +243,7 @@ class QueueMachine(RuleBasedStateMachine):
         made again has a new serial: the old one's deliveries are stale."""
         lease = self.model.leases[m.group].get(m.offset)
         return (lease is not None and lease.state == LEASED and lease.dc == m.deliveries
-                and not lease.dead and m[1] == self.q._group_ref(m.group))
+                and not lease.dead and m[1] == self.sq.group_ref(m.group))
 
     @precondition(lambda self: self.held)
     @rule(i=st.integers(0, 11))
@@ -289,7 +291,7 @@ class QueueMachine(RuleBasedStateMachine):
                 current.append(m)
             else:
                 expect_stale.append(m.offset)
-        stale = self.q.ack_offsets(ref, [m.offset for m in ms], [m.deliveries for m in ms])
+        stale, _ = self.sq.ack_offsets(ref, [m.offset for m in ms], [m.deliveries for m in ms])
         assert sorted(stale) == sorted(expect_stale)
         for m in current:
             self.model.leases[m.group][m.offset].state = DONE

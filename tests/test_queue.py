@@ -11,9 +11,9 @@ from multiprocessing.context import ForkContext, ForkServerContext, SpawnContext
 import pytest
 
 import shmq
-from shmq import layout as L
 from shmq import options
 from shmq.doorbell import Bell
+from shmq.serverqueue import ServerQueue
 from shmq.shm import ShmBroker
 
 from .conftest import FakeClock
@@ -332,15 +332,16 @@ def test_server_batch_path_takes_runs_and_acks_them_as_columns(shm_broker: ShmBr
     as columns; acking its first part moves the floor exactly past it; stale pairs are named."""
     q = shm_broker.create_queue("blocks")
     q.put_many([b"a", b"bb", b"ccc", b"dddd", b"e", b"f"])
-    first, stamps, lens, data = q.take_block("default", 4)  # type: ignore[misc]
+    sq = ServerQueue(q)
+    first, stamps, lens, data = sq.take_block("default", 4)  # type: ignore[misc]
     assert (first, lens, data) == (0, [1, 2, 3, 4], b"abbcccdddd") and len(stamps) == 4
     assert [m.offset for m in q.get_many(10)] == [4, 5]  # the rest, the general way
-    ref = q._group_ref("default")
-    assert q.ack_offsets(ref, [0, 1], [1, 1]) == []  # a run: one strided store, the floor jumps
+    ref = sq.group_ref("default")
+    assert sq.ack_offsets(ref, [0, 1], [1, 1])[0] == []  # a run: one strided store, the floor jumps
     assert q.offsets() == (2, 6)  # exactly past the acked run: 2 and 3 are still leased
-    assert q.ack_offsets(ref, [2, 2, 3, 9], [1, 1, 2, 1]) == [2, 3, 9]  # twice / wrong delivery / never
+    assert sq.ack_offsets(ref, [2, 2, 3, 9], [1, 1, 2, 1])[0] == [2, 3, 9]  # twice / wrong delivery / never
     assert q.offsets() == (3, 6)
-    assert q.ack_offsets(ref, [3, 4, 5], [1, 1, 1]) == [] and q.offsets() == (6, 6)
+    assert sq.ack_offsets(ref, [3, 4, 5], [1, 1, 1])[0] == [] and q.offsets() == (6, 6)
     assert q.stats()["groups"]["default"]["acked"] == 6
 
 
@@ -350,7 +351,8 @@ def test_server_gives_back_a_closed_connections_leases_at_once(clocked: ShmBroke
     max_deliveries goes to the dead-letter queue, and workers waiting on the queue are rung."""
     q = clocked.create_queue("giveall", visibility_timeout=30, max_deliveries=2)
     q.put_many([b"a", b"b", b"c", b"d"])
-    ref = q._group_ref("default")
+    sq = ServerQueue(q)
+    ref = sq.group_ref("default")
     ms = q.get_many(4)
     ms[1].ack()  # settled: stale for give_back
     ms[3].nack()
@@ -358,55 +360,57 @@ def test_server_gives_back_a_closed_connections_leases_at_once(clocked: ShmBroke
     assert (d2.offset, d2.deliveries) == (3, 2)
     bell = Bell(q._ring.instance_uid, 7)
     try:
-        q._mm[L.Q_BELLS + 7] = 1  # worker 7 has a request parked here
-        assert q.give_back(ref, [0, 1, 2, 3, 3], [1, 1, 1, 1, 2]) == 3  # (1, 1) and (3, 1) are stale
-        assert bell.drain() == {q._ring.queue_id}
+        sq.set_bell(7, True)  # worker 7 has a request parked here
+        assert sq.give_back(ref, [0, 1, 2, 3, 3], [1, 1, 1, 1, 2]) == 3  # (1, 1) and (3, 1) are stale
+        assert bell.drain() == {sq.queue_id}
     finally:
         bell.close()
     assert [(m.offset, m.deliveries) for m in q.get_many(10, timeout=0)] == [(0, 2), (2, 2)]
     dead = clocked.queue("giveall.dlq").get(timeout=0)
     assert dead.payload == b"d" and dead.origin is not None and dead.origin.reason == "nack"
-    assert q.give_back(q._group_ref("default") + 64, [0], [2]) == 0  # another incarnation: stale
+    assert sq.give_back(sq.group_ref("default") + 64, [0], [2]) == 0  # another incarnation: stale
 
 
 def test_server_batch_path_leaves_what_it_cannot_take_to_get_many(clocked: ShmBroker,
                                                                    clock: FakeClock) -> None:
     q = clocked.create_queue("noblock", visibility_timeout=5)
-    assert q.take_block("default", 10) == (0, [], [], b"")  # nothing at all: an empty run
+    sq = ServerQueue(q)
+    assert sq.take_block("default", 10) == (0, [], [], b"")  # nothing at all: an empty run
     q.put(b"one")
-    assert q.take_block("default", 10) is None  # fewer than two
+    assert sq.take_block("default", 10) is None  # fewer than two
     q.put(b"two")
     m1, m2 = q.get_many(2)
     m1.nack()
     q.put_many([b"3", b"4"])
-    assert q.take_block("default", 10) is None  # a redelivery is pending: it goes first
+    assert sq.take_block("default", 10) is None  # a redelivery is pending: it goes first
     assert [m.offset for m in q.get_many(1)] == [0]
     clock.advance(6)  # m2's lease (and m1's second) expired: due back before anything new
-    assert q.take_block("default", 10) is None
+    assert sq.take_block("default", 10) is None
     got = q.get_many(10)
     assert sorted(m.offset for m in got) == [0, 1, 2, 3]
-    assert q.take_block("default", 10) == (4, [], [], b"")  # all leased, none due: nothing to do
+    assert sq.take_block("default", 10) == (4, [], [], b"")  # all leased, none due: nothing to do
     clock.advance(6)
-    assert q.take_block("default", 10) is None  # their leases expired: the general path
+    assert sq.take_block("default", 10) is None  # their leases expired: the general path
 
 
 def test_server_poll_stops_at_a_byte_budget(shm_broker: ShmBroker) -> None:
     """A batch answer must fit one frame: the server polls with a byte budget, new
     messages and redeliveries alike, and always takes one message at least."""
     q = shm_broker.create_queue("budget")
+    sq = ServerQueue(q)
     q.put_many([b"a" * 400, b"b" * 400, b"c" * 400])
-    first = q.poll("default", 3, max_bytes=900)
+    first = sq.poll("default", 3, max_bytes=900)
     assert [m.offset for m in first] == [0, 1]
-    last = q.poll("default", 3, max_bytes=10)
+    last = sq.poll("default", 3, max_bytes=10)
     assert [m.offset for m in last] == [2]  # one, even past the budget
     for m in first + last:
         m.nack()
     q.put(b"d" * 10)  # a new message that would fit, but may not pass a redelivery
-    again = q.poll("default", 3, max_bytes=900)  # redeliveries, under the same budget
+    again = sq.poll("default", 3, max_bytes=900)  # redeliveries, under the same budget
     assert [(m.offset, m.deliveries) for m in again] == [(0, 2), (1, 2)]
-    assert [m.offset for m in q.poll("default", 3, max_bytes=900)] == [2, 3]
+    assert [m.offset for m in sq.poll("default", 3, max_bytes=900)] == [2, 3]
     q.put_many([b"e" * 20, b"f" * 20])
-    assert q.take_block("default", 3, max_bytes=10) is None  # cut to one: a run of one is not a run
+    assert sq.take_block("default", 3, max_bytes=10) is None  # cut to one: a run of one is not a run
 
 
 def test_the_largest_message_travels_both_ways(broker: shmq.Broker) -> None:

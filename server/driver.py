@@ -1,0 +1,137 @@
+"""The asyncio side of one client connection: bytes in and out, timers, back-pressure.
+
+A :class:`Driver` is the ``asyncio.Protocol`` of one socket.  It feeds what it
+reads to the connection's protocol state (``ServerConnection``) and the handlers,
+writes what they send, and closes the socket once the connection is CLOSED.
+It owns what needs the event loop: the handshake timer, refusing a connection
+the worker has no room for, and pausing reads while the client does not read its
+replies (so a worker's memory per connection stays bounded by the transport's
+buffer limits).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import TYPE_CHECKING
+
+from shmq import options
+from shmq.errors import ProtocolError, Status
+
+from . import handlers
+
+if TYPE_CHECKING:
+    from .worker import Worker
+
+
+class Driver(asyncio.Protocol):
+    def __init__(self, worker: Worker, preface: bytes = b"") -> None:
+        """``preface``: a connection handed over by another worker, and the bytes that worker
+        read from it (its HANDSHAKE): handled first, and the connection stays here."""
+        self.w = worker
+        self.core = worker.core
+        self.conn = worker.core.connection(placed=bool(preface))
+        self._preface = preface
+        self.transport: asyncio.Transport | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._gone = False  # forgotten by the worker: closed, or handed to another worker
+
+    # ------------------------------------------------------------ asyncio
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.conn.sink = transport.write  # type: ignore[attr-defined]
+        w = self.w
+        if len(w.drivers) >= w.max_connections or w.stopping:
+            self.conn.refuse(Status.LIMIT_EXCEEDED,
+                             f"worker {w.worker_id} holds {w.max_connections} connections already")
+            self._refuse()
+            return
+        w.drivers[self.conn] = self
+        w.count_changed()
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._timer = w.loop.call_later(options.HANDSHAKE_TIMEOUT, self._no_handshake)
+        if self._preface:  # before anything is read from the socket itself
+            preface, self._preface = self._preface, b""
+            self.data_received(preface)
+
+    def _refuse(self) -> None:
+        """A connection refused as it arrives, after its ERROR: our side ends with a FIN, so
+        that the error reaches the client (a close with its handshake unread here would
+        reset the connection, and the error with it).  What it sends meanwhile is dropped;
+        the connection goes when the client closes it, or after HANDSHAKE_TIMEOUT."""
+        self._gone = True
+        assert self.transport is not None
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            # (the handshake timer's slot: connection_lost cancels it)
+            self._timer = self.w.loop.call_later(options.HANDSHAKE_TIMEOUT, self.transport.abort)
+        else:
+            self.transport.close()
+
+    def _no_handshake(self) -> None:
+        if not self.conn.ready:
+            self.conn.error(0, Status.PROTOCOL_ERROR, "no handshake")
+            self.close()
+
+    def data_received(self, data: bytes) -> None:
+        conn = self.conn
+        if conn.closed:  # refused, or closing: what comes is dropped
+            return
+        try:
+            frames = conn.receive(data)
+        except ProtocolError as e:
+            conn.error(0, e.code, str(e))
+            self.close()
+            return
+        conn.hold()  # the replies to one read go out in one write
+        try:
+            handlers.handle_frames(self.core, conn, frames)
+        finally:
+            conn.flush()
+        if conn.ready and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if conn.closed and not self._gone:  # it asked to go (DISCONNECT), or was refused
+            self._forget()
+            if self.transport is not None:
+                self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self.close()
+
+    def pause_writing(self) -> None:
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None and not self.conn.closed:
+            self.transport.resume_reading()
+
+    # ------------------------------------------------------------ ending
+    def close(self) -> None:
+        """Close the connection (its leases go back at once) and the socket."""
+        handlers.end(self.core, self.conn)
+        if not self._gone:
+            self._forget()
+            if self.transport is not None:
+                self.transport.close()
+
+    def leave(self) -> None:
+        """Handed to another worker (``Worker.place``): forgotten here without a word to the
+        client, whose socket lives on there.  It holds nothing yet (only its HANDSHAKE came)."""
+        self.conn.close()
+        self._forget()
+        if self.transport is not None:
+            self.transport.abort()  # closes our descriptor only: the one in flight keeps the connection
+
+    def _forget(self) -> None:
+        """No longer this worker's: its timer stopped, out of the count."""
+        self._gone = True
+        if self._timer is not None:
+            self._timer.cancel()
+        self.w.drivers.pop(self.conn, None)
+        self.w.count_changed()

@@ -1,0 +1,297 @@
+"""The request stream of a connection: the handshake, dispatch, and every request but
+PRODUCE and CONSUME (``parking``).
+
+A handler gets the worker's :class:`~shmq.server.core.Core`, the connection, the
+frame and its decoded fields, and answers through the connection (or through
+``Core.answer``, which holds a reply until the journal has what it confirms).
+An error raised by a handler becomes an ERROR reply to that request, and the
+connection and the worker carry on: one bad request never takes anything else
+down.  :func:`handle_frames` is all a driver calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from shmq import crashpoints, options
+from shmq.codec import Frame, T, decode_body, frame
+from shmq.errors import InvalidArgument, LimitExceeded, ProtocolError, ShmqError, StaleAck, Status
+from shmq.serverqueue import ServerQueue
+from shmq.settle import Settle
+
+from .connection import ServerConnection, Subscription
+from .core import SERVER_NAME, Core
+from .delivery import READ_HEADROOM, push
+from .parking import consume, poke, produce, produce_run
+
+_CRASH = crashpoints.watch(__name__)
+Handler = Callable[[Core, ServerConnection, Frame, dict[str, Any]], None]
+
+
+def handle_frames(core: Core, conn: ServerConnection, frames: list[Frame]) -> None:
+    """Handle the frames of one read, in order, until the connection closes.  PRODUCE
+    frames in a row are stored together when they can be (``parking.produce_run``)."""
+    i = 0
+    while i < len(frames):
+        if conn.closed:
+            return
+        f = frames[i]
+        conn.busy = True
+        try:
+            if f.type == T.PRODUCE and conn.ready and i + 1 < len(frames):
+                j, stored = produce_run(core, conn, frames, i)
+                if not stored:
+                    for g in frames[i:j]:
+                        if conn.closed:
+                            break
+                        handle(core, conn, g)
+                i = j
+            else:
+                handle(core, conn, f)
+                i += 1
+        finally:
+            conn.busy = False
+
+
+def handle(core: Core, conn: ServerConnection, f: Frame) -> None:
+    if not conn.ready:
+        if f.type != T.HANDSHAKE:
+            conn.error(f.msg_id, Status.PROTOCOL_ERROR, "the first frame must be HANDSHAKE")
+            end(core, conn)
+            return
+        handshake(core, conn, f)
+        return
+    handler = HANDLERS.get(f.type)
+    if handler is None:
+        conn.error(f.msg_id, Status.INVALID_TYPE, f"type 0x{f.type:02x} is not a request")
+        return
+    try:
+        handler(core, conn, f, decode_body(f.type, f.body))
+    except ShmqError as e:  # ProtocolError too
+        conn.error(f.msg_id, e.code, str(e))
+    except (ValueError, TypeError, KeyError) as e:
+        conn.error(f.msg_id, Status.INVALID_ARGUMENT, f"{type(e).__name__}: {e}")
+    except Exception as e:  # noqa: BLE001 - one bad request must not take the worker down
+        conn.error(f.msg_id, Status.INTERNAL, f"{type(e).__name__}: {e}")
+
+
+def handshake(core: Core, conn: ServerConnection, f: Frame) -> None:
+    """Check the token; hand the connection to another worker if it should be served
+    there (``Core.place``); else accept it."""
+    try:
+        fields = conn.check_handshake(f)
+    except ProtocolError as e:
+        conn.error(f.msg_id, e.code, str(e))
+        end(core, conn)
+        return
+    if fields is None:  # refused (HANDSHAKE_NACK sent)
+        end(core, conn)
+        return
+    if conn.may_move() and core.place is not None and core.place(conn, f, fields["affinity"]):
+        return
+    conn.accept(f, core.worker_id, SERVER_NAME)
+
+
+def end(core: Core, conn: ServerConnection) -> None:
+    """Close the connection: what is held goes out, its subscriptions end, its leases go
+    back at once and what waits on their queues is retried.  (The driver then closes
+    the socket.)"""
+    if conn.close():
+        for name in core.release(conn):
+            poke(core, name)
+
+
+# ---------------------------------------------------------------- settling
+def _leases(core: Core, d: dict[str, Any]) -> tuple[ServerQueue, int]:
+    """The queue and group reference a settle names (-1 when the group was deleted since,
+    even if made again: its leases are stale)."""
+    q = core.queue(d["queue"])
+    return q, q.group_ref_or_none(d["group"])
+
+
+def ack(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    """ACK, answered; ACK_NO_REPLY, answered only when it fails (by ``handle``)."""
+    q, ref = _leases(core, d)
+    off = d["offset"]
+    held = conn.leases.require(q, ref, off, d["deliveries"])
+    try:
+        mark = q.ack(ref, off, d["deliveries"])
+    finally:
+        conn.leases.settled(held, off)
+    if _CRASH:
+        crashpoints.hit("worker.ack.unanswered")
+    if f.type == T.ACK:  # an unwaited ack: nobody waits for the journal either
+        core.answer(conn, f.msg_id, frame(T.ACK_OK, f.msg_id), mark)
+
+
+def ack_batch(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    """ACK_BATCH, answered with the offsets that were stale; ACK_BATCH_NO_REPLY, answered
+    only when some were (with ERROR STALE_ACK)."""
+    offsets, asked = map(list, zip(*d["settles"], strict=True)) if d["settles"] else ([], [])
+    _ack_many(core, conn, f, d, offsets, asked)
+
+
+def ack_range(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    """ACK_RANGE / ACK_RANGE_NO_REPLY: ACK_BATCH / ACK_BATCH_NO_REPLY of the ``count``
+    offsets from ``first``, each with the same delivery count (one push's or one
+    get_many's new messages), answered the same way."""
+    n = d["count"]
+    if n > options.MAX_BATCH:
+        raise LimitExceeded(f"{n} acks in one frame (the limit is {options.MAX_BATCH})")
+    first = d["first"]
+    _ack_many(core, conn, f, d, list(range(first, first + n)), [d["deliveries"]] * n)
+
+
+def _ack_many(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any], offsets: list[int],
+              asked: list[int]) -> None:
+    q, ref = _leases(core, d)
+    mine, dcs, stale = conn.leases.take(conn.leases.of(q, ref), offsets, asked)
+    mark = None
+    if mine:
+        more, mark = q.ack_offsets(ref, mine, dcs)
+        stale += more
+    if f.type in WAITED_BATCH_ACKS:
+        core.answer(conn, f.msg_id, frame(T.ACK_BATCH_OK, f.msg_id, stale=stale), mark)
+    elif stale:  # an unwaited one: nobody waits for the journal either
+        raise StaleAck.of_batch(stale, len(offsets))
+
+
+def _settle(core: Core, conn: ServerConnection, d: dict[str, Any], action: Settle, arg: float | None
+            ) -> Any:
+    """nack / touch / dead-letter one lease of ours; the mark confirming it.  A lease found
+    stale is no longer ours either."""
+    q, ref = _leases(core, d)
+    off = d["offset"]
+    held = conn.leases.require(q, ref, off, d["deliveries"])
+    try:
+        mark = q.settle(ref, off, d["deliveries"], action, arg)
+    except StaleAck:
+        conn.leases.settled(held, off)
+        raise
+    if action != Settle.TOUCH:
+        conn.leases.settled(held, off)
+    return mark
+
+
+def nack(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    mark = _settle(core, conn, d, Settle.NACK, d["delay_ms"] / 1000)
+    core.answer(conn, f.msg_id, frame(T.NACK_OK, f.msg_id), mark)
+    poke(core, d["queue"])
+
+
+def touch(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    _settle(core, conn, d, Settle.TOUCH, d["visibility_ms"] / 1000 if d["visibility_ms"] else None)
+    conn.reply(f, T.TOUCH_OK)
+
+
+def dead_letter(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    mark = _settle(core, conn, d, Settle.DEAD, 0.0)
+    core.answer(conn, f.msg_id, frame(T.DEAD_LETTER_OK, f.msg_id), mark)
+
+
+# ---------------------------------------------------------------- queues and groups
+def create_queue(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    if not isinstance(d["config"], dict):
+        raise InvalidArgument("config must be a JSON object")
+    core.broker.create_queue(d["queue"], **d["config"])
+    conn.reply(f, T.CREATE_QUEUE_OK)
+
+
+def delete_queue(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    core.broker.delete_queue(d["queue"])
+    conn.reply(f, T.DELETE_QUEUE_OK)
+
+
+def list_queues(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    conn.reply(f, T.LIST_QUEUES_OK, queues=[
+        {"name": i.name, "is_dlq": i.is_dlq, "config": i.config.__dict__} for i in core.broker.list_queues()])
+
+
+def group_join(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    mark = core.queue(d["queue"]).create_group(d["group"], "latest" if d["start"] else "earliest")
+    core.answer(conn, f.msg_id, frame(T.GROUP_JOIN_OK, f.msg_id), mark)
+
+
+def group_commit(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    mark = core.queue(d["queue"]).commit(d["group"], d["offset"])
+    core.answer(conn, f.msg_id, frame(T.GROUP_COMMIT_OK, f.msg_id), mark)
+
+
+def group_delete(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    mark = core.queue(d["queue"]).delete_group(d["group"])
+    core.answer(conn, f.msg_id, frame(T.GROUP_DELETE_OK, f.msg_id), mark)
+
+
+def group_list(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    conn.reply(f, T.GROUP_LIST_OK, groups=core.queue(d["queue"]).groups())
+
+
+def read(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    n = min(d["max"], options.MAX_BATCH)
+    msgs = core.queue(d["queue"]).read(d["offset"], max(1, n))
+    # a reply never outgrows a frame: the reader asks again from where this one stops
+    budget = options.MAX_FRAME - READ_HEADROOM
+    records: list[tuple[Any, ...]] = []
+    for m in msgs:
+        budget -= len(m.payload) + len(m.meta) + 32
+        if budget < 0 and records:
+            break
+        records.append((m.offset, m.deliveries, m.timestamp_ns, bytes(m.meta), m.payload))
+    conn.reply(f, T.READ_OK, records=records)
+
+
+def stats(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    conn.reply(f, T.STATS_OK, stats=core.queue(d["queue"]).stats())
+
+
+def purge(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    n, mark = core.queue(d["queue"]).purge()
+    core.answer(conn, f.msg_id, frame(T.PURGE_OK, f.msg_id, purged=n), mark)
+
+
+def disconnect(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    """The client leaves: its leases go back now, then DISCONNECT_OK, then the close."""
+    touched = core.give_back(conn)
+    conn.reply(f, T.DISCONNECT_OK)
+    end(core, conn)
+    for name in touched:
+        poke(core, name)
+
+
+# ---------------------------------------------------------------- push mode
+def subscribe(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    core.queue(d["queue"]).group_ref(d["group"])  # creates the group if new, checks the name
+    s = Subscription(conn, f.msg_id, d["queue"], d["group"], d["credit"], d["visibility_ms"])
+    core.add_sub(s)
+    conn.reply(f, T.SUBSCRIBE_OK)
+    push(core, s)
+
+
+def credit(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    s = conn.subs.get(d["subscription"])
+    if s is not None:
+        s.credit += d["credit"]
+        push(core, s)
+
+
+def unsubscribe(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    s = conn.subs.pop(d["subscription"], None)
+    if s is not None:
+        core.drop_sub(s)
+    conn.reply(f, T.UNSUBSCRIBE_OK)
+
+
+WAITED_BATCH_ACKS = frozenset((T.ACK_BATCH, T.ACK_RANGE))  # answered with ACK_BATCH_OK
+
+HANDLERS: dict[int, Handler] = {
+    T.PRODUCE: produce, T.PRODUCE_BATCH: produce, T.PRODUCE_IDEMPOTENT: produce,
+    T.CONSUME: consume, T.CONSUME_BATCH: consume,
+    T.ACK: ack, T.ACK_NO_REPLY: ack, T.ACK_BATCH: ack_batch, T.ACK_BATCH_NO_REPLY: ack_batch,
+    T.ACK_RANGE: ack_range, T.ACK_RANGE_NO_REPLY: ack_range,
+    T.NACK: nack, T.TOUCH: touch, T.DEAD_LETTER: dead_letter,
+    T.CREATE_QUEUE: create_queue, T.DELETE_QUEUE: delete_queue, T.LIST_QUEUES: list_queues,
+    T.GROUP_JOIN: group_join, T.GROUP_COMMIT: group_commit, T.GROUP_DELETE: group_delete,
+    T.GROUP_LIST: group_list, T.READ: read, T.STATS: stats, T.PURGE: purge,
+    T.DISCONNECT: disconnect, T.SUBSCRIBE: subscribe, T.CREDIT: credit, T.UNSUBSCRIBE: unsubscribe,
+}

@@ -1,0 +1,249 @@
+"""Durable marks: both sides of the protocol between a journaled queue and its journal writer.
+
+::
+
+    producers, ackers (any process)               the journal writer (one thread per queue)
+    ───────────────────────────────               ─────────────────────────────────────────
+    change the ring or a lease word;              snapshot(): the group state (consumer lock),
+      group changes bump Q_SETTLE_SEQ               then Q_NEXT_OFFSET (producer lock)
+    poke(): post .j if the writer sleeps  ──►     append the new records and the snapshot,
+                                                    fsync
+    Mark(word, value).wait(): sleep on .d ◄──     publish(): Q_DURABLE_OFFSET, Q_DURABLE_SETTLE,
+      (StorageError while Q_JOURNAL_ERRNO)          the free offset; wake .d, .nf, consumers
+                                                  fail(errno): Q_JOURNAL_ERRNO, wake .d
+
+A *mark* is a header word and the value it must reach before a change counts as
+durable: ``Q_DURABLE_OFFSET >= end`` for a put of offsets below ``end``, and
+``Q_DURABLE_SETTLE >= seq`` for a change of group state that left ``Q_SETTLE_SEQ``
+at ``seq`` (or later: a mark taken after someone else's change only waits longer).
+Both words only rise, and only the writer stores them.  Memory-only queues hold
+``NO_MARK`` in both, so every mark on them is reached.
+
+An ``always`` queue confirms a put or a settle once its mark is reached: a
+blocking caller waits here (:meth:`Mark.wait`); the broker's event loop may not
+block, so it takes the mark as a value (``shmq.serverqueue``) and holds the reply
+until a thread of its own sees the mark reached.  An ``interval`` queue never
+waits for marks: the writer runs at least every ``sync_interval`` seconds.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import posix_ipc
+
+from . import layout as L
+from . import options
+from .errors import StorageError, Timeout
+
+if TYPE_CHECKING:
+    from .queue import ShmQueue
+
+_ALWAYS = options.DURABILITY_MODES.index("always")
+
+
+class Mark(NamedTuple):
+    """A header word of one queue and the value it must reach."""
+
+    durability: Durability
+    word: int  # L.Q_DURABLE_OFFSET or L.Q_DURABLE_SETTLE
+    value: int
+
+    def reached(self) -> bool:
+        return bool(self.durability.w[self.word] >= self.value)
+
+    def wait(self, deadline: float | None = None) -> None:
+        """Return once reached.  Raises :class:`StorageError` while the journal cannot be
+        written, :class:`Timeout` at ``deadline`` (monotonic s), ``QueueNotFound`` when
+        the queue is deleted meanwhile."""
+        self.durability.wait(self.word, self.value, deadline)
+
+
+class Snapshot(NamedTuple):
+    """What one round of the writer journals: the group state, then the tail."""
+
+    settle_seq: int  # Q_SETTLE_SEQ before the group state was read
+    groups: list[dict[str, Any]]
+    next_offset: int  # Q_NEXT_OFFSET: offsets below it are published
+    producers: list[tuple[int, int]]  # the idempotent producers' (key, last sequence)
+
+
+class Durability:
+    """The durable marks of one queue (``q``: the handle whose header and semaphores they are)."""
+
+    def __init__(self, q: ShmQueue) -> None:
+        self._q = q
+        self._ring = q._ring
+        self.w = q._w
+        self.name = q.name
+        self.journaled = self._ring.durability != 0
+        self.always = self._ring.durability == _ALWAYS
+        self._js: posix_ipc.Semaphore = q._js  # posted to start a round
+        self._ds: posix_ipc.Semaphore = q._ds  # posted when a mark moves (or the journal fails)
+
+    # ------------------------------------------------------------ the queue's side
+    def check(self) -> None:
+        """Raise :class:`StorageError` while the journal cannot be written."""
+        err = self.w[L.Q_JOURNAL_ERRNO]
+        if err:
+            raise StorageError(f"queue {self.name!r} cannot take messages: its journal cannot be written "
+                               f"({errno.errorcode.get(err, err)}: {os.strerror(err)}); consumers are "
+                               "still served")
+
+    def poke(self) -> None:
+        """Wake the writer if it sleeps (an ``always`` round starts at once)."""
+        if self.w[L.Q_JOURNAL_WAITING]:
+            self._js.release()
+
+    def offset(self) -> int:
+        """Offsets below this are as durable as the queue's policy makes them."""
+        return min(self.w[L.Q_DURABLE_OFFSET], self.w[L.Q_NEXT_OFFSET])
+
+    def put_mark(self, end: int) -> Mark | None:
+        """After a put of offsets below ``end``: the mark that confirms it on an ``always``
+        queue (the writer poked), None when nothing waits (or it is reached already)."""
+        if not self.always:
+            return None
+        self.poke()
+        return None if self.w[L.Q_DURABLE_OFFSET] >= end else Mark(self, L.Q_DURABLE_OFFSET, end)
+
+    def settle_mark(self) -> Mark | None:
+        """After a change of group state: the writer poked; on an ``always`` queue, the mark
+        that confirms the change (None when nothing waits)."""
+        if not self.journaled:
+            return None
+        seq = self.w[L.Q_SETTLE_SEQ]  # moved by the change, under the consumer lock
+        self.poke()
+        if not self.always or self.w[L.Q_DURABLE_SETTLE] >= seq:
+            return None
+        return Mark(self, L.Q_DURABLE_SETTLE, seq)
+
+    def wait(self, word: int, end: int, deadline: float | None) -> None:
+        """Sleep on the ``.d`` semaphore (announced in ``Q_DURABLE_WAITERS``) until
+        ``w[word] >= end``; see :meth:`Mark.wait`."""
+        w = self.w
+        if w[word] >= end:
+            return
+        for _ in range(options.SPIN_CHECKS):
+            if w[word] >= end:
+                return
+
+        def reached() -> int | None:
+            if w[word] >= end:
+                return end
+            self.check()
+            return None
+
+        self._q._sleep_until(reached, self._ds, L.Q_DURABLE_WAITERS, deadline,
+                             lambda: Timeout(f"{self.name!r} was not journaled in time (the change is in "
+                                             "shared memory and may still take effect)"))
+
+    # ------------------------------------------------------------ the writer's side
+    @property
+    def error(self) -> int:
+        """The errno of the writer's failing write, 0 while it writes fine."""
+        return int(self.w[L.Q_JOURNAL_ERRNO])
+
+    @property
+    def deleted(self) -> bool:
+        return bool(self.w[L.Q_STATE] != L.QS_ACTIVE)
+
+    @property
+    def created_ns(self) -> int:
+        """When the queue was made: tells a journal of this queue from one of an earlier
+        queue of the same name."""
+        return int(self.w[L.Q_CREATED_NS])
+
+    @property
+    def free_offset(self) -> int:
+        return int(self.w[L.Q_FREE_OFFSET])
+
+    def changed(self, next_offset: int, settle_seq: int) -> bool:
+        """Has anything been published or settled since a round that journaled up to
+        ``next_offset`` and ``settle_seq``?"""
+        w = self.w
+        return bool(w[L.Q_NEXT_OFFSET] != next_offset or w[L.Q_SETTLE_SEQ] != settle_seq)
+
+    @property
+    def producers_wait(self) -> bool:
+        """Producers sleep for room (an ``interval`` queue then runs a round early:
+        memory is freed only below the durable mark)."""
+        return bool(self.w[L.Q_PRODUCER_WAITERS] > 0)
+
+    def sleep(self, timeout: float, due: Callable[[], bool]) -> None:
+        """Sleep on the ``.j`` semaphore at most ``timeout`` s, announced in
+        ``Q_JOURNAL_WAITING`` so that :meth:`poke` posts it; ``due`` is asked again
+        after announcing, so that no poke is missed."""
+        w = self.w
+        w[L.Q_JOURNAL_WAITING] = 1
+        try:
+            if not due():
+                try:
+                    self._js.acquire(timeout)
+                except posix_ipc.BusyError:
+                    pass
+        finally:
+            w[L.Q_JOURNAL_WAITING] = 0
+
+    def wake_writer(self) -> None:
+        """Post ``.j`` unconditionally (a writer told to stop ends its sleep)."""
+        self._js.release()
+
+    def snapshot(self) -> Snapshot:
+        """The group state (consumer lock), then the tail and the producer table (producer
+        lock): the snapshot never mentions an offset past the tail it comes with."""
+        settle = self.w[L.Q_SETTLE_SEQ]
+        ring = self._ring
+        with ring.clock:
+            groups = self._q._groups.snapshot()
+        with ring.plock:
+            nxt = self.w[L.Q_NEXT_OFFSET]
+            producers = ring.producer_table()
+        return Snapshot(settle, groups, nxt, producers)
+
+    def records(self, first: int, end: int) -> list[tuple[int, int, bytes]]:
+        """(offset, timestamp_ns, payload) of the published offsets ``first`` .. ``end``-1
+        (not freed yet: free <= durable <= next)."""
+        out = []
+        for o in range(first, end):
+            payload, _meta, ts = self._ring.record(o)
+            out.append((o, ts, payload))
+        return out
+
+    def publish(self, next_offset: int, settle_seq: int, new: int, crash: Callable[[], None] | None = None
+                ) -> bool:
+        """A round is on disk: move both marks (and the free offset, in the same hold of the
+        consumer lock: ``shmq.check``), clear a journal error, and wake whoever waits:
+        mark waiters, producers waiting for room, and an ``always`` queue's consumers
+        for the ``new`` messages now shown to them.  ``crash``: a crash point, passed
+        between the marks and the free offset.  True when the error was cleared."""
+        w, q = self.w, self._q
+        with self._ring.clock:
+            w[L.Q_DURABLE_OFFSET] = next_offset
+            w[L.Q_DURABLE_SETTLE] = settle_seq
+            if crash is not None:
+                crash()
+            freed = q._groups._recompute_free()
+        cleared = bool(w[L.Q_JOURNAL_ERRNO])
+        if cleared:
+            w[L.Q_JOURNAL_ERRNO] = 0
+        if freed and w[L.Q_PRODUCER_WAITERS]:
+            q._wake(q._nf, w[L.Q_PRODUCER_WAITERS], w[L.Q_PRODUCER_WAITERS])
+        if w[L.Q_DURABLE_WAITERS]:
+            q._wake(self._ds, w[L.Q_DURABLE_WAITERS], w[L.Q_DURABLE_WAITERS])
+        if self.always and new:
+            q._wake_consumers(new)
+        return cleared
+
+    def fail(self, err: int) -> bool:
+        """The journal cannot be written: produces are refused with ``StorageError`` and
+        mark waiters raise it.  True when this is news (no error was set)."""
+        w = self.w
+        first = not w[L.Q_JOURNAL_ERRNO]
+        w[L.Q_JOURNAL_ERRNO] = err or errno.EIO
+        if w[L.Q_DURABLE_WAITERS]:
+            self._q._wake(self._ds, w[L.Q_DURABLE_WAITERS], w[L.Q_DURABLE_WAITERS])
+        return first
