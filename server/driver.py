@@ -80,16 +80,11 @@ class Driver(asyncio.Protocol):
         if conn.closed:  # refused, or closing: what comes is dropped
             return
         try:
-            frames = conn.receive(data)
+            handlers.receive(self.core, conn, data)
         except ProtocolError as e:
             conn.error(0, e.code, str(e))
             self.close()
             return
-        conn.hold()  # the replies to one read go out in one write
-        try:
-            handlers.handle_frames(self.core, conn, frames)
-        finally:
-            conn.flush()
         if conn.ready and self._timer is not None:
             self._timer.cancel()
             self._timer = None

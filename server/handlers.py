@@ -6,7 +6,7 @@ frame and its decoded fields, and answers through the connection (or through
 ``Core.answer``, which holds a reply until the journal has what it confirms).
 An error raised by a handler becomes an ERROR reply to that request, and the
 connection and the worker carry on: one bad request never takes anything else
-down.  :func:`handle_frames` is all a driver calls.
+down.  :func:`receive` is all a driver calls.
 """
 
 from __future__ import annotations
@@ -27,6 +27,19 @@ from .parking import consume, poke, produce, produce_run
 
 _CRASH = crashpoints.watch(__name__)
 Handler = Callable[[Core, ServerConnection, Frame, dict[str, Any]], None]
+
+
+def receive(core: Core, conn: ServerConnection, data: bytes) -> None:
+    """Everything a driver does with bytes read from a connection: the frames they
+    complete are handled, and the replies go out in one write.  Raises
+    :class:`ProtocolError` on a malformed stream (answer with an ERROR for message
+    id 0, then close)."""
+    frames = conn.receive(data)
+    conn.hold()
+    try:
+        handle_frames(core, conn, frames)
+    finally:
+        conn.flush()
 
 
 def handle_frames(core: Core, conn: ServerConnection, frames: list[Frame]) -> None:

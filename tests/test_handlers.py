@@ -1,0 +1,383 @@
+"""The broker's request handling without sockets or processes: a worker's ``Core`` over a
+real instance in shared memory, and connections whose bytes go to a list.
+
+As h11 pairs its client and server, each test plays the client's side with the
+codec and feeds the server's ``receive`` the bytes a socket would carry.  Time
+is the test's: ``Core`` takes its clock, and a parked request is retried by
+``poke``, as the worker's tick and doorbell do.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from shmq import options
+from shmq.codec import Frame, FrameDecoder, T, decode_body, decode_deliver, encode_frame, frame
+from shmq.durability import Mark
+from shmq.errors import ProtocolError, Status
+from shmq.server import handlers
+from shmq.server.connection import ServerConnection
+from shmq.server.core import Core
+from shmq.server.parking import poke
+from shmq.serverqueue import ServerBroker
+from shmq.shm import ShmBroker
+
+from .conftest import FakeClock
+
+
+class Peer:
+    """The client end of one in-memory connection."""
+
+    def __init__(self, core: Core, token: str = "", handshake: bool = True) -> None:
+        self.core = core
+        self.sent: list[bytes] = []  # what the server wrote to the "socket"
+        self.conn: ServerConnection = core.connection(sink=self.sent.append)
+        self._dec = FrameDecoder()
+        self._ids = itertools.count(1)
+        if handshake:
+            f = self.call(T.HANDSHAKE, token=token, client="test", affinity="")
+            assert f.type == T.HANDSHAKE_ACK, f
+
+    def feed(self, data: bytes) -> None:
+        handlers.receive(self.core, self.conn, data)
+
+    def send(self, type_: int, **fields: Any) -> int:
+        msg_id = next(self._ids)
+        self.feed(frame(type_, msg_id, **fields))
+        return msg_id
+
+    def frames(self) -> list[Frame]:
+        """What the server sent since the last call."""
+        data, self.sent[:] = b"".join(self.sent), []
+        return self._dec.feed(data)
+
+    def call(self, type_: int, **fields: Any) -> Frame:
+        """A request and its one reply (nothing else may arrive meanwhile)."""
+        msg_id = self.send(type_, **fields)
+        got = self.frames()
+        assert [f.msg_id for f in got] == [msg_id], got
+        return got[0]
+
+    def ok(self, type_: int, reply: T, **fields: Any) -> dict[str, Any]:
+        f = self.call(type_, **fields)
+        assert f.type == reply, _error(f)
+        return decode_body(reply, f.body)
+
+
+def _error(f: Frame) -> str:
+    return str(decode_body(T.ERROR, f.body)) if f.type == T.ERROR else f"type 0x{f.type:02x}"
+
+
+def _status(f: Frame) -> int:
+    assert f.type == T.ERROR, f
+    return f.status
+
+
+@pytest.fixture
+def core(instance: str) -> Iterator[Core]:
+    sb = ServerBroker(instance)
+    c = Core(sb, worker_id=3, token="")
+    try:
+        yield c
+    finally:
+        sb.close()
+
+
+@pytest.fixture
+def timed(instance: str) -> Iterator[tuple[Core, FakeClock]]:
+    """A core whose parked requests see the test's clock."""
+    clock = FakeClock()
+    sb = ServerBroker(instance)
+    try:
+        yield Core(sb, clock=clock), clock
+    finally:
+        sb.close()
+
+
+# ---------------------------------------------------------------- the handshake
+def test_the_first_frame_must_be_a_handshake(core: Core) -> None:
+    p = Peer(core, handshake=False)
+    f = p.call(T.STATS, queue="x")
+    assert _status(f) == Status.PROTOCOL_ERROR and p.conn.closed
+    p.feed(frame(T.HANDSHAKE, 9, token="", client="late", affinity=""))  # dropped: it is closed
+    assert p.frames() == []
+
+
+def test_a_wrong_token_is_refused_and_the_right_one_accepted(instance: str) -> None:
+    sb = ServerBroker(instance)
+    try:
+        core = Core(sb, worker_id=1, token="s3cret")
+        bad = Peer(core, handshake=False)
+        f = bad.call(T.HANDSHAKE, token="nope", client="t", affinity="")
+        assert f.type == T.HANDSHAKE_NACK and bad.conn.closed
+        good = Peer(core, token="s3cret")
+        assert good.conn.ready
+        assert good.ok(T.LIST_QUEUES, T.LIST_QUEUES_OK)["queues"] == []
+    finally:
+        sb.close()
+
+
+def test_a_handshake_answers_with_the_worker_and_the_frame_limit(core: Core) -> None:
+    p = Peer(core, handshake=False)
+    d = p.ok(T.HANDSHAKE, T.HANDSHAKE_ACK, token="", client="t", affinity="")
+    assert d["worker"] == 3 and d["max_frame"] == options.MAX_FRAME and d["server"].startswith("shmq/")
+
+
+def test_a_connection_that_pipelines_after_its_handshake_is_never_moved(core: Core) -> None:
+    moved: list[str] = []
+
+    def place(conn: ServerConnection, f: Frame, affinity: str) -> bool:
+        moved.append(affinity)
+        return True
+
+    core.place = place
+    p = Peer(core, handshake=False)
+    p.feed(frame(T.HANDSHAKE, 1, token="", client="t", affinity="a") + frame(T.LIST_QUEUES, 2))
+    assert moved == [] and [f.type for f in p.frames()] == [T.HANDSHAKE_ACK, T.LIST_QUEUES_OK]
+    alone = Peer(core, handshake=False)
+    alone.feed(frame(T.HANDSHAKE, 1, token="", client="t", affinity="b"))
+    assert moved == ["b"] and alone.frames() == []  # handed over: nothing said here
+
+
+def test_malformed_input_is_a_typed_error_and_the_connection_carries_on(core: Core) -> None:
+    p = Peer(core)
+    assert _status(p.call(T.PRODUCE_OK, offset=1)) == Status.INVALID_TYPE  # a reply is no request
+    bad_body = encode_frame(T.STATS, 41, b"\xff\xff\xff")
+    p.feed(bad_body)
+    (f,) = p.frames()
+    assert f.msg_id == 41 and _status(f) == Status.PROTOCOL_ERROR
+    assert _status(p.call(T.STATS, queue="nope")) == Status.QUEUE_NOT_FOUND
+    assert not p.conn.closed and p.ok(T.LIST_QUEUES, T.LIST_QUEUES_OK)["queues"] == []
+    unknown = bytearray(encode_frame(T.LIST_QUEUES, 40))
+    unknown[8] = 0x7E  # the type byte (header: magic, length, type, version, status, id)
+    with pytest.raises(ProtocolError, match="unknown message type"):  # a broken stream: the driver
+        p.feed(bytes(unknown))                                       # answers with ERROR 0 and closes
+
+
+# ---------------------------------------------------------------- produce, consume, settle
+def test_every_message_produced_is_delivered_once_and_acked(core: Core) -> None:
+    p = Peer(core)
+    p.ok(T.CREATE_QUEUE, T.CREATE_QUEUE_OK, queue="q", config={})
+    offsets = [p.ok(T.PRODUCE, T.PRODUCE_OK, queue="q", timeout_ms=0, payload=b"m%d" % i)["offset"]
+               for i in range(5)]
+    assert offsets == list(range(5))
+    batch = p.ok(T.CONSUME_BATCH, T.DELIVER_BATCH, queue="q", group="default", max=10, timeout_ms=0,
+                 visibility_ms=0)["records"]
+    assert [(r[0], r[1], r[4]) for r in batch] == [(i, 1, b"m%d" % i) for i in range(5)]
+    assert p.conn.leases.count == 5
+    stale = p.ok(T.ACK_BATCH, T.ACK_BATCH_OK, queue="q", group="default",
+                 settles=[(0, 1), (1, 1), (1, 1), (9, 1)])["stale"]
+    assert stale == [1, 9]  # acked twice, never delivered
+    p.ok(T.ACK_RANGE, T.ACK_BATCH_OK, queue="q", group="default", first=2, count=3, deliveries=1)
+    assert p.conn.leases.count == 0
+    st = p.ok(T.STATS, T.STATS_OK, queue="q")["stats"]
+    assert st["retained"] == 0 and st["groups"]["default"]["acked"] == 5
+
+
+def test_a_lease_is_only_its_connections_to_settle(core: Core) -> None:
+    a, b = Peer(core), Peer(core)
+    a.ok(T.CREATE_QUEUE, T.CREATE_QUEUE_OK, queue="q", config={})
+    a.ok(T.PRODUCE, T.PRODUCE_OK, queue="q", timeout_ms=0, payload=b"x")
+    f = a.call(T.CONSUME, queue="q", group="default", timeout_ms=0, visibility_ms=0)
+    off, dc, *_ = decode_deliver(f.body)
+    lease = dict(queue="q", group="default", offset=off, deliveries=dc)
+    assert _status(b.call(T.ACK, **lease)) == Status.STALE_ACK  # b holds nothing
+    assert _status(a.call(T.ACK, **{**lease, "deliveries": 2})) == Status.STALE_ACK  # another delivery
+    assert a.ok(T.ACK, T.ACK_OK, **lease) == {}
+    assert _status(a.call(T.ACK, **lease)) == Status.STALE_ACK  # settled already
+    assert a.conn.leases.count == 0
+
+
+def test_an_unwaited_ack_is_answered_only_when_it_fails(core: Core) -> None:
+    p = Peer(core)
+    p.ok(T.CREATE_QUEUE, T.CREATE_QUEUE_OK, queue="q", config={})
+    p.ok(T.PRODUCE, T.PRODUCE_OK, queue="q", timeout_ms=0, payload=b"x")
+    off, dc, *_ = decode_deliver(p.call(T.CONSUME, queue="q", group="default", timeout_ms=0,
+                                        visibility_ms=0).body)
+    lease: dict[str, Any] = dict(queue="q", group="default", offset=off, deliveries=dc)
+    p.feed(frame(T.ACK_NO_REPLY, 0xFFFFFFFF, **lease))
+    assert p.frames() == []
+    p.feed(frame(T.ACK_NO_REPLY, 0xFFFFFFFF, **lease))
+    (f,) = p.frames()
+    assert f.msg_id == 0xFFFFFFFF and _status(f) == Status.STALE_ACK
+
+
+def test_a_nacked_message_comes_back_with_its_delivery_counted(core: Core) -> None:
+    p = Peer(core)
+    p.ok(T.CREATE_QUEUE, T.CREATE_QUEUE_OK, queue="q", config={"max_deliveries": 2})
+    p.ok(T.PRODUCE, T.PRODUCE_OK, queue="q", timeout_ms=0, payload=b"x")
+    for dc in (1, 2):
+        off, got, *_ = decode_deliver(p.call(T.CONSUME, queue="q", group="default", timeout_ms=0,
+                                             visibility_ms=0).body)
+        assert (off, got) == (0, dc)
+        p.ok(T.NACK, T.NACK_OK, queue="q", group="default", offset=0, deliveries=dc, delay_ms=0)
+    assert _status(p.call(T.CONSUME, queue="q", group="default", timeout_ms=0,
+                          visibility_ms=0)) == Status.EMPTY
+    dead = decode_deliver(p.call(T.CONSUME, queue="q.dlq", group="default", timeout_ms=0,
+                                 visibility_ms=0).body)
+    assert dead[4] == b"x" and json.loads(dead[3])["reason"] == "nack"
+
+
+# ---------------------------------------------------------------- waiting
+def test_a_parked_consume_is_served_by_another_connections_produce(core: Core) -> None:
+    c, p = Peer(core), Peer(core)
+    c.ok(T.CREATE_QUEUE, T.CREATE_QUEUE_OK, queue="q", config={})
+    wait_id = c.send(T.CONSUME, queue="q", group="default", timeout_ms=60_000, visibility_ms=0)
+    assert c.frames() == [] and len(core.waiters["q"]) == 1
+    p.ok(T.PRODUCE, T.PRODUCE_OK, queue="q", timeout_ms=0, payload=b"hello")
+    (f,) = c.frames()
+    assert f.msg_id == wait_id and f.type == T.DELIVER and decode_deliver(f.body)[4] == b"hello"
+    assert "q" not in core.waiters
+
+
+def test_a_parked_request_fails_at_its_deadline(timed: tuple[Core, FakeClock]) -> None:
+    core, clock = timed
+    c = Peer(core)
+    c.ok(T.CREATE_QUEUE, T.CREATE_QUEUE_OK, queue="q", config={"capacity": 1})
+    wait_id = c.send(T.CONSUME, queue="q", group="default", timeout_ms=500, visibility_ms=0)
+    clock.advance(0.4)
+    poke(core, "q")
+    assert c.frames() == []
+    clock.advance(0.2)
+    poke(core, "q")
+    (f,) = c.frames()
+    assert f.msg_id == wait_id and _status(f) == Status.EMPTY
+    c.ok(T.PRODUCE, T.PRODUCE_OK, queue="q", timeout_ms=0, payload=b"fills it")
+    full_id = c.send(T.PRODUCE, queue="q", timeout_ms=100, payload=b"no room")
+    clock.advance(0.2)
+    poke(core, "q")
+    (f,) = c.frames()
+    assert f.msg_id == full_id and _status(f) == Status.QUEUE_FULL
+
+
+def test_produces_waiting_for_room_are_stored_in_their_order(core: Core) -> None:
+    p, c = Peer(core), Peer(core)
+    p.ok(T.CREATE_QUEUE, T.CREATE_QUEUE_OK, queue="q", config={"capacity": 1})
+    p.ok(T.PRODUCE, T.PRODUCE_OK, queue="q", timeout_ms=0, payload=b"0")
+    ids = [p.send(T.PRODUCE, queue="q", timeout_ms=60_000, payload=b"%d" % i) for i in (1, 2, 3)]
+    assert p.frames() == [] and p.conn.parked_produces == {"q": 3}
+    assert _status(p.call(T.PRODUCE, queue="q", timeout_ms=0, payload=b"x")) == Status.QUEUE_FULL
+    got = []
+    for _ in range(4):
+        f = c.call(T.CONSUME, queue="q", group="default", timeout_ms=0, visibility_ms=0)
+        off, dc, _ts, _meta, payload = decode_deliver(f.body)
+        got.append((off, payload))
+        c.ok(T.ACK, T.ACK_OK, queue="q", group="default", offset=off, deliveries=dc)
+        poke(core, "q")  # room: the worker's tick retries what waits, and the next goes in
+    assert got == [(0, b"0"), (1, b"1"), (2, b"2"), (3, b"3")]
+    answers = p.frames()
+    assert [(f.msg_id, decode_body(T.PRODUCE_OK, f.body)["offset"]) for f in answers] == [
+        (ids[0], 1), (ids[1], 2), (ids[2], 3)]
+    assert p.conn.parked_produces == {"q": 0}
+
+
+def test_a_pipelined_run_of_produces_is_stored_in_order_and_each_answered(core: Core) -> None:
+    p = Peer(core)
+    p.ok(T.CREATE_QUEUE, T.CREATE_QUEUE_OK, queue="q", config={"capacity": 4})
+    p.feed(b"".join(frame(T.PRODUCE, 100 + i, queue="q", timeout_ms=0, payload=b"%d" % i) for i in range(6)))
+    got = [(f.msg_id, f.type) for f in p.frames()]
+    # four fit: the run is all or none, so it falls back to one at a time, exactly as if alone
+    assert got[:4] == [(100 + i, T.PRODUCE_OK) for i in range(4)]
+    assert [(i, t) for i, t in got[4:]] == [(104, T.ERROR), (105, T.ERROR)]
+    records = p.ok(T.READ, T.READ_OK, queue="q", offset=0, max=10)["records"]
+    assert [r[4] for r in records] == [b"0", b"1", b"2", b"3"]
+
+
+# ---------------------------------------------------------------- connections going
+def test_a_closed_connections_leases_go_back_at_once(core: Core) -> None:
+    a, waiting = Peer(core), Peer(core)
+    a.ok(T.CREATE_QUEUE, T.CREATE_QUEUE_OK, queue="q", config={"visibility_timeout": 3600})
+    a.ok(T.PRODUCE_BATCH, T.PRODUCE_BATCH_OK, queue="q", timeout_ms=0, payloads=[b"a", b"b", b"c"])
+    a.ok(T.CONSUME_BATCH, T.DELIVER_BATCH, queue="q", group="default", max=3, timeout_ms=0, visibility_ms=0)
+    wait_id = waiting.send(T.CONSUME_BATCH, queue="q", group="default", max=10, timeout_ms=60_000,
+                           visibility_ms=0)
+    assert waiting.frames() == []
+    handlers.end(core, a.conn)  # the socket closed: no DISCONNECT
+    (f,) = waiting.frames()
+    assert f.msg_id == wait_id
+    assert [(r[0], r[1]) for r in decode_body(T.DELIVER_BATCH, f.body)["records"]] == [(0, 2), (1, 2), (2, 2)]
+
+
+def test_disconnect_answers_then_closes_and_gives_back(core: Core) -> None:
+    a, b = Peer(core), Peer(core)
+    a.ok(T.CREATE_QUEUE, T.CREATE_QUEUE_OK, queue="q", config={})
+    a.ok(T.PRODUCE, T.PRODUCE_OK, queue="q", timeout_ms=0, payload=b"x")
+    a.call(T.CONSUME, queue="q", group="default", timeout_ms=0, visibility_ms=0)
+    assert a.ok(T.DISCONNECT, T.DISCONNECT_OK) == {} and a.conn.closed
+    f = b.call(T.CONSUME, queue="q", group="default", timeout_ms=0, visibility_ms=0)
+    assert decode_deliver(f.body)[:2] == (0, 2)
+
+
+# ---------------------------------------------------------------- push mode
+def test_a_subscription_is_pushed_up_to_its_credit(core: Core) -> None:
+    s, p = Peer(core), Peer(core)
+    s.ok(T.CREATE_QUEUE, T.CREATE_QUEUE_OK, queue="q", config={})
+    p.ok(T.PRODUCE_BATCH, T.PRODUCE_BATCH_OK, queue="q", timeout_ms=0, payloads=[b"%d" % i for i in range(5)])
+    sub = s.send(T.SUBSCRIBE, queue="q", group="default", credit=2, visibility_ms=0)
+    ok, push = s.frames()
+    assert (ok.msg_id, ok.type) == (sub, T.SUBSCRIBE_OK)
+    assert (push.msg_id, push.type) == (sub, T.DELIVER_BATCH)
+    assert [r[0] for r in decode_body(T.DELIVER_BATCH, push.body)["records"]] == [0, 1]
+    s.send(T.CREDIT, subscription=sub, credit=1)
+    (one,) = s.frames()  # a credit of one: a DELIVER
+    assert (one.msg_id, one.type) == (sub, T.DELIVER) and decode_deliver(one.body)[0] == 2
+    s.ok(T.UNSUBSCRIBE, T.UNSUBSCRIBE_OK, subscription=sub)
+    p.ok(T.PRODUCE, T.PRODUCE_OK, queue="q", timeout_ms=0, payload=b"later")
+    s.send(T.CREDIT, subscription=sub, credit=5)  # for a subscription that is gone: nothing
+    assert s.frames() == [] and "q" not in core.subs
+    assert s.conn.leases.count == 3  # pushed messages stay leased until settled or the connection goes
+
+
+# ---------------------------------------------------------------- replies held for the journal
+class _Durability:
+    """A stand-in for a queue's durable marks: the test moves the mark."""
+
+    name = "stand-in"
+
+    def __init__(self) -> None:
+        self.w = [0] * 64
+        self.moved = threading.Event()
+
+    def wait(self, word: int, end: int, deadline: float | None) -> None:
+        assert self.moved.wait(10)
+
+
+def test_a_reply_is_held_until_its_mark_is_reached(core: Core) -> None:
+    posted: list[tuple[Any, ...]] = []
+    done = threading.Event()
+
+    def post(fn: Any, *args: Any) -> None:  # the event loop's call_soon_threadsafe
+        posted.append((fn, *args))
+        done.set()
+
+    core.held._post = post
+    p = Peer(core)
+    dur = _Durability()
+    mark = Mark(dur, 28, 5)  # type: ignore[arg-type]
+    core.answer(p.conn, 7, frame(T.ACK_OK, 7), mark)
+    assert p.frames() == []  # held
+    dur.w[28] = 5
+    dur.moved.set()
+    assert done.wait(10)
+    fn, *args = posted[0]
+    fn(*args)  # on the loop
+    (f,) = p.frames()
+    assert (f.msg_id, f.type) == (7, T.ACK_OK)
+
+
+def test_shared_memory_clients_and_the_handlers_see_one_queue(core: Core, instance: str) -> None:
+    p = Peer(core)
+    p.ok(T.CREATE_QUEUE, T.CREATE_QUEUE_OK, queue="q", config={})
+    local = ShmBroker(instance)
+    try:
+        local.queue("q").put(b"from shm")
+        f = p.call(T.CONSUME, queue="q", group="default", timeout_ms=0, visibility_ms=0)
+        assert decode_deliver(f.body)[4] == b"from shm"
+    finally:
+        local.close()
