@@ -40,7 +40,7 @@ from . import options
 from .errors import StorageError, Timeout
 
 if TYPE_CHECKING:
-    from .queue import ShmQueue
+    from .handle import QueueHandle
 
 _ALWAYS = options.DURABILITY_MODES.index("always")
 
@@ -74,7 +74,7 @@ class Snapshot(NamedTuple):
 class Durability:
     """The durable marks of one queue (``q``: the handle whose header and semaphores they are)."""
 
-    def __init__(self, q: ShmQueue) -> None:
+    def __init__(self, q: QueueHandle) -> None:
         self._q = q
         self._ring = q._ring
         self.w = q._w

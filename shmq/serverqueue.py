@@ -30,7 +30,8 @@ from .api import Message, Payload, QueueConfig, QueueInfo
 from .durability import Durability, Mark
 from .errors import Empty, GroupNotFound, QueueNotFound, ShmqError
 from .group import NACK, OK, TO_DLQ, DeadItem
-from .queue import ShmQueue, _ms
+from .handle import _ms
+from .queue import ShmQueue
 from .registry import Registry
 from .ring import Ring
 from .settle import Settle

@@ -26,8 +26,9 @@ from . import crashpoints, options
 from . import layout as L
 from .api import Broker, QueueConfig, QueueInfo
 from .errors import InstanceError, InvalidArgument, QueueExists, QueueNotFound
+from .handle import QueueHandle, monotonic_ms
 from .names import check_queue_name, dlq_name, is_dlq_name
-from .queue import ShmQueue, monotonic_ms
+from .queue import ShmQueue
 from .registry import QueueEntry, Registry
 from .ring import Ring
 from .segment import (
@@ -211,7 +212,7 @@ class Attachment:
             if data_dir:
                 retire_journal(data_dir, name)
 
-    def dead_letter_queue(self, q: ShmQueue) -> ShmQueue | None:
+    def dead_letter_queue(self, q: QueueHandle) -> ShmQueue | None:
         if q.is_dlq:
             return None
         name = dlq_name(q.name)

@@ -1,0 +1,333 @@
+"""The machinery every queue handle shares: its words and semaphores, sleeping and
+waking, groups by name, dead-letter copies and maintenance.
+
+A handle is built in three layers, one module each::
+
+    shmq.queue.ShmQueue        the public api.Queue: produce, groups, replay, stats
+      └─ shmq.consume.Consuming    leases: get / get_many, and settling them
+           └─ shmq.handle.QueueHandle   this module
+
+Blocking follows ``queue.Queue``: ``block=True, timeout=None`` waits for ever,
+``timeout`` bounds the whole call on the monotonic clock, ``block=False``
+raises at once.  Waiting sleeps on the queue's semaphores, which are only
+wake-up hints: every sleep is at most ``options.WAIT_SLICE`` long and then
+re-reads the header, so a count left wrong by a dead process costs latency,
+never a lost wake-up.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import posix_ipc
+
+from . import crashpoints, options
+from . import layout as L
+from .api import QueueConfig
+from .doorbell import NO_BELLS, RINGER
+from .durability import Durability, Mark
+from .errors import (
+    Duplicate,
+    Full,
+    InvalidArgument,
+    QueueNotFound,
+    ShmqError,
+    StorageError,
+    Timeout,
+)
+from .group import DeadItem, Groups
+from .names import check_group_name as _check_group_name
+from .registry import Registry
+from .ring import DUPLICATE, Ring
+
+_ALWAYS = options.DURABILITY_MODES.index("always")
+_BusyError = posix_ipc.BusyError
+_CRASH = crashpoints.watch(__name__)
+_monotonic_ns = time.monotonic_ns
+
+
+class Host(Protocol):
+    """What a queue handle needs of the process's view of its instance (``shm.Attachment``,
+    which makes the handles: this module does not import it)."""
+
+    url: str
+    now_ms: Callable[[], int]
+    bell_skip: int
+    _slot: int | None  # this process's client slot, None until it has one (read on the hot path)
+
+    @property
+    def registry(self) -> Registry: ...
+    def client_slot(self) -> int: ...
+    def reap(self, now: int, force: bool = False) -> int: ...
+    def forget(self, queue_id: int) -> None: ...
+    def dead_letter_queue(self, q: QueueHandle) -> QueueHandle | None: ...
+
+
+def monotonic_ms() -> int:
+    """The default clock of leases and delays: monotonic, system-wide, in ms."""
+    return _monotonic_ns() // 1_000_000
+
+
+
+
+class QueueHandle:
+    """One queue of a co-located instance: what every part of the handle shares."""
+
+    def __init__(self, att: Host, ring: Ring, not_empty: posix_ipc.Semaphore,
+                 not_full: posix_ipc.Semaphore, journal: posix_ipc.Semaphore,
+                 durable: posix_ipc.Semaphore) -> None:
+        self._att = att
+        self._ring = ring
+        self._groups = Groups(ring)
+        self._w = ring.w
+        self._ne = not_empty
+        self._nf = not_full
+        self._js = journal
+        self._ds = durable
+        self._durable = ring.durability != 0
+        self._always = ring.durability == _ALWAYS
+        self.name = ring.name
+        self._max = ring.max_message_size
+        self._gcache: dict[str, int] = {}  # group name -> reference (layout.group_ref)
+        self._ggen = -1
+        self._now = att.now_ms
+        self._real_clock = att.now_ms is monotonic_ms  # the hot path reads it inline
+        self._vis = ring.visibility_ms
+        self._clock_addr = ring.clock.address
+        self._mm = ring.mm  # the bell table is read as one slice of it (no buffer export kept)
+        self._dur = Durability(self)  # the durable marks (both sides: shmq.durability)
+
+    def __repr__(self) -> str:
+        return f"ShmQueue({self._att.url!r}, {self.name!r})"
+
+    @property
+    def config(self) -> QueueConfig:
+        r = self._ring
+        return QueueConfig(r.capacity, r.size, r.max_message_size, r.visibility_ms / 1000,
+                           r.max_deliveries, r.max_groups, options.DURABILITY_MODES[r.durability])
+
+    @property
+    def is_dlq(self) -> bool:
+        return bool(self._ring.flags & L.F_DLQ)
+
+    def _alive(self) -> None:
+        if self._w[L.Q_STATE] != L.QS_ACTIVE:
+            self._att.forget(self._ring.queue_id)
+            raise QueueNotFound(f"queue {self.name!r} was deleted")
+
+
+    def durable_offset(self) -> int:
+        """Offsets below this are as durable as the queue's policy makes them."""
+        return self._dur.offset()
+
+    def wait_durable(self, end: int, deadline: float | None = None) -> None:
+        """Wait until every offset below ``end`` is in the journal (fsynced).  Raises
+        :class:`Timeout` at ``deadline`` (monotonic s), :class:`StorageError` when the
+        journal writer reports a write error."""
+        self._dur.wait(L.Q_DURABLE_OFFSET, end, deadline)
+
+    def _settled(self) -> None:
+        """After a change of group state on a journaled queue: tell the journal writer;
+        on an ``always`` queue, return once the change is on disk."""
+        _sync(self._dur.settle_mark())
+
+    def _sleep_until(self, attempt: Callable[[], int | None], sem: posix_ipc.Semaphore, waiters: int,
+                     deadline: float | None, expired: Callable[[], Exception]) -> int:
+        """Call ``attempt`` until it returns a value.  Between tries, sleep on ``sem`` (a
+        wake-up hint, at most ``WAIT_SLICE``), announced in the header word ``waiters`` so
+        that wakers post it; raise ``expired()`` at ``deadline`` (monotonic s)."""
+        w = self._w
+        registered = False
+        try:
+            while True:
+                r = attempt()
+                if r is not None:
+                    return r
+                self._alive()
+                wait = options.WAIT_SLICE
+                if deadline is not None:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise expired()
+                    wait = min(wait, remaining)
+                if not registered:
+                    with self._ring.plock:
+                        w[waiters] += 1
+                    registered = True
+                    continue  # try again after announcing ourselves: no lost wake-up
+                try:
+                    sem.acquire(wait)
+                except _BusyError:
+                    pass
+        finally:
+            if registered:
+                with self._ring.plock:
+                    w[waiters] -= 1 if w[waiters] else 0
+
+    def _put_meta(self, payload: bytes, meta: bytes, timeout: float) -> int:
+        """Internal: append with metadata (dead-letter origin); on an ``always`` queue,
+        returns once the copy is journaled, so the original can be settled safely."""
+        self._alive()
+        if self._durable:
+            self._dur.check()
+        off = self._put_wait([payload], [meta], True, timeout, first_try=True)
+        self._wake_consumers(1)
+        mark = self._dur.put_mark(off + 1)
+        if mark is not None:
+            mark.wait(time.monotonic() + timeout)
+        return off
+
+    def _put_wait(self, items: list[Any], metas: list[bytes] | None, block: bool,
+                  timeout: float | None, first_try: bool = False, producer: int = 0, seq: int = 0) -> int:
+        ring = self._ring
+        nbytes = sum(map(len, items)) + (sum(map(len, metas)) if metas else 0)
+        if not ring.fits_empty(nbytes, len(items)):
+            raise Full(f"a batch of {len(items)} messages / {nbytes} bytes can never fit queue "
+                       f"{self.name!r} (capacity {ring.capacity}, max_bytes {ring.size})")
+        if timeout is not None and timeout < 0:
+            raise InvalidArgument("timeout must be >= 0")
+        deadline = None if timeout is None else time.monotonic() + timeout
+
+        def attempt() -> int | None:
+            off = ring.try_put_many(items, metas, time.time_ns(), producer, seq)
+            if off == DUPLICATE:
+                raise Duplicate(f"producer already wrote sequence {seq} (or a later one) to "
+                                f"{self.name!r}: nothing was written")
+            return off if off >= 0 else None
+
+        if first_try:
+            off = attempt()
+            if off is not None:
+                return off
+        self._alive()
+        if not block:
+            raise Full(f"queue {self.name!r} is full")
+        return self._sleep_until(attempt, self._nf, L.Q_PRODUCER_WAITERS, deadline,
+                                 lambda: Full(f"queue {self.name!r} is full (timed out after {timeout} s)"))
+
+    def _wake_consumers(self, n: int) -> None:
+        """``n`` messages became available: wake co-located consumers sleeping on the
+        not-empty semaphore and ring the doorbells of workers with requests parked here."""
+        if self._w[L.Q_CONSUMER_WAITERS]:
+            self._wake(self._ne, self._w[L.Q_CONSUMER_WAITERS], n)
+        bells = self._mm[L.Q_BELLS:L.Q_BELLS + L.Q_BELLS_SIZE]
+        if bells != NO_BELLS:
+            RINGER.ring(bells, self._ring.instance_uid, self._ring.queue_id, self._att.bell_skip)
+
+    @staticmethod
+    def _wake(sem: posix_ipc.Semaphore, waiters: int, n: int) -> None:
+        # a hint: never push the count far past the number of sleepers
+        for _ in range(min(n, waiters - sem.value)):
+            sem.release()
+
+    # ------------------------------------------------------------ groups by name
+    def _group(self, name: str, create: bool = True) -> int:
+        """The index of a group (created, from the earliest retained offset, if new)."""
+        return self._group_ref(name, create) & L.GI_MASK
+
+    def _group_ref(self, name: str, create: bool = True) -> int:
+        """The reference of a group, which its deliveries carry (``layout.group_ref``)."""
+        gen = self._w[L.Q_GROUP_GEN]
+        if gen != self._ggen:
+            self._gcache = {}
+            self._ggen = gen
+        ref = self._gcache.get(name)
+        if ref is None:
+            with self._ring.clock:
+                gi = self._groups.index(name)
+                if gi < 0:
+                    if not create:
+                        self._groups.require(name)
+                    _check_group_name(name)
+                    gi = self._groups.create(name, "earliest")
+                ref = self._groups.ref(gi)
+            self._gcache[name] = ref
+        return ref
+
+    # ------------------------------------------------------------ dead letters
+    def _dead_letter(self, items: list[DeadItem], wait: float = 0.0) -> None:
+        """Copy DEADING messages (owned by us, pinned) to the dead-letter queue, then mark
+        DONE.  A dead-letter queue's own message (given back 255 times: its delivery count
+        would saturate) is moved to the tail of the same queue, its origin kept.  ``wait``:
+        how long a copy may wait for room in a full DLQ before it is orphaned (retried by
+        the next reap): only a caller's own nack or dead-letter waits, never a reaper, an
+        expiry or a give-back done for others."""
+        ring = self._ring
+        dlq: QueueHandle | None = self
+        if not self.is_dlq:
+            try:
+                dlq = self._att.dead_letter_queue(self)
+            except ShmqError:  # e.g. a journaled DLQ while no journal writer runs: retried later
+                dlq = None
+        names = dict(self._groups.active())
+        for gi, off, dc, reason in items:
+            payload, meta, ts = ring.record(off)
+            origin = meta if self.is_dlq else json.dumps(
+                {"queue": self.name, "offset": off, "group": names.get(gi, "?"), "reason": reason,
+                 "deliveries": dc, "timestamp_ns": ts}).encode()
+            try:
+                if dlq is None:
+                    raise Full("no dead-letter queue")
+                dlq._put_meta(payload, origin, wait)
+            except (Full, QueueNotFound, Timeout, StorageError):  # retried by maintenance
+                with ring.clock:
+                    self._groups.orphan_dead(gi, off, dc)
+                continue
+            if _CRASH:
+                crashpoints.hit("dlq.copied")
+            with ring.clock:
+                freed = self._groups.finish_dead(gi, off, dc)
+            if freed and self._w[L.Q_PRODUCER_WAITERS]:
+                self._wake(self._nf, self._w[L.Q_PRODUCER_WAITERS], 1)
+
+    # ------------------------------------------------------------ maintenance
+    def maintain(self, now: int | None = None) -> int:
+        """Expire leases of every group and retry orphaned dead-letters; the number returned."""
+        self._alive()
+        now = self._now() if now is None else now
+        owner = self._att.client_slot()
+        dead: list[DeadItem] = []
+        with self._ring.clock:
+            n = sum(self._groups.expire(gi, now, owner, dead) for gi, _ in self._groups.active())
+            if self._w[L.Q_ORPHANS]:
+                self._w[L.Q_ORPHANS] = 0
+                self._groups.reap_owner(L.NO_OWNER, owner, now, dead)
+        if dead:
+            self._dead_letter(dead)
+        if n:
+            self._wake_consumers(n)
+        return n
+
+    def _reap_client(self, client: int, now: int, identity: tuple[int, int] | None = None) -> int:
+        """Give back the leases of client slot ``client`` here.  ``identity``: the (pid,
+        start) of the dead process it must still hold -- checked under the consumer lock,
+        where no new holder of the slot can lease anything meanwhile."""
+        owner = self._att.client_slot()
+        dead: list[DeadItem] = []
+        with self._ring.clock:
+            if identity is not None and not self._att.registry.holds(client, *identity):
+                return 0  # reaped and reused already: the leases are a live process's
+            n = self._groups.reap_owner(client, owner, now, dead)
+        if dead:
+            self._dead_letter(dead)
+        if n:
+            self._wake_consumers(n)
+        return n
+
+
+def _sync(mark: Mark | None) -> None:
+    """Wait for a durable mark (``always`` queues); None: nothing to wait for."""
+    if mark is not None:
+        mark.wait()
+
+
+def _ms(seconds: float, what: str) -> int:
+    if not 0 <= seconds <= options.MAX_VISIBILITY_TIMEOUT:
+        raise InvalidArgument(f"{what} must be between 0 and {options.MAX_VISIBILITY_TIMEOUT} s")
+    return int(seconds * 1000)
+
+
+
