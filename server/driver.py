@@ -13,19 +13,32 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from shmq import options
 from shmq.errors import ProtocolError, Status
 
 from . import handlers
+from .connection import ServerConnection
+from .core import Core
 
-if TYPE_CHECKING:
-    from .worker import Worker
+
+class Host(Protocol):
+    """What a driver needs of its worker (``worker.Worker``, which makes the drivers)."""
+
+    core: Core
+    drivers: dict[ServerConnection, Driver]  # the worker's connections
+    max_connections: int
+    worker_id: int
+    loop: asyncio.AbstractEventLoop
+
+    @property
+    def stopping(self) -> bool: ...
+    def count_changed(self) -> None: ...
 
 
 class Driver(asyncio.Protocol):
-    def __init__(self, worker: Worker, preface: bytes = b"") -> None:
+    def __init__(self, worker: Host, preface: bytes = b"") -> None:
         """``preface``: a connection handed over by another worker, and the bytes that worker
         read from it (its HANDSHAKE): handled first, and the connection stays here."""
         self.w = worker

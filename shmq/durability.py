@@ -31,16 +31,33 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import posix_ipc
 
 from . import layout as L
 from . import options
 from .errors import StorageError, Timeout
+from .group import Groups
+from .ring import Ring
 
-if TYPE_CHECKING:
-    from .handle import QueueHandle
+
+class Journaled(Protocol):
+    """What the marks need of their queue's handle (``handle.QueueHandle``, which makes its
+    ``Durability``: this module does not import it)."""
+
+    name: str
+    _ring: Ring
+    _groups: Groups
+    _w: Any  # the header words (a memoryview cast to "Q")
+    _js: posix_ipc.Semaphore
+    _ds: posix_ipc.Semaphore
+    _nf: posix_ipc.Semaphore
+
+    def _sleep_until(self, attempt: Callable[[], int | None], sem: posix_ipc.Semaphore, waiters: int,
+                     deadline: float | None, expired: Callable[[], Exception]) -> int: ...
+    def _wake(self, sem: posix_ipc.Semaphore, waiters: int, n: int) -> None: ...
+    def _wake_consumers(self, n: int) -> None: ...
 
 _ALWAYS = options.DURABILITY_MODES.index("always")
 
@@ -74,7 +91,7 @@ class Snapshot(NamedTuple):
 class Durability:
     """The durable marks of one queue (``q``: the handle whose header and semaphores they are)."""
 
-    def __init__(self, q: QueueHandle) -> None:
+    def __init__(self, q: Journaled) -> None:
         self._q = q
         self._ring = q._ring
         self.w = q._w
