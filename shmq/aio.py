@@ -7,15 +7,16 @@
     ...     msg = await q.get(timeout=1.0)
     ...     await msg.ack()
 
-One connection per :class:`AsyncBroker`.  A reader task files every frame that
-arrives by its message id: to the future of the request it answers, or to the
-inbox of the subscription whose SUBSCRIBE had that id.  Requests are written as
-soon as they are made, so any number of coroutines may share one broker and
-their requests are pipelined.  When the connection goes, every request still
-waiting fails with :class:`~shmq.errors.ConnectionLost`.
+One connection per :class:`AsyncBroker`.  A reader task feeds every byte that arrives
+to the connection's protocol state (a :class:`~shmq.connection.ClientConnection`),
+which files each frame by its message id: to the future of the request it answers, or
+to the inbox of the subscription whose SUBSCRIBE had that id.  Requests are written as
+soon as they are made, so any number of coroutines may share one broker and their
+requests are pipelined.  When the connection goes, every request still waiting fails
+with :class:`~shmq.errors.ConnectionLost`.
 
-The arguments, the results and the typed errors are those of the blocking
-client (``shmq.tcp``), whose helpers this module reuses.
+The arguments, the results and the typed errors are those of the blocking client
+(``shmq.tcp``): both run the commands of ``shmq.commands``.
 
 Cancelling a ``get``/``get_many`` (``asyncio.wait_for``, ``TaskGroup``, ...)
 cannot take back a request already sent: should its messages still come, they
@@ -28,40 +29,23 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections import deque
 from collections.abc import AsyncGenerator, Iterable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
+from . import commands as cmd
 from . import options
-from .api import Message, Payload, QueueConfig, QueueInfo, as_bytes, own_leases
-from .codec import Frame, FrameDecoder, T, decode_body, error_of, frame
-from .errors import (
-    AuthError,
-    ConnectionLost,
-    InvalidArgument,
-    ProtocolError,
-    ShmqError,
-    StaleAck,
-)
+from .api import Message, Payload, QueueInfo
+from .codec import Frame
+from .commands import Batch, Command, Feed, parse_tcp_url
+from .connection import ClientConnection, Event, Push, Reply, Request
+from .errors import ConnectionLost, InvalidArgument, ProtocolError, ShmqError
 from .names import check_queue_name
 from .settle import Settle
-from .tcp import (
-    NO_REPLY_ID,
-    _ms,
-    _pushed,
-    _timeout_ms,
-    _vis,
-    ack_batch_nowait_frames,
-    ack_nowait_frame,
-    batch_acks,
-    parse_tcp_url,
-    produce_request,
-)
 
 __all__ = ["AsyncBroker", "AsyncMessage", "AsyncQueue", "connect"]
 
-_CONSUMES = (T.CONSUME, T.CONSUME_BATCH)
-_MAX_ID = NO_REPLY_ID - 1  # ids 1 .. 2**32-2, wrapping: 0xFFFFFFFF is the unwaited acks'
+R = TypeVar("R")
+Inbox = asyncio.Queue[Frame | ShmqError]  # a subscription's frames, or the error that ended it
 
 
 async def connect(url: str, token: str | None = None, *, connect_timeout: float = 10.0,
@@ -85,7 +69,7 @@ async def connect(url: str, token: str | None = None, *, connect_timeout: float 
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     broker = AsyncBroker(url, reader, writer)
     try:
-        await broker._handshake(token, client, affinity)
+        broker.worker, broker.server = await broker._execute(cmd.handshake(token, client, affinity))
     except BaseException:
         await broker._shutdown("the handshake failed")
         raise
@@ -102,16 +86,10 @@ class AsyncBroker:
         self.url = url
         self._reader = reader
         self._writer = writer
-        self._decoder = FrameDecoder()
-        self._last_id = 0
-        self._pending: dict[int, asyncio.Future[Frame]] = {}  # requests waiting for their answer
-        self._subs: dict[int, asyncio.Queue[Frame | ShmqError]] = {}  # subscription id -> its frames
-        self._orphans: dict[int, tuple[str, str]] = {}  # cancelled consumes -> (queue, group)
-        self._closed = False
-        self._close_reason = ""
-        self.nowait_errors: deque[ShmqError] = deque(maxlen=100)  # the latest errors of unwaited acks
-        self._reader_task = asyncio.get_running_loop().create_task(self._read_loop(),
-                                                                   name=f"shmq.aio reader {url}")
+        self._conn = ClientConnection(url)
+        self.nowait_errors = self._conn.nowait_errors  # the latest errors of unwaited acks
+        self._loop = asyncio.get_running_loop()
+        self._reader_task = self._loop.create_task(self._read_loop(), name=f"shmq.aio reader {url}")
 
     def __repr__(self) -> str:
         return f"AsyncBroker({self.url!r})"
@@ -123,45 +101,34 @@ class AsyncBroker:
         await self.close()
 
     # ------------------------------------------------------------ transport
-    def _lost(self) -> ConnectionLost:
-        return ConnectionLost(f"connection to {self.url} {self._close_reason or 'is closed'}")
-
-    def _new_id(self) -> int:
-        """The next message id (1 .. 2**32-1, wrapping), skipping ids still in use."""
-        while True:
-            self._last_id = self._last_id % _MAX_ID + 1
-            i = self._last_id
-            if i not in self._pending and i not in self._subs and i not in self._orphans:
-                return i
-
     def _gone(self) -> bool:
         """Closed, or closing: the transport closes itself at EOF before the reader task
         has seen it, and what is written then would only be logged and dropped."""
-        return self._closed or self._writer.is_closing()
-
-    def _send(self, type_: int, msg_id: int, **fields: Any) -> None:
-        self._send_frame(frame(type_, msg_id, **fields))
+        return self._conn.closed or self._writer.is_closing()
 
     def _send_frame(self, data: bytes) -> None:
-        """Write a frame already made: a request (``_send``), or an unwaited ack (ACK_NO_REPLY
-        and the like, whose failure lands in ``nowait_errors``)."""
+        """Write a frame made already: an unwaited ack (ACK_NO_REPLY and the like, whose
+        failure lands in ``nowait_errors``), a CREDIT."""
         if self._gone():
-            raise self._lost()
+            raise self._conn.lost_error()
         self._writer.write(data)
 
-    def _start(self, type_: int, **fields: Any) -> tuple[int, asyncio.Future[Frame]]:
+    def _start(self, req: Request[Any]) -> tuple[int, asyncio.Future[Frame]]:
         """Send a request; the future gets its answer."""
-        if self._gone():
-            raise self._lost()
-        msg_id = self._new_id()
-        data = frame(type_, msg_id, **fields)  # a bad argument raises here, before anything is sent
-        fut = asyncio.get_running_loop().create_future()
-        self._pending[msg_id] = fut
+        if self._writer.is_closing():
+            raise self._conn.lost_error()
+        fut = self._loop.create_future()
+        msg_id, data = self._conn.send(req, fut)  # a bad argument raises here, before anything is sent
         self._writer.write(data)
         return msg_id, fut
 
-    async def _call(self, type_: int, **fields: Any) -> Frame:
-        msg_id, fut = self._start(type_, **fields)
+    async def _execute(self, command: Command[R]) -> R:
+        """Run a command of ``shmq.commands``: send it, await its answers, its result."""
+        if isinstance(command, Batch):
+            for data in command.nowait:
+                self._send_frame(data)
+            return command.combine(list(await asyncio.gather(*map(self._execute, command.requests))))
+        msg_id, fut = self._start(command)
         try:
             try:
                 await self._writer.drain()
@@ -169,62 +136,35 @@ class AsyncBroker:
                 pass  # the reader task sees it too, and fails the future
             f = await fut
         except asyncio.CancelledError:
-            self._abandon(msg_id, fut, type_, fields)
+            self._abandon(msg_id, fut, command)
             raise
-        if f.type == T.ERROR:
-            raise error_of(f)
-        return f
+        return command.parse(f, command.ctx)
 
-    async def _request(self, type_: int, reply: int, **fields: Any) -> dict[str, Any]:
-        f = await self._call(type_, **fields)
-        if f.type != reply:
-            raise ShmqError(f"unexpected reply type 0x{f.type:02x} to 0x{type_:02x}")
-        return decode_body(reply, f.body)
-
-    def _abandon(self, msg_id: int, fut: asyncio.Future[Frame], type_: int, fields: dict[str, Any]) -> None:
+    def _abandon(self, msg_id: int, fut: asyncio.Future[Frame], req: Request[Any]) -> None:
         """A request was cancelled after it was sent: messages it leases go back to the queue."""
-        self._pending.pop(msg_id, None)
-        if type_ not in _CONSUMES:
-            return
-        where = (fields["queue"], fields["group"])
-        if fut.done() and not fut.cancelled():
-            if fut.exception() is None:
-                self._give_back(where, fut.result())
-        elif not self._closed:
-            self._orphans[msg_id] = where
+        if not fut.done() or fut.cancelled():
+            self._conn.abandon(msg_id, req)  # its answer comes to _dispatch, with req
+        elif fut.exception() is None:  # answered, and nobody will look
+            self._give_back(cmd.unclaimed(req, fut.result()))
 
-    def _give_back(self, where: tuple[str, str], f: Frame) -> None:
-        """NACK the leases of a DELIVER / DELIVER_BATCH nobody will see (the answers are not awaited)."""
-        if f.type in (T.DELIVER, T.DELIVER_BATCH):
-            self._give_back_records(where, _pushed(f))
-
-    def _give_back_records(self, where: tuple[str, str], recs: Iterable[Sequence[Any]]) -> None:
-        for r in recs:
+    def _give_back(self, nacks: Batch[None]) -> None:
+        """Send NACKs of leases nobody will see; their answers are not awaited."""
+        for req in nacks.requests:
             if self._gone():  # a write failed meanwhile: the broker gives a lost connection's leases back
                 return
-            self._send(T.NACK, self._new_id(), queue=where[0], group=where[1], offset=r[0],
-                       deliveries=r[1], delay_ms=0)
+            self._writer.write(self._conn.send(req)[1])
 
-    def _dispatch(self, f: Frame) -> None:
-        if f.msg_id == NO_REPLY_ID:  # an unwaited ack (ACK_NO_REPLY, ACK_*_NO_REPLY) failed
-            if f.type == T.ERROR:
-                self.nowait_errors.append(error_of(f))
-            return
-        inbox = self._subs.get(f.msg_id)
-        if inbox is not None:
-            inbox.put_nowait(f)
-            return
-        fut = self._pending.pop(f.msg_id, None)
-        if fut is not None:
-            if not fut.done():
-                fut.set_result(f)
-            return
-        where = self._orphans.pop(f.msg_id, None)
-        if where is not None:
-            self._give_back(where, f)
-        elif f.msg_id == 0 and f.type == T.ERROR:  # about the connection: it closes next
-            self._close_reason = f"closed by the broker: {error_of(f)}"
-        # else: the answer to a NACK of _give_back, or a CREDIT-less push after UNSUBSCRIBE_OK
+    def _dispatch(self, events: list[Event]) -> None:
+        for ev in events:
+            if ev.__class__ is Reply:
+                w = ev.waiter  # type: ignore[union-attr]
+                if w.__class__ is Request:  # the answer to a cancelled request
+                    self._give_back(cmd.unclaimed(w, ev.frame))  # type: ignore[union-attr]
+                elif w is not None and not w.done():  # None: a give-back NACK's answer
+                    w.set_result(ev.frame)  # type: ignore[union-attr]
+            elif ev.__class__ is Push:
+                ev.waiter.put_nowait(ev.frame)  # type: ignore[union-attr]
+            # NowaitFailed, Closing: the connection keeps them (nowait_errors, close_reason)
 
     async def _read_loop(self) -> None:
         reason = "closed by the broker"
@@ -233,8 +173,7 @@ class AsyncBroker:
                 data = await self._reader.read(1 << 20)
                 if not data:
                     break
-                for f in self._decoder.feed(data):
-                    self._dispatch(f)
+                self._dispatch(self._conn.receive_data(data))
         except ProtocolError as e:
             reason = f"closed: the broker sent a malformed frame ({e})"
         except OSError as e:
@@ -246,16 +185,12 @@ class AsyncBroker:
 
     def _fail_all(self, reason: str) -> None:
         """The connection is gone: fail everything that waits on it."""
-        if not self._close_reason:
-            self._close_reason = reason
-        self._closed = True
-        pending, self._pending = self._pending, {}
-        for fut in pending.values():
-            if not fut.done():
-                fut.set_exception(self._lost())
-        for inbox in self._subs.values():
-            inbox.put_nowait(self._lost())
-        self._orphans.clear()
+        for w in self._conn.lost(reason):
+            if isinstance(w, asyncio.Future):
+                if not w.done():
+                    w.set_exception(self._conn.lost_error())
+            elif isinstance(w, asyncio.Queue):
+                w.put_nowait(self._conn.lost_error())
         self._writer.close()
 
     async def _shutdown(self, reason: str) -> None:
@@ -267,36 +202,46 @@ class AsyncBroker:
         except OSError:
             pass
 
-    async def _handshake(self, token: str, client: str, affinity: str) -> None:
-        f = await self._call(T.HANDSHAKE, token=token, client=client, affinity=affinity)
-        if f.type == T.HANDSHAKE_NACK:
-            raise AuthError(decode_body(T.HANDSHAKE_NACK, f.body)["reason"])
-        info = decode_body(T.HANDSHAKE_ACK, f.body)
-        self.worker = info["worker"]
-        self.server = info["server"]
-
-    async def _unsubscribe(self, sub: int, where: tuple[str, str],
-                           unread: Sequence[Sequence[Any]] = ()) -> None:
-        """UNSUBSCRIBE; once UNSUBSCRIBE_OK is in, nothing more comes for ``sub`` (the broker
-        answers in order), and what came but was not handed out (``unread``: records of
-        frames taken from the inbox already) is given back: after, so that the broker
-        cannot push it to this subscription again.  The cleanup runs even if the caller
-        is cancelled meanwhile."""
+    # ------------------------------------------------------------ push mode
+    async def _subscription(self, q: AsyncQueue, group: str, credit: int,
+                            visibility_timeout: float | None) -> AsyncGenerator[AsyncMessage, None]:
+        """``q.subscribe``'s generator (its arguments are checked at the first ``anext``)."""
+        feed = Feed(q, group, credit, visibility_timeout)
+        inbox: Inbox = asyncio.Queue()
+        if self._writer.is_closing():
+            raise self._conn.lost_error()
+        sub, data = self._conn.subscribe(feed.request, feed.credit, inbox)
+        handed_out = self._conn.handed_out_counter(sub)  # before a refusal can end it
+        self._writer.write(data)
+        ready = feed.ready
         try:
-            _, fut = self._start(T.UNSUBSCRIBE, subscription=sub)
+            while True:
+                while not ready:
+                    feed.take(await inbox.get())
+                if handed_out():  # the message goes out: its credit comes back, in steps
+                    self._send_frame(self._conn.grant(sub))
+                yield ready.popleft()
+        finally:
+            if not feed.refused:  # also when SUBSCRIBE_OK is still to come: the broker answers in order
+                await self._unsubscribe(sub, feed, inbox)
+
+    async def _unsubscribe(self, sub: int, feed: Feed, inbox: Inbox) -> None:
+        """UNSUBSCRIBE; once UNSUBSCRIBE_OK is in, nothing more comes for ``sub`` (the broker
+        answers in order), and what came but was not handed out is given back: after, so
+        that the broker cannot push it to this subscription again.  The cleanup runs even
+        if the caller is cancelled meanwhile."""
+        try:
+            _, fut = self._start(cmd.unsubscribe(sub))
         except ConnectionLost:
-            self._subs.pop(sub, None)
+            self._conn.end(sub)
             return
 
         def done(fut: asyncio.Future[Frame]) -> None:
             if not fut.cancelled():
                 fut.exception()  # retrieved: a lost connection is not worth a warning here
-            inbox = self._subs.pop(sub, None)
-            self._give_back_records(where, unread)
-            while inbox is not None and not inbox.empty():
-                f = inbox.get_nowait()
-                if isinstance(f, Frame):
-                    self._give_back(where, f)
+            self._conn.end(sub)
+            left = [inbox.get_nowait() for _ in range(inbox.qsize())]
+            self._give_back(feed.leftovers(left))
 
         fut.add_done_callback(done)
         try:
@@ -306,8 +251,7 @@ class AsyncBroker:
 
     # ------------------------------------------------------------ broker
     async def create_queue(self, name: str, **limits: Any) -> AsyncQueue:
-        check_queue_name(name)
-        await self._request(T.CREATE_QUEUE, T.CREATE_QUEUE_OK, queue=name, config=limits)
+        await self._execute(cmd.create_queue(name, limits))
         return AsyncQueue(self, name)
 
     def queue(self, name: str) -> AsyncQueue:
@@ -316,29 +260,28 @@ class AsyncBroker:
         return AsyncQueue(self, check_queue_name(name))
 
     async def list_queues(self) -> list[QueueInfo]:
-        out = (await self._request(T.LIST_QUEUES, T.LIST_QUEUES_OK))["queues"]
-        return [QueueInfo(d["name"], d["is_dlq"], QueueConfig(**d["config"])) for d in out]
+        return await self._execute(cmd.list_queues())
 
     async def delete_queue(self, name: str) -> None:
-        await self._request(T.DELETE_QUEUE, T.DELETE_QUEUE_OK, queue=name)
+        await self._execute(cmd.delete_queue(name))
 
     async def close(self, timeout: float = 5.0) -> None:
         """DISCONNECT (the broker gives this connection's leases back) and close.
         Requests still waiting fail with ConnectionLost."""
-        if self._closed:
+        if self._conn.closed:
             await self._shutdown("is closed")
             return
-        self._close_reason = self._close_reason or "was closed by the client"
+        self._conn.close_reason = self._conn.close_reason or "was closed by the client"
         try:
             async with asyncio.timeout(timeout):
-                await self._request(T.DISCONNECT, T.DISCONNECT_OK)
+                await self._execute(cmd.disconnect())
         except (ShmqError, TimeoutError):
             pass
         await self._shutdown("is closed")
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._conn.closed
 
 
 class AsyncMessage(Message):
@@ -373,115 +316,72 @@ class AsyncMessage(Message):
 class AsyncQueue:
     """A queue of an :class:`AsyncBroker`: the methods of ``shmq.Queue``, awaitable."""
 
+    _message = AsyncMessage  # what its messages are made of (shmq.commands)
+
     def __init__(self, broker: AsyncBroker, name: str) -> None:
         self._b = broker
         self.name = name
+        self._qb = str.encode(name)  # the name on the wire, for the one-message frames
 
     def __repr__(self) -> str:
         return f"AsyncQueue({self._b.url!r}, {self.name!r})"
 
-    def _msg(self, group: str | None, rec: Sequence[Any]) -> AsyncMessage:
-        offset, deliveries, ts, meta, payload = rec
-        return tuple.__new__(AsyncMessage, (self, 0 if group is not None else -1, group, offset, deliveries,
-                                            payload, meta, ts))
-
-    @staticmethod
-    def _rec(d: dict[str, Any]) -> tuple[Any, ...]:
-        return d["offset"], d["deliveries"], d["timestamp_ns"], d["meta"], d["payload"]
-
     async def put(self, payload: Payload, block: bool = True, timeout: float | None = None) -> int:
-        r = await self._b._request(T.PRODUCE, T.PRODUCE_OK, queue=self.name,
-                                   timeout_ms=_timeout_ms(block, timeout), payload=bytes(as_bytes(payload)))
-        return int(r["offset"])
+        return await self._b._execute(cmd.put(self, payload, block, timeout))
 
     async def put_many(self, payloads: Sequence[Payload], block: bool = True,
                        timeout: float | None = None, *, producer: str | None = None,
                        seq: int | None = None) -> list[int]:
-        req = produce_request(self.name, payloads, block, timeout, producer, seq)
-        if req is None:
-            return []
-        r = await self._b._request(req[0], T.PRODUCE_BATCH_OK, **req[1])
-        return list(range(r["first"], r["first"] + r["count"]))
+        return await self._b._execute(cmd.put_many(self, payloads, block, timeout, producer, seq))
 
     async def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
                   visibility_timeout: float | None = None) -> AsyncMessage:
-        d = await self._b._request(T.CONSUME, T.DELIVER, queue=self.name, group=group,
-                                   timeout_ms=_timeout_ms(block, timeout),
-                                   visibility_ms=_vis(visibility_timeout))
-        return self._msg(group, self._rec(d))
+        return await self._b._execute(cmd.get(self, group, block, timeout, visibility_timeout))
 
     async def get_many(self, max_messages: int, group: str = options.DEFAULT_GROUP, block: bool = True,
                        timeout: float | None = None,
                        visibility_timeout: float | None = None) -> list[AsyncMessage]:
-        if max_messages < 1:
-            raise InvalidArgument("max_messages must be >= 1")
-        r = await self._b._request(T.CONSUME_BATCH, T.DELIVER_BATCH, queue=self.name, group=group,
-                                   max=min(max_messages, options.MAX_BATCH),
-                                   timeout_ms=_timeout_ms(block, timeout),
-                                   visibility_ms=_vis(visibility_timeout))
-        return [self._msg(group, rec) for rec in r["records"]]
+        return await self._b._execute(cmd.get_many(self, max_messages, group, block, timeout,
+                                                   visibility_timeout))
 
     async def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:
         """Ack many leases: one ACK_RANGE when they are one run, else one ACK_BATCH per group
-        (pipelined; ``shmq.tcp.batch_acks``).  Raises StaleAck, with ``.stale`` the offsets, if
-        some were stale; the others are applied.  ``wait=False``: the NO_REPLY kinds, not
+        (pipelined; ``shmq.commands.batch_acks``).  Raises StaleAck, with ``.stale`` the offsets,
+        if some were stale; the others are applied.  ``wait=False``: the NO_REPLY kinds, not
         waited for (stale ones are reported in ``broker.nowait_errors``).  A message of
         another queue is stale here, raised at once (``shmq.api.own_leases``)."""
-        msgs, stale, total = own_leases(self, messages)
-        if not wait:
-            for data in ack_batch_nowait_frames(self.name, msgs):
-                self._b._send_frame(data)
-        else:
-            replies = await asyncio.gather(*(self._b._request(kind, T.ACK_BATCH_OK, queue=self.name, **fields)
-                                             for kind, fields in batch_acks(msgs)))
-            stale += [off for r in replies for off in r["stale"]]
-        if stale:
-            raise StaleAck.of_batch(stale, total)
+        await self._b._execute(cmd.ack_many(self, messages, wait))
 
     def _ack_nowait(self, msg: Message) -> None:
-        self._b._send_frame(ack_nowait_frame(self.name.encode(), msg))
+        self._b._send_frame(cmd.ack_nowait_frame(self._qb, msg))
 
     async def _settle(self, msg: Message, action: Settle, arg: float | None) -> None:
-        if msg.group is None:
-            raise StaleAck(f"message {msg.offset} was read, not leased: it cannot be settled")
-        common = dict(queue=self.name, group=msg.group, offset=msg.offset, deliveries=msg.deliveries)
-        if action == Settle.ACK:
-            await self._b._request(T.ACK, T.ACK_OK, **common)
-        elif action == Settle.NACK:
-            await self._b._request(T.NACK, T.NACK_OK, delay_ms=_ms(arg or 0.0), **common)
-        elif action == Settle.TOUCH:
-            await self._b._request(T.TOUCH, T.TOUCH_OK, visibility_ms=_vis(arg), **common)
-        else:
-            await self._b._request(T.DEAD_LETTER, T.DEAD_LETTER_OK, **common)
+        await self._b._execute(cmd.settle(self, msg, action, arg))
 
     async def read(self, offset: int, max_messages: int = 1) -> list[AsyncMessage]:
         """Messages from ``offset`` on, without leasing them (they cannot be settled)."""
-        r = await self._b._request(T.READ, T.READ_OK, queue=self.name, offset=offset, max=max_messages)
-        return [self._msg(None, rec) for rec in r["records"]]
+        return await self._b._execute(cmd.read(self, offset, max_messages))
 
     async def create_group(self, name: str, start: str = "earliest") -> None:
-        if start not in ("earliest", "latest"):
-            raise InvalidArgument("start must be 'earliest' or 'latest'")
-        await self._b._request(T.GROUP_JOIN, T.GROUP_JOIN_OK, queue=self.name, group=name,
-                               start=0 if start == "earliest" else 1)
+        await self._b._execute(cmd.create_group(self, name, start))
 
     async def delete_group(self, name: str) -> None:
-        await self._b._request(T.GROUP_DELETE, T.GROUP_DELETE_OK, queue=self.name, group=name)
+        await self._b._execute(cmd.delete_group(self, name))
 
     async def groups(self) -> list[str]:
-        return list((await self._b._request(T.GROUP_LIST, T.GROUP_LIST_OK, queue=self.name))["groups"])
+        return await self._b._execute(cmd.groups(self))
 
     async def commit(self, group: str, offset: int) -> None:
-        await self._b._request(T.GROUP_COMMIT, T.GROUP_COMMIT_OK, queue=self.name, group=group, offset=offset)
+        await self._b._execute(cmd.commit(self, group, offset))
 
     async def purge(self) -> int:
-        return int((await self._b._request(T.PURGE, T.PURGE_OK, queue=self.name))["purged"])
+        return await self._b._execute(cmd.purge(self))
 
     async def stats(self) -> dict[str, Any]:
-        return dict((await self._b._request(T.STATS, T.STATS_OK, queue=self.name))["stats"])
+        return await self._b._execute(cmd.stats(self))
 
-    async def subscribe(self, group: str = options.DEFAULT_GROUP, credit: int = options.DEFAULT_CREDIT,
-                        visibility_timeout: float | None = None) -> AsyncGenerator[AsyncMessage, None]:
+    def subscribe(self, group: str = options.DEFAULT_GROUP, credit: int = options.DEFAULT_CREDIT,
+                  visibility_timeout: float | None = None) -> AsyncGenerator[AsyncMessage, None]:
         """Push mode, ``async for msg in q.subscribe(...)``: the broker sends up to
         ``credit`` unacknowledged messages ahead (in batches when ``credit`` > 1); the
         messages handed out here return their credit in steps of half the window.
@@ -489,40 +389,4 @@ class AsyncQueue:
         Closing the iterator (``aclose()``, or ``contextlib.aclosing``; leaving an
         ``async for`` closes it once it is garbage) unsubscribes, and gives the
         messages received but not handed out back to the queue."""
-        b = self._b
-        vis = _vis(visibility_timeout)
-        sub = b._new_id()
-        inbox: asyncio.Queue[Frame | ShmqError] = asyncio.Queue()
-        b._send(T.SUBSCRIBE, sub, queue=self.name, group=group, credit=credit, visibility_ms=vis)
-        b._subs[sub] = inbox
-        subscribed = refused = False
-        step = max(1, credit // 2)
-        owed = 0
-        ready: deque[Sequence[Any]] = deque()  # received, not handed out yet
-        try:
-            while True:
-                if not ready:
-                    f = await inbox.get()
-                    if isinstance(f, ShmqError):
-                        raise f
-                    if f.type == T.ERROR:  # only the SUBSCRIBE is answered with one
-                        refused = True
-                        raise error_of(f)
-                    if not subscribed:
-                        if f.type != T.SUBSCRIBE_OK:
-                            raise ShmqError(f"unexpected reply type 0x{f.type:02x} to SUBSCRIBE")
-                        subscribed = True
-                        continue
-                    ready.extend(_pushed(f))
-                    continue
-                owed += 1
-                if owed >= step:
-                    b._send(T.CREDIT, b._new_id(), subscription=sub, credit=owed)
-                    owed = 0
-                yield self._msg(group, ready.popleft())
-        finally:
-            if refused:
-                b._subs.pop(sub, None)
-            else:  # also when SUBSCRIBE_OK is still to come: the broker answers in order
-                await b._unsubscribe(sub, (self.name, group), list(ready))
-
+        return self._b._subscription(self, group, credit, visibility_timeout)

@@ -369,7 +369,7 @@ def test_subscribe_with_credit_delivers_in_order(server: Server, request: pytest
                     if len(got) == 50:
                         break
             assert got == sent
-            assert not b._subs  # unsubscribed
+            assert not b._conn.subscriptions  # unsubscribed
             assert (await q.stats())["retained"] == 0
             with pytest.raises(shmq.Empty):
                 await q.get(block=False)
@@ -387,7 +387,7 @@ def test_subscribe_gives_back_what_it_did_not_hand_out(server: Server,
                 first = await anext(sub)
                 await first.ack()
                 await sub.aclose()  # 9 or 10 more were pushed ahead: they go back at once
-                assert not sb._subs
+                assert not sb._conn.subscriptions
                 rest: list[aio.AsyncMessage] = []
                 while len(rest) < 19:  # far sooner than the 30 s visibility timeout
                     rest += await q.get_many(19 - len(rest), timeout=5)
@@ -423,7 +423,7 @@ def test_subscribe_to_a_missing_queue_raises(server: Server, request: pytest.Fix
             with pytest.raises(shmq.QueueNotFound):
                 async for _ in b.queue(qname(request)).subscribe():
                     pass
-            assert not b._subs
+            assert not b._conn.subscriptions
 
     run(main)
 

@@ -1,0 +1,490 @@
+"""Every client command written once, for both TCP clients (``shmq.tcp``, ``shmq.aio``).
+
+A command is a :class:`~shmq.connection.Request` -- the frame to send (an encoder and its
+arguments, the message id left to the connection) and the function that makes its answer
+the result -- or a :class:`Batch` of them, whose results one function combines.  The
+argument checks happen here, when the command is made, so a bad argument raises the same
+error in either client, before anything is sent.  Each client runs a command one way:
+the blocking one sends it and parses the answer when its reader files it, the asyncio
+one awaits it::
+
+    TcpQueue.stats()    -> broker._execute(stats(q))        -> the dict
+    AsyncQueue.stats()  -> await broker._execute(stats(q))  -> the dict
+
+A queue handle given to a command (``q``) has ``name``, ``_qb`` (the name in UTF-8),
+``_b`` (its broker) and ``_message`` (the Message class its messages are made of).  The
+``ctx`` of a request answered with leases (CONSUME, CONSUME_BATCH) is ``(q, group)``: it
+says whose leases an answer nobody took gives back (:func:`unclaimed`).
+
+The one-message requests -- put, get, ack -- use the codec's one-struct-call encoders
+(``produce_frame``, ``consume_frame``, ``settle_frame``) and build no dict.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
+from operator import itemgetter
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+
+from . import options
+from .api import Message, Payload, QueueConfig, QueueInfo, as_bytes, check_producer, own_leases
+from .codec import (
+    NO_REPLY_ID,
+    WAIT_FOREVER,
+    Frame,
+    T,
+    consume_frame,
+    decode_body,
+    decode_deliver,
+    error_of,
+    frame,
+    produce_frame,
+    settle_frame,
+)
+from .connection import Request
+from .errors import AuthError, InvalidArgument, LimitExceeded, ShmqError, StaleAck
+from .names import check_queue_name
+from .settle import Settle
+
+R = TypeVar("R")
+M = TypeVar("M", bound=Message, covariant=True)
+
+
+class Handle(Protocol[M]):
+    """A queue handle of either client, as the commands see it: its messages are ``M``s."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def _qb(self) -> bytes: ...  # the name in UTF-8
+
+    @property
+    def _b(self) -> Any: ...  # the broker (shmq.api.own_leases tells connections apart by it)
+
+    @property
+    def _message(self) -> type[M]: ...
+
+
+class Batch(NamedTuple, Generic[R]):
+    """A command of several frames: ``nowait`` (unwaited requests, message id NO_REPLY_ID,
+    answered only when they fail) are sent first, then ``requests``, pipelined; the result
+    is ``combine(their results, in order)``, which may raise."""
+
+    nowait: list[bytes]
+    requests: list[Request[Any]]
+    combine: Callable[[list[Any]], R]
+
+
+Command = Request[R] | Batch[R]
+
+
+# ---------------------------------------------------------------- arguments
+def _timeout_ms(block: bool, timeout: float | None) -> int:
+    if not block:
+        return 0
+    if timeout is None:
+        return WAIT_FOREVER
+    if timeout < 0:
+        raise InvalidArgument("timeout must be >= 0")
+    return min(int(timeout * 1000), WAIT_FOREVER - 1)
+
+
+def _ms(seconds: float) -> int:
+    if not 0 <= seconds <= options.MAX_VISIBILITY_TIMEOUT:
+        raise InvalidArgument(f"must be between 0 and {options.MAX_VISIBILITY_TIMEOUT} s")
+    return int(seconds * 1000)
+
+
+def _vis(seconds: float | None) -> int:
+    return 0 if seconds is None else max(1, _ms(seconds))
+
+
+def parse_tcp_url(url: str) -> tuple[str, int]:
+    rest = url[len("tcp://"):] if url.startswith("tcp://") else url
+    host, _, port = rest.rpartition(":")
+    if not host or not port.isdigit():
+        raise InvalidArgument(f"bad tcp url {url!r}: expected tcp://HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def batch_payloads(payloads: Sequence[Payload]) -> list[bytes]:
+    """The payloads of one PRODUCE_BATCH frame, checked against MAX_BATCH."""
+    items: list[bytes]
+    if set(map(type, payloads)) == {bytes}:  # the usual case, checked at C speed
+        items = list(payloads)  # type: ignore[arg-type]
+    else:
+        items = [bytes(as_bytes(p)) for p in payloads]
+    if len(items) > options.MAX_BATCH:
+        raise LimitExceeded(f"{len(items)} messages in one batch; the limit over TCP is "
+                            f"{options.MAX_BATCH}")
+    return items
+
+
+def produce_request(queue: str, payloads: Sequence[Payload], block: bool, timeout: float | None,
+                    producer: str | None, seq: int | None) -> tuple[T, dict[str, Any]] | None:
+    """The frame type and fields of a batch produce; None for no payloads."""
+    items = batch_payloads(payloads)
+    if not items:
+        return None
+    fields: dict[str, Any] = {"queue": queue, "timeout_ms": _timeout_ms(block, timeout), "payloads": items}
+    if producer is None and seq is None:
+        return T.PRODUCE_BATCH, fields
+    check_producer(producer, seq)
+    return T.PRODUCE_IDEMPOTENT, {**fields, "producer": producer, "seq": seq}
+
+
+# ---------------------------------------------------------------- acks
+def ack_nowait_frame(queue: bytes, msg: Message) -> bytes:
+    """The ACK_NO_REPLY frame of ``msg.ack(wait=False)``; ``queue`` in UTF-8."""
+    if msg[2] is None:
+        raise StaleAck(f"message {msg[3]} was read, not leased: it cannot be settled")
+    return settle_frame(T.ACK_NO_REPLY, NO_REPLY_ID, queue, str.encode(msg[2]), msg[3], msg[4])
+
+
+def ack_batch_nowait_frames(queue: str, msgs: list[Message]) -> list[bytes]:
+    """The frames of ``ack_many(msgs, wait=False)``: ``batch_acks``' requests as their NO_REPLY kinds."""
+    return [frame(NO_REPLY_KIND[kind], NO_REPLY_ID, queue=queue, **fields)
+            for kind, fields in batch_acks(msgs)]
+
+
+NO_REPLY_KIND = {T.ACK_BATCH: T.ACK_BATCH_NO_REPLY, T.ACK_RANGE: T.ACK_RANGE_NO_REPLY}
+
+
+def batch_acks(msgs: list[Message]) -> list[tuple[T, dict[str, Any]]]:
+    """The requests that ack ``msgs``, as (type, fields but the queue).
+    One ACK_RANGE when they are one run: one group, consecutive offsets in order, one
+    delivery count (what one push or one get_many of new messages brings), so the frame
+    is the same few bytes however many they are; otherwise one ACK_BATCH per group."""
+    n = len(msgs)
+    if n > 1:
+        first, dc, group = msgs[0][3], msgs[0][4], msgs[0][2]
+        if (msgs[-1][3] == first + n - 1 and list(map(_offset_of, msgs)) == list(range(first, first + n))
+                and list(map(_dc_of, msgs)).count(dc) == n and list(map(_group_of, msgs)).count(group) == n):
+            return [(T.ACK_RANGE, {"group": group or "", "first": first, "count": n, "deliveries": dc})]
+    return [(T.ACK_BATCH, {"group": group, "settles": settles}) for group, settles in settles_by_group(msgs)]
+
+
+def settles_by_group(msgs: list[Message]) -> list[tuple[str, list[tuple[int, int]]]]:
+    """(group, [(offset, deliveries), ...]) of each group of ``msgs``, for ACK_BATCH."""
+    groups = set(map(_group_of, msgs))
+    if len(groups) == 1:  # the usual case: one get_many's messages, at C speed
+        return [(groups.pop() or "", list(map(_settle_of, msgs)))]
+    by_group: dict[str, list[tuple[int, int]]] = {}
+    for m in msgs:
+        by_group.setdefault(m[2] or "", []).append((m[3], m[4]))
+    return list(by_group.items())
+
+
+_group_of = itemgetter(2)
+_offset_of = itemgetter(3)
+_dc_of = itemgetter(4)
+_settle_of = itemgetter(3, 4)  # (offset, deliveries)
+
+
+# ---------------------------------------------------------------- answers
+def _fields(f: Frame, reply: T) -> dict[str, Any]:
+    """The fields of answer ``f``, expected of type ``reply``; an ERROR raises its typed error."""
+    if f.type != reply:
+        if f.type == T.ERROR:
+            raise error_of(f)
+        raise ShmqError(f"unexpected reply type 0x{f.type:02x} (expected {reply.name})")
+    return decode_body(reply, f.body)
+
+
+def _pick(f: Frame, ctx: tuple[T, str | None]) -> Any:
+    """``ctx`` = (the answer's type, the field that is the result, or None for no result)."""
+    reply, result = ctx
+    if f.type != reply:
+        _fields(f, reply)  # raises
+    fields = decode_body(reply, f.body)
+    return None if result is None else fields[result]
+
+
+def _ignore(f: Frame, ctx: Any) -> None:
+    """An answer of no interest, an error included (a give-back NACK's: a stale one is fine)."""
+
+
+def _fields_frame(msg_id: int, type_: int, fields: dict[str, Any]) -> bytes:
+    return frame(type_, msg_id, **fields)
+
+
+def _call(type_: T, reply: T, result: str | None = None, /, **fields: Any) -> Request[Any]:
+    """A request of ``type_`` with ``fields``, answered by ``reply``, whose field ``result``
+    is the result (None: there is none)."""
+    return Request(_fields_frame, (type_, fields), _pick, (reply, result))
+
+
+def _messages(q: Handle[M], gi: int, group: str | None, recs: Iterable[Sequence[Any]]) -> list[M]:
+    """``q``'s messages of records (offset, deliveries, timestamp_ns, meta, payload); ``gi``
+    -1 for read ones (not leases), else 0."""
+    cls, new = q._message, tuple.__new__
+    return [new(cls, (q, gi, group, o, dc, p, m, ts)) for o, dc, ts, m, p in recs]
+
+
+def pushed_records(f: Frame) -> list[Sequence[Any]]:
+    """The records (offset, deliveries, timestamp_ns, meta, payload) of a DELIVER or
+    DELIVER_BATCH frame; an ERROR raises its typed error."""
+    if f.type == T.DELIVER_BATCH:
+        return decode_body(T.DELIVER_BATCH, f.body)["records"]  # type: ignore[no-any-return]
+    if f.type == T.DELIVER:
+        return [decode_deliver(f.body)]
+    if f.type == T.ERROR:
+        raise error_of(f)
+    raise ShmqError(f"unexpected frame type 0x{f.type:02x} on a subscription")
+
+
+_LEASES = (T.DELIVER, T.DELIVER_BATCH)
+
+
+# ---------------------------------------------------------------- the broker's commands
+def handshake(token: str, client: str, affinity: str) -> Request[tuple[int, str]]:
+    """The first request: its result is (the worker serving the connection, the broker's name)."""
+    return Request(_fields_frame, (T.HANDSHAKE, {"token": token, "client": client, "affinity": affinity}),
+                   _handshaken)
+
+
+def _handshaken(f: Frame, _: Any) -> tuple[int, str]:
+    if f.type == T.HANDSHAKE_NACK:
+        raise AuthError(decode_body(T.HANDSHAKE_NACK, f.body)["reason"])
+    info = _fields(f, T.HANDSHAKE_ACK)
+    return info["worker"], info["server"]
+
+
+def disconnect() -> Request[None]:
+    """The broker gives the connection's leases back, answers, and closes it."""
+    return _call(T.DISCONNECT, T.DISCONNECT_OK)
+
+
+def create_queue(name: str, limits: dict[str, Any]) -> Request[None]:
+    check_queue_name(name)
+    return _call(T.CREATE_QUEUE, T.CREATE_QUEUE_OK, queue=name, config=limits)
+
+
+def list_queues() -> Request[list[QueueInfo]]:
+    return Request(_fields_frame, (T.LIST_QUEUES, {}), _queue_infos)
+
+
+def _queue_infos(f: Frame, _: Any) -> list[QueueInfo]:
+    return [QueueInfo(d["name"], d["is_dlq"], QueueConfig(**d["config"]))
+            for d in _fields(f, T.LIST_QUEUES_OK)["queues"]]
+
+
+def delete_queue(name: str) -> Request[None]:
+    return _call(T.DELETE_QUEUE, T.DELETE_QUEUE_OK, queue=name)
+
+
+# ---------------------------------------------------------------- a queue's commands
+_OFFSET = (T.PRODUCE_OK, "offset")
+_ACKED = (T.ACK_OK, None)
+
+
+def put(q: Handle[Any], payload: Payload, block: bool, timeout: float | None) -> Request[int]:
+    """One message; the result is its offset."""
+    if type(payload) is not bytes:
+        payload = bytes(as_bytes(payload))
+    return Request(produce_frame, (q._qb, _timeout_ms(block, timeout), payload), _pick, _OFFSET)
+
+
+def put_many(q: Handle[Any], payloads: Sequence[Payload], block: bool, timeout: float | None,
+             producer: str | None, seq: int | None) -> Command[list[int]]:
+    """A batch, atomically (at most once per (producer, seq)); the result is their offsets."""
+    req = produce_request(q.name, payloads, block, timeout, producer, seq)
+    if req is None:
+        return Batch([], [], _no_offsets)
+    return Request(_fields_frame, req, _offsets)
+
+
+def _offsets(f: Frame, _: Any) -> list[int]:
+    r = _fields(f, T.PRODUCE_BATCH_OK)
+    return list(range(r["first"], r["first"] + r["count"]))
+
+
+def _no_offsets(results: list[Any]) -> list[int]:
+    return []
+
+
+def get(q: Handle[M], group: str, block: bool, timeout: float | None,
+        visibility_timeout: float | None) -> Request[M]:
+    """Lease one message."""
+    return Request(consume_frame, (q._qb, str.encode(group), _timeout_ms(block, timeout),
+                                   _vis(visibility_timeout)), _delivered, (q, group))
+
+
+def _delivered(f: Frame, ctx: tuple[Handle[M], str]) -> M:
+    if f.type != T.DELIVER:
+        _fields(f, T.DELIVER)  # raises
+    q, group = ctx
+    o, dc, ts, m, p = decode_deliver(f.body)
+    return tuple.__new__(q._message, (q, 0, group, o, dc, p, m, ts))  # type: ignore[no-any-return]
+
+
+def get_many(q: Handle[M], max_messages: int, group: str, block: bool, timeout: float | None,
+             visibility_timeout: float | None) -> Request[list[M]]:
+    """Lease up to ``max_messages`` (at most MAX_BATCH) messages."""
+    if max_messages < 1:
+        raise InvalidArgument("max_messages must be >= 1")
+    return Request(_fields_frame, (T.CONSUME_BATCH, {
+        "queue": q.name, "group": group, "max": min(max_messages, options.MAX_BATCH),
+        "timeout_ms": _timeout_ms(block, timeout), "visibility_ms": _vis(visibility_timeout)}),
+        _delivered_batch, (q, group))
+
+
+def _delivered_batch(f: Frame, ctx: tuple[Handle[M], str]) -> list[M]:
+    return _messages(ctx[0], 0, ctx[1], _fields(f, T.DELIVER_BATCH)["records"])
+
+
+def read(q: Handle[M], offset: int, max_messages: int) -> Request[list[M]]:
+    """Messages from ``offset`` on, not leased."""
+    return Request(_fields_frame, (T.READ, {"queue": q.name, "offset": offset, "max": max_messages}),
+                   _read, q)
+
+
+def _read(f: Frame, q: Handle[M]) -> list[M]:
+    return _messages(q, -1, None, _fields(f, T.READ_OK)["records"])
+
+
+def _ack_frame(msg_id: int, queue: bytes, group: bytes, offset: int, deliveries: int) -> bytes:
+    return settle_frame(T.ACK, msg_id, queue, group, offset, deliveries)
+
+
+def settle(q: Handle[Any], msg: Message, action: Settle, arg: float | None) -> Request[None]:
+    """Settle one lease: ack, nack (``arg``: the delay), touch (``arg``: the visibility
+    timeout) or dead-letter."""
+    group = msg[2]
+    if group is None:
+        raise StaleAck(f"message {msg[3]} was read, not leased: it cannot be settled")
+    if action == Settle.ACK:
+        return Request(_ack_frame, (q._qb, str.encode(group), msg[3], msg[4]), _pick, _ACKED)
+    lease = {"queue": q.name, "group": group, "offset": msg[3], "deliveries": msg[4]}
+    if action == Settle.NACK:
+        return _call(T.NACK, T.NACK_OK, delay_ms=_ms(arg or 0.0), **lease)
+    if action == Settle.TOUCH:
+        return _call(T.TOUCH, T.TOUCH_OK, visibility_ms=_vis(arg), **lease)
+    return _call(T.DEAD_LETTER, T.DEAD_LETTER_OK, **lease)
+
+
+def ack_many(q: Handle[Any], messages: Iterable[Message], wait: bool) -> Batch[None]:
+    """Ack many leases: one ACK_RANGE when they are one run, else one ACK_BATCH per group
+    (``batch_acks``), pipelined; ``wait=False``: their NO_REPLY kinds.  Raises StaleAck,
+    with ``.stale`` the offsets, if some were stale (the others are applied); a message
+    of another queue is stale here at once (``shmq.api.own_leases``)."""
+    msgs, stale, total = own_leases(q, messages)
+    combine = partial(_raise_stale, stale, total)
+    if not wait:
+        return Batch(ack_batch_nowait_frames(q.name, msgs), [], combine)
+    return Batch([], [_call(kind, T.ACK_BATCH_OK, "stale", queue=q.name, **fields)
+                      for kind, fields in batch_acks(msgs)], combine)
+
+
+def _raise_stale(stale: list[int], total: int, results: list[list[int]]) -> None:
+    stale = stale + [off for r in results for off in r]
+    if stale:
+        raise StaleAck.of_batch(stale, total)
+
+
+def create_group(q: Handle[Any], name: str, start: str) -> Request[None]:
+    if start not in ("earliest", "latest"):
+        raise InvalidArgument("start must be 'earliest' or 'latest'")
+    return _call(T.GROUP_JOIN, T.GROUP_JOIN_OK, queue=q.name, group=name,
+                 start=0 if start == "earliest" else 1)
+
+
+def delete_group(q: Handle[Any], name: str) -> Request[None]:
+    return _call(T.GROUP_DELETE, T.GROUP_DELETE_OK, queue=q.name, group=name)
+
+
+def groups(q: Handle[Any]) -> Request[list[str]]:
+    return _call(T.GROUP_LIST, T.GROUP_LIST_OK, "groups", queue=q.name)
+
+
+def commit(q: Handle[Any], group: str, offset: int) -> Request[None]:
+    return _call(T.GROUP_COMMIT, T.GROUP_COMMIT_OK, queue=q.name, group=group, offset=offset)
+
+
+def purge(q: Handle[Any]) -> Request[int]:
+    return _call(T.PURGE, T.PURGE_OK, "purged", queue=q.name)
+
+
+def stats(q: Handle[Any]) -> Request[dict[str, Any]]:
+    return _call(T.STATS, T.STATS_OK, "stats", queue=q.name)
+
+
+# ---------------------------------------------------------------- push mode
+def unsubscribe(sub_id: int) -> Request[None]:
+    return _call(T.UNSUBSCRIBE, T.UNSUBSCRIBE_OK, subscription=sub_id)
+
+
+def give_back(queue: str, group: str, leases: Iterable[Sequence[int]]) -> Batch[None]:
+    """NACKs (no delay) of leases, as (offset, deliveries), received and never handed out;
+    a stale one is ignored."""
+    return Batch([], [Request(_fields_frame, (T.NACK, {"queue": queue, "group": group, "offset": o,
+                                                       "deliveries": dc, "delay_ms": 0}), _ignore)
+                      for o, dc, *_ in leases], _no_result)
+
+
+def _no_result(results: list[Any]) -> None:
+    return None
+
+
+def unclaimed(request: Request[Any], f: Frame) -> Batch[None]:
+    """What gives back the leases of ``f``, the answer to ``request`` that nobody took (its
+    caller was cancelled): nothing unless it leased messages."""
+    if f.type not in _LEASES:
+        return Batch([], [], _no_result)
+    q, group = request.ctx
+    return give_back(q.name, group, pushed_records(f))
+
+
+class Feed(Generic[M]):
+    """One subscription as its client sees it: the SUBSCRIBE (``request``), then each frame
+    of the subscription filed with ``take`` -- its answer first, then pushed leases, made
+    messages in ``ready`` (received, not handed out yet; the driver hands them out with
+    ``ready.popleft()``, telling the connection each time: ``handed_out``).
+
+    ``refused``: the broker answered the SUBSCRIBE with an error (it made no
+    subscription: there is nothing to unsubscribe)."""
+
+    __slots__ = ("q", "group", "credit", "request", "ready", "subscribed", "refused")
+
+    def __init__(self, q: Handle[M], group: str, credit: int, visibility_timeout: float | None) -> None:
+        self.q = q
+        self.group = group
+        self.credit = credit
+        self.request = _call(T.SUBSCRIBE, T.SUBSCRIBE_OK, queue=q.name, group=group, credit=credit,
+                             visibility_ms=_vis(visibility_timeout))
+        self.ready: deque[M] = deque()
+        self.subscribed = False
+        self.refused = False
+
+    def take(self, f: Frame | BaseException) -> None:
+        """File a frame of the subscription; an ERROR (or the error the driver failed the
+        subscription's waiter with, on a lost connection) raises."""
+        if isinstance(f, BaseException):
+            raise f
+        if self.subscribed:
+            self.ready.extend(_messages(self.q, 0, self.group, pushed_records(f)))
+            return
+        if f.type == T.ERROR:
+            self.refused = True
+        self.request.parse(f, self.request.ctx)  # SUBSCRIBE_OK, or raises
+        self.subscribed = True
+
+    def leftovers(self, frames: Iterable[Frame | BaseException]) -> Batch[None]:
+        """What gives back the leases received and not handed out: those ``ready``, and
+        those of ``frames`` (what was still waiting once the broker answered UNSUBSCRIBE)."""
+        leases = [(m[3], m[4]) for m in self.ready]
+        self.ready.clear()
+        for f in frames:
+            if isinstance(f, Frame) and f.type in _LEASES:
+                leases += [(r[0], r[1]) for r in pushed_records(f)]
+        return give_back(self.q.name, self.group, leases)
+
+
+__all__ = ["Batch", "Command", "Feed", "Handle", "ack_batch_nowait_frames", "ack_many", "ack_nowait_frame",
+           "batch_acks", "batch_payloads", "commit", "create_group", "create_queue", "delete_group",
+           "delete_queue", "disconnect", "get", "get_many", "give_back", "groups", "handshake",
+           "list_queues", "parse_tcp_url", "produce_request", "purge", "pushed_records", "put", "put_many",
+           "read", "settle", "settles_by_group", "stats", "unclaimed", "unsubscribe"]
