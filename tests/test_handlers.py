@@ -1,8 +1,9 @@
 """The broker's request handling without sockets or processes: a worker's ``Core`` over a
 real instance in shared memory, and connections whose bytes go to a list.
 
-As h11 pairs its client and server, each test plays the client's side with the
-codec and feeds the server's ``receive`` the bytes a socket would carry.  Time
+Each test plays the client's side with the codec and feeds the server's ``receive``
+the bytes a socket would carry; the last one pairs the client's own state machine
+and commands with the server's, as h11 pairs its two ends.  Time
 is the test's: ``Core`` takes its clock, and a parked request is retried by
 ``poke``, as the worker's tick and doorbell do.
 """
@@ -17,15 +18,19 @@ from typing import Any
 
 import pytest
 
-from shmq import options
+from shmq import commands, options
+from shmq.api import Message
 from shmq.codec import Frame, FrameDecoder, T, decode_body, decode_deliver, encode_frame, frame
+from shmq.commands import Batch
+from shmq.connection import ClientConnection, Reply
 from shmq.durability import Mark
-from shmq.errors import ProtocolError, Status
+from shmq.errors import Duplicate, Empty, ProtocolError, StaleAck, Status
 from shmq.server import handlers
 from shmq.server.connection import ServerConnection
-from shmq.server.core import Core
+from shmq.server.core import SERVER_NAME, Core
 from shmq.server.parking import poke
 from shmq.serverqueue import ServerBroker
+from shmq.settle import Settle
 from shmq.shm import ShmBroker
 
 from .conftest import FakeClock
@@ -381,3 +386,58 @@ def test_shared_memory_clients_and_the_handlers_see_one_queue(core: Core, instan
         assert decode_deliver(f.body)[4] == b"from shm"
     finally:
         local.close()
+
+
+# ---------------------------------------------------------------- both ends, paired
+class Pair:
+    """A ClientConnection and a ServerConnection joined in memory, as h11 pairs its two ends:
+    the clients' commands (``shmq.commands``) run through both state machines, no socket."""
+
+    def __init__(self, core: Core) -> None:
+        self.core = core
+        self.client = ClientConnection()
+        self.wire: list[bytes] = []  # server -> client
+        self.server = core.connection(sink=self.wire.append)
+        self.name = "paired"  # a queue handle of this "broker", as commands see one
+        self._qb = self.name.encode()
+        self._b = self
+        self._message = Message
+
+    def run(self, command: Any) -> Any:
+        """One command: its frames through the server, the answers back through the client."""
+        if isinstance(command, Batch):
+            for data in command.nowait:
+                handlers.receive(self.core, self.server, data)
+            return command.combine([self.run(r) for r in command.requests])
+        msg_id, data = self.client.send(command, waiter="w")
+        handlers.receive(self.core, self.server, data)
+        events = self.client.receive_data(b"".join(self.wire))
+        self.wire.clear()
+        assert len(events) == 1, events
+        (reply,) = events
+        assert isinstance(reply, Reply) and reply.msg_id == msg_id and reply.waiter == "w", reply
+        return command.parse(reply.frame, command.ctx)
+
+
+def test_the_clients_commands_and_the_handlers_agree(core: Core) -> None:
+    p = Pair(core)
+    assert p.run(commands.handshake("", "paired", "")) == (3, SERVER_NAME)
+    p.run(commands.create_queue("paired", {"max_deliveries": 3}))
+    assert [p.run(commands.put(p, b"m%d" % i, True, None)) for i in range(3)] == [0, 1, 2]
+    assert p.run(commands.put_many(p, [b"m3", b"m4"], True, None, "prod", 1)) == [3, 4]
+    with pytest.raises(Duplicate):
+        p.run(commands.put_many(p, [b"again"], True, None, "prod", 1))
+    got = p.run(commands.get_many(p, 10, "default", False, None, None))
+    assert [(m.offset, m.deliveries, m.payload) for m in got] == [(i, 1, b"m%d" % i) for i in range(5)]
+    p.run(commands.settle(p, got[4], Settle.NACK, 0.0))
+    p.run(commands.ack_many(p, got[:4], True))  # one ACK_RANGE
+    with pytest.raises(StaleAck):
+        p.run(commands.ack_many(p, got[:1], True))
+    again = p.run(commands.get(p, "default", False, None, None))
+    assert (again.offset, again.deliveries) == (4, 2)
+    p.run(commands.settle(p, again, Settle.ACK, 0.0))
+    assert p.run(commands.stats(p))["retained"] == 0
+    with pytest.raises(Empty):
+        p.run(commands.get(p, "default", False, None, None))
+    p.run(commands.disconnect())
+    assert p.server.closed
