@@ -166,7 +166,6 @@ def encode_frame(type: int, msg_id: int, body: bytes = b"", status: int = 0) -> 
         raise ValueError(f"bad frame header (msg_id {msg_id!r}, status {status!r}): {e}") from None
 
 
-
 def frame(type: int, msg_id: int, status: int = 0, **fields: Any) -> bytes:
     """``encode_frame(type, msg_id, encode_body(type, **fields), status)``, with one copy
     of the payload fewer."""

@@ -71,7 +71,6 @@ class T(IntEnum):
     ERROR = 0xFE
 
 
-
 Schema = tuple[tuple[str, str], ...]
 
 _QG: Schema = (("queue", "str"), ("group", "str"))
