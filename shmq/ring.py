@@ -51,6 +51,9 @@ from .segment import Mapping
 
 DUPLICATE = -2  # try_put_many: this producer already wrote that sequence
 
+# bound once: on 3.11 GLOBAL.method(...) is an attribute load and a bound method per call
+_pack_slot = SLOT_HEAD.pack
+
 _CRASH = crashpoints.watch(__name__)
 
 
@@ -204,7 +207,7 @@ class Ring:
             mm = self.mm
             mm[start:start + n] = payload
             base = self.slots_w + (off % self.capacity) * self.slot_words
-            mm[base * WORD:(base + S_FIXED_WORDS) * WORD] = SLOT_HEAD.pack(off, p, n, ts)
+            mm[base * WORD:(base + S_FIXED_WORDS) * WORD] = _pack_slot(off, p, n, ts)
             b = (base + S_FIXED_WORDS) * WORD
             mm[b:b + len(self._zero_leases)] = self._zero_leases
             w[Q_TAIL_BYTES] = p + n
