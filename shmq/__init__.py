@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .api import Broker, Message, Origin, Queue, QueueConfig, QueueInfo
 from .errors import (
@@ -35,7 +35,9 @@ from .errors import (
     StorageError,
     Timeout,
 )
-from .reclaim import InstanceReport, reclaim, scan
+
+if TYPE_CHECKING:
+    from .cleanup import InstanceReport, reclaim, scan
 
 __version__ = "0.1.0"
 
@@ -46,6 +48,25 @@ __all__ = [
     "QueueConfig", "QueueExists", "QueueInfo", "QueueNotFound", "ShmqError", "StaleAck", "Status",
     "StorageError", "Timeout", "connect", "reclaim", "scan",
 ]
+
+# Loaded on first use: shmq.cleanup imports posix_ipc, which ``import shmq`` does not need
+# (a tcp:// client never touches shared memory).
+_LAZY = {"InstanceReport": "cleanup", "reclaim": "cleanup", "scan": "cleanup"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value  # the next lookup finds it without coming here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
 
 
 def connect(url: str = "shm://default", token: str | None = None, **kwargs: Any) -> Broker:

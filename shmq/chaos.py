@@ -58,371 +58,39 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
-from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import connect, crashpoints
+from . import crashpoints
 from .api import Message
-from .errors import Duplicate, Empty, Full, ShmqError, StaleAck
+from .chaos_fates import GroupFate, Logs, Offsets, StormResult, group_fates, summary
+from .chaos_roles import (
+    AUDIT,
+    CRASH_POINTS,
+    Env,
+    QueueSpec,
+    Role,
+    child_main,
+    dlq_entry,
+    parse_payload,
+    payload,
+    plan,
+    queue_of,
+    roles,
+)
+from .errors import Empty, ShmqError
 from .shm import ShmBroker
 
-AUDIT = "audit"  # the second group of every queue, made up front
-SHORT_LEASE = 0.05  # s: a lease taken to be let expire
-PUT_TIMEOUT = 0.5  # s: a producer gives up a put after this (Full: not written) and looks at the stop flag
-GET_TIMEOUT = 0.2
-PLAIN_QUOTA = 3000  # message ids a plain producer uses up before it exits 0
-IDEM_BATCH = 4  # messages per idempotent batch
-IDEM_QUOTA = 500  # batches an idempotent producer writes before it exits 0
 FINISH_TIMEOUT = 30.0  # s the producers have to stop once asked
 DRAIN_TIMEOUT = 0.25  # s a drain get waits before the group counts as empty
 KILL_WEIGHTS = {"producer": 3, "consumer": 4, "hog": 2, "reaper": 1}
 KIND_CLASS = {"plain": "producer", "idem": "producer", "consumer": "consumer", "dlq": "consumer",
               "hog": "hog", "reaper": "reaper"}
 TAG_PREFIX = {"plain": "p", "idem": "i", "consumer": "c", "dlq": "d", "hog": "h", "reaper": "r"}
-# the crash points (shmq.crashpoints) each kind of child passes: an armed child SIGKILLs itself
-# at the N-th pass, between the two stores a random kill would almost never fall between
-_SETTLE_POINTS = ("ack.done", "ack_range.done", "ack_batch.partial", "floor.moved", "nack.hints",
-                  "touch.extended", "dead.marked", "dlq.copied", "dlq.orphaned", "expire.given_back")
-_REAP_POINTS = ("reap.partial", "reap.queue", "registry.slot.freed")
-CRASH_POINTS: dict[str, tuple[str, ...]] = {
-    "plain": ("put.written", "put.committed", "put_many.written", "put_many.committed", "wait.announced",
-              "registry.slot.taken"),
-    "idem": ("put_idem.pending", "put_idem.entry", "put_idem.committed", "put_many.written",
-             "put_many.committed", "wait.announced"),
-    "consumer": ("deliver.one.leased", "deliver.run.leased", "deliver.block.leased", "deliver.cursor",
-                 "redeliver.leased", "wait.announced", "registry.slot.taken", *_SETTLE_POINTS, *_REAP_POINTS),
-    "dlq": ("deliver.run.leased", "deliver.block.leased", "deliver.one.leased", "deliver.cursor",
-            "redeliver.leased", "ack_range.done", "ack_batch.partial", "floor.moved", "nack.hints"),
-    "reaper": (*_REAP_POINTS, "expire.given_back", "nack.hints", "dlq.copied", "dlq.orphaned", "floor.moved"),
-}
 
-
-@dataclass(frozen=True)
-class QueueSpec:
-    """A queue of the storm and how its consumers treat deliveries (shares of them)."""
-
-    name: str
-    limits: dict[str, Any]
-    nack: float = 0.05  # nack() at once
-    delayed_nack: float = 0.03  # nack(delay)
-    touch: float = 0.03  # touch() then ack()
-    dead_letter: float = 0.0  # dead_letter()
-    dlq: bool = False  # has <name>.dlq, made up front with dlq_limits
-    dlq_limits: dict[str, Any] = field(default_factory=dict)
-
-
-def plan(journal: bool) -> list[QueueSpec]:
-    """The queues: small enough that the ring wraps and ``Full`` happens all the time."""
-    specs = [
-        QueueSpec("storm", dict(capacity=256, max_bytes=16 * 1024, visibility_timeout=10,
-                                max_deliveries=255)),
-        QueueSpec("flaky", dict(capacity=64, max_bytes=4096, visibility_timeout=10, max_deliveries=3),
-                  nack=0.3, delayed_nack=0.1, dead_letter=0.03, dlq=True,
-                  dlq_limits=dict(capacity=32, max_bytes=8192, visibility_timeout=10)),
-    ]
-    if journal:
-        specs.append(QueueSpec("journal", dict(capacity=256, max_bytes=16 * 1024, visibility_timeout=10,
-                                               max_deliveries=255, durability="interval")))
-    return specs
-
-
-@dataclass(frozen=True)
-class Role:
-    """What one child process does: ``kind`` on ``queue`` (``group`` for consumers), logging to
-    ``<tag>.log``.  An idempotent producer killed is restarted with the same tag (and id)."""
-
-    kind: str  # plain | idem | consumer | dlq | hog | reaper
-    queue: str = ""
-    group: str = ""
-    tag: str = ""
-    crash: str = ""  # "point:N": SIGKILL itself at the N-th pass through that crash point
-
-
-def roles(specs: list[QueueSpec]) -> list[Role]:
-    """The processes running at any time (a killed one is replaced by one of the same role)."""
-    out: list[Role] = []
-    for s in specs:
-        out.append(Role("plain", s.name))
-        if s.name != "flaky":
-            out.append(Role("idem", s.name))
-        for g in ("default", "default", AUDIT) if s.name == "storm" else ("default", AUDIT):
-            out.append(Role("consumer", s.name, g))
-        if s.dlq:
-            out.append(Role("dlq", s.name))
-    return out + [Role("hog"), Role("reaper")]
-
-
-@dataclass
-class _Env:
-    """What every child gets (through fork: nothing is pickled)."""
-
-    url: str
-    log_dir: str
-    stop: Any  # a RawValue: set to 1 when producers are to finish (no lock a SIGKILL could leave held)
-    seed: int
-    specs: dict[str, QueueSpec]
-
-
-# ============================================================== payloads
-def payload(ident: str, n: int) -> bytes:
-    """The id, 2 to 6 times (by ``n``): a record torn or mixed with another shows."""
-    return "|".join([ident] * (2 + n % 5)).encode()
-
-
-def parse_payload(data: Any, queue: str) -> tuple[str, str | None]:
-    """(the id, None) for a well-formed payload of ``queue``; else ("?", what is wrong): a
-    corrupt message is reported as such, and its garbage never counts as an id."""
-    try:
-        text = bytes(data).decode()
-    except UnicodeDecodeError:
-        return "?", f"{queue}: payload is not UTF-8: {bytes(data)[:60]!r}"
-    parts = text.split("|")
-    ident = parts[0]
-    try:
-        n = int(ident.rsplit(".", 1)[1])
-    except (IndexError, ValueError):
-        return "?", f"{queue}: payload without an id: {text[:80]!r}"
-    if len(parts) != 2 + n % 5 or any(p != ident for p in parts) or not ident.startswith(queue + ":"):
-        return "?", f"{queue}: corrupt or misplaced payload {text[:120]!r}"
-    return ident, None
-
-
-def queue_of(ident: str) -> str:
-    return ident.split(":", 1)[0]
-
-
-# ============================================================== the children
-def _child_main(role: Role, env: _Env) -> None:
-    """Run one role; an exception is written to ``<tag>.err`` and ends the process with 3,
-    which the parent reports (it expects -9, or 0 from a producer done with its quota)."""
-    try:
-        if role.crash:
-            name, _, n = role.crash.partition(":")
-            crashpoints.arm(name, int(n))
-        _BODIES[role.kind](role, env)
-    except BaseException:  # noqa: BLE001 - anything a child dies of must reach the report
-        with open(os.path.join(env.log_dir, f"{role.tag}.err"), "a") as f:
-            f.write(f"{role} (pid {os.getpid()}):\n{traceback.format_exc()}\n")
-        sys.exit(3)
-
-
-def _rnd(role: Role, env: _Env) -> random.Random:
-    return random.Random(f"{env.seed}/{role.tag}/{os.getpid()}")
-
-
-def _log(role: Role, env: _Env) -> Any:
-    return open(os.path.join(env.log_dir, f"{role.tag}.log"), "a", buffering=1)
-
-
-def _plain_producer(role: Role, env: _Env) -> None:
-    """put and put_many of fresh ids; a put that times out (Full) wrote nothing: its ids are
-    left attempted, never confirmed."""
-    q = connect(env.url).queue(role.queue)
-    rnd = _rnd(role, env)
-    n = 0
-    with _log(role, env) as log:
-        while n < PLAIN_QUOTA and not env.stop.value:
-            k = 1 if rnd.random() < 0.5 else rnd.randint(2, 10)
-            ids = [(f"{role.queue}:{role.tag}.{i}", i) for i in range(n, n + k)]
-            n += k
-            log.write("".join(f"A {ident}\n" for ident, _ in ids))
-            try:
-                if k == 1:
-                    q.put(payload(*ids[0]), timeout=PUT_TIMEOUT)
-                else:
-                    q.put_many([payload(*x) for x in ids], timeout=PUT_TIMEOUT)
-            except Full:
-                continue
-            log.write("".join(f"C {ident}\n" for ident, _ in ids))
-
-
-def _resume_seq(path: str) -> int:
-    """The batch an idempotent producer restarted under its old tag must retry: the last
-    one it attempted (its ids are ``tag.n``, batch ``n // IDEM_BATCH + 1``), else 1."""
-    last = -1
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith("A ") and line.endswith("\n"):
-                    last = max(last, int(line.rsplit(".", 1)[1]))
-    except FileNotFoundError:
-        pass
-    return last // IDEM_BATCH + 1 if last >= 0 else 1
-
-
-def _idem_producer(role: Role, env: _Env) -> None:
-    """Idempotent batches: ``put_many(producer=, seq=)``.  A batch is retried until written:
-    after a Full, or by the next incarnation after a kill; ``Duplicate`` says an earlier
-    try wrote it, so it is confirmed."""
-    q = connect(env.url).queue(role.queue)
-    producer = f"chaos.{role.tag}"
-    seq = _resume_seq(os.path.join(env.log_dir, f"{role.tag}.log"))
-    with _log(role, env) as log:
-        while seq <= IDEM_QUOTA and not env.stop.value:
-            first = (seq - 1) * IDEM_BATCH
-            ids = [(f"{role.queue}:{role.tag}.{i}", i) for i in range(first, first + IDEM_BATCH)]
-            log.write("".join(f"A {ident}\n" for ident, _ in ids))
-            try:
-                q.put_many([payload(*x) for x in ids], timeout=PUT_TIMEOUT, producer=producer, seq=seq)
-            except Full:
-                continue
-            except Duplicate:
-                pass  # written by an earlier try whose confirmation was never logged
-            log.write("".join(f"C {ident}\n" for ident, _ in ids))
-            seq += 1
-
-
-def _consumer(role: Role, env: _Env) -> None:
-    """One group of one queue: get / get_many, then per message ack (batched with ack_many),
-    nack, nack(delay), touch + ack or dead_letter; now and then a short lease left to
-    expire, and a forced reap racing the others' deliveries."""
-    b = connect(env.url)
-    q = b.queue(role.queue)
-    spec = env.specs[role.queue]
-    g = role.group
-    rnd = _rnd(role, env)
-    with _log(role, env) as log:
-        while True:
-            if rnd.random() < 0.02:
-                b.reap()  # type: ignore[attr-defined]
-            n = rnd.choice((1, 1, 1, 5, 20))
-            short = rnd.random() < 0.03
-            vis = SHORT_LEASE if short else None
-            try:
-                if n == 1:
-                    msgs = [q.get(g, timeout=GET_TIMEOUT, visibility_timeout=vis)]
-                else:
-                    msgs = q.get_many(n, g, timeout=GET_TIMEOUT, visibility_timeout=vis)
-            except Empty:
-                continue
-            got: list[tuple[Message, str]] = []
-            lines = []
-            for m in msgs:
-                ident, bad = parse_payload(m.payload, role.queue)
-                if bad:
-                    lines.append(f"B {g} offset {m.offset}: {bad}\n")
-                lines.append(f"G {g} {ident} {m.offset}\n")
-                got.append((m, ident))
-            log.write("".join(lines))  # delivered: logged before any settle
-            if short:
-                time.sleep(SHORT_LEASE * 2)  # the workload: let the lease run out (its settle is stale)
-            stale = "E" if short else "S"
-            acks: list[tuple[Message, str]] = []
-            for m, ident in got:
-                r = rnd.random()
-                try:
-                    if r < spec.nack:
-                        m.nack()
-                        log.write(f"N {g} {ident}\n")
-                    elif (r := r - spec.nack) < spec.delayed_nack:
-                        m.nack(delay=rnd.choice((0.01, 0.05)))
-                        log.write(f"N {g} {ident}\n")
-                    elif (r := r - spec.delayed_nack) < spec.dead_letter:
-                        m.dead_letter()
-                        log.write(f"X {g} {ident}\n")
-                    elif r - spec.dead_letter < spec.touch:
-                        m.touch()
-                        m.ack()
-                        log.write(f"K {g} {ident}\n")
-                    else:
-                        acks.append((m, ident))
-                except StaleAck:
-                    log.write(f"{stale} {g} {ident}\n")
-            if len(acks) == 1:
-                m, ident = acks[0]
-                try:
-                    m.ack()
-                    log.write(f"K {g} {ident}\n")
-                except StaleAck:
-                    log.write(f"{stale} {g} {ident}\n")
-            elif acks:
-                refused: set[int] = set()
-                try:
-                    q.ack_many([m for m, _ in acks])
-                except StaleAck as e:
-                    refused = set(e.stale)
-                log.write("".join(f"{stale if m.offset in refused else 'K'} {g} {ident}\n"
-                                  for m, ident in acks))
-
-
-def _dlq_consumer(role: Role, env: _Env) -> None:
-    """Empties ``<queue>.dlq`` (kept small, so it must be emptied), checking each origin."""
-    q = connect(env.url).queue(f"{role.queue}.dlq")
-    rnd = _rnd(role, env)
-    with _log(role, env) as log:
-        while True:
-            try:
-                msgs = q.get_many(rnd.choice((1, 10)), timeout=GET_TIMEOUT)
-            except Empty:
-                continue
-            lines = []
-            for m in msgs:
-                ident, bad, group = _dlq_entry(m, role.queue)
-                if bad:
-                    lines.append(f"B dlq offset {m.offset}: {bad}\n")
-                lines.append(f"D {group} {ident}\n")
-            log.write("".join(lines))
-            try:
-                if rnd.random() < 0.05:
-                    msgs[0].nack()  # a dead-letter queue redelivers too
-                    msgs = msgs[1:]
-                q.ack_many(msgs)
-            except StaleAck:
-                log.write("S dlq -\n")
-
-
-def _dlq_entry(m: Message, source: str) -> tuple[str, str | None, str]:
-    """(id, what is wrong or None, the group it was dead-lettered from) of a DLQ message."""
-    ident, bad = parse_payload(m.payload, source)
-    origin = m.origin
-    if origin is None:
-        return ident, bad or f"{source}.dlq: offset {m.offset} has no origin", "?"
-    if origin.queue != source and not bad:
-        bad = f"{source}.dlq: offset {m.offset} says it came from {origin.queue!r}"
-    return ident, bad, origin.group
-
-
-def _lock_hog(role: Role, env: _Env) -> None:
-    """Holds a queue's producer or consumer lock (now and then the registry's) much of the
-    time, so that kills land inside locks and the next holder must recover."""
-    b = connect(env.url)
-    reg = b._att.registry  # type: ignore[attr-defined]
-    names = [s.name for s in env.specs.values()] + [f"{s.name}.dlq" for s in env.specs.values() if s.dlq]
-    rings = [b.queue(n)._ring for n in names]  # type: ignore[attr-defined]
-    rnd = _rnd(role, env)
-    while True:
-        if rnd.random() < 0.03:
-            lock = reg.lock
-        else:
-            ring = rnd.choice(rings)
-            lock = ring.plock if rnd.random() < 0.5 else ring.clock
-        lock.acquire()
-        time.sleep(rnd.uniform(0, 0.002))
-        lock.release()
-        time.sleep(rnd.uniform(0, 0.001))
-
-
-def _reaper(role: Role, env: _Env) -> None:
-    """Forced reaps in a loop (besides those consumers run), and now and then a queue's
-    maintenance (lease expiry, dead-letter retries) through stats()."""
-    b = connect(env.url)
-    queues = [b.queue(n) for n in env.specs]
-    rnd = _rnd(role, env)
-    while True:
-        b.reap()  # type: ignore[attr-defined]
-        if rnd.random() < 0.1:
-            rnd.choice(queues).stats()
-        time.sleep(rnd.uniform(0, 0.01))
-
-
-_BODIES: dict[str, Callable[[Role, _Env], None]] = {
-    "plain": _plain_producer, "idem": _idem_producer, "consumer": _consumer, "dlq": _dlq_consumer,
-    "hog": _lock_hog, "reaper": _reaper,
-}
+__all__ = ["GroupFate", "QueueSpec", "Role", "StormResult", "parse_payload", "payload", "plan", "queue_of",
+           "roles", "run_storm", "summary"]
 
 
 # ============================================================== the broker (journaled queues)
@@ -480,176 +148,11 @@ class _Server:
             self.proc.stdout.close()
 
 
-# ============================================================== fates
-@dataclass
-class GroupFate:
-    """The fate of one group's messages (the queue's ids: lost, unexpected, ... are ids)."""
-
-    queue: str
-    group: str
-    confirmed: int = 0
-    delivered: int = 0  # distinct ids delivered during the storm or drained after it
-    deliveries: int = 0  # deliveries logged + drained
-    drained: int = 0
-    dead_lettered: int = 0  # distinct ids in the dead-letter queue from this group
-    duplicates: int = 0  # deliveries - delivered: at-least-once, not an error
-    lost: list[str] = field(default_factory=list)
-    vanished: list[str] = field(default_factory=list)
-    unexpected: list[str] = field(default_factory=list)
-    stranded: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return not (self.lost or self.vanished or self.unexpected or self.stranded)
-
-
-@dataclass
-class StormResult:
-    """Everything a storm found; ``ok`` when no check failed."""
-
-    instance: str
-    seed: int
-    journal: bool
-    log_dir: str
-    seconds: float = 0.0  # the whole run
-    storm_seconds: float = 0.0  # the kills
-    kills: int = 0
-    spawned: int = 0
-    finished: int = 0  # producers that exited 0 after their quota
-    attempted: int = 0
-    confirmed: int = 0
-    delivered: int = 0  # distinct (group, id) delivered or drained, over every group
-    deliveries: int = 0
-    duplicates: int = 0
-    dead_lettered: int = 0
-    expected_stale: int = 0  # settles of short leases that had run out: expected
-    armed: int = 0  # children started with a crash point armed
-    crash_deaths: Counter[str] = field(default_factory=Counter)  # crash point -> children that died there
-    lock_recoveries: int = 0
-    groups: list[GroupFate] = field(default_factory=list)
-    doubled: list[str] = field(default_factory=list)  # ids seen at two offsets of their queue
-    corrupted: list[str] = field(default_factory=list)
-    stolen: list[str] = field(default_factory=list)  # stale settles of long leases: taken from the living
-    bad_exits: list[str] = field(default_factory=list)
-    violations: list[str] = field(default_factory=list)  # shmq.check.check_instance
-    problems: list[str] = field(default_factory=list)  # in flight, retained, still works, leftovers, ...
-    checker: bool = True  # shmq.check could be imported
-
-    @property
-    def lost(self) -> dict[str, list[str]]:
-        return {f"{f.queue}/{f.group}": f.lost + f.vanished for f in self.groups if f.lost or f.vanished}
-
-    @property
-    def unexpected(self) -> dict[str, list[str]]:
-        return {f"{f.queue}/{f.group}": f.unexpected for f in self.groups if f.unexpected}
-
-    @property
-    def stranded(self) -> dict[str, int]:
-        return {f"{f.queue}/{f.group}": f.stranded for f in self.groups if f.stranded}
-
-    @property
-    def ok(self) -> bool:
-        return (all(f.ok for f in self.groups) and not self.doubled and not self.corrupted
-                and not self.stolen and not self.bad_exits and not self.violations and not self.problems
-                and self.checker)
-
-
-class _Logs:
-    """Every child's log, read back: sets and counts per (queue, group)."""
-
-    def __init__(self, log_dir: str) -> None:
-        self.attempted: set[str] = set()
-        self.confirmed: set[str] = set()
-        self.got: dict[tuple[str, str], Counter[str]] = {}
-        self.acked: dict[tuple[str, str], set[str]] = {}
-        self.nacked: dict[tuple[str, str], Counter[str]] = {}
-        self.dead: dict[tuple[str, str], set[str]] = {}
-        self.in_dlq: dict[tuple[str, str], set[str]] = {}
-        self.offsets = _Offsets()
-        self.corrupted: list[str] = []
-        self.stolen: list[str] = []
-        self.expected_stale = 0
-        for f in sorted(Path(log_dir).glob("*.log")):
-            self._read(f)
-
-    def _read(self, path: Path) -> None:
-        text = path.read_text(errors="replace")
-        lines = text.split("\n")
-        if lines and lines[-1]:
-            lines[-1] = ""  # no newline: not a whole line (a write never tears one, but be sure)
-        for line in lines:
-            if not line:
-                continue
-            kind = line[0]
-            if kind == "A":
-                self.attempted.add(line[2:])
-            elif kind == "C":
-                self.confirmed.add(line[2:])
-            elif kind == "B":
-                self.corrupted.append(f"{path.name}: {line[2:]}")
-            elif kind == "G":
-                _, g, ident, off = line.split(" ", 3)
-                key = (queue_of(ident), g)
-                self.got.setdefault(key, Counter())[ident] += 1
-                self.offsets.see(key[0], ident, int(off))
-            elif kind in "KNXDSE":
-                _, g, ident = line.split(" ", 2)
-                if kind == "E":
-                    self.expected_stale += 1
-                elif kind == "S":
-                    self.stolen.append(f"{path.name}: group {g}, {ident}")
-                else:
-                    table: Any = {"K": self.acked, "N": self.nacked, "X": self.dead, "D": self.in_dlq}[kind]
-                    key = (queue_of(ident), g)
-                    if kind == "N":
-                        table.setdefault(key, Counter())[ident] += 1
-                    else:
-                        table.setdefault(key, set()).add(ident)
-
-
-class _Offsets:
-    """The offset each id was seen at in its queue: a second one means it was written twice."""
-
-    def __init__(self) -> None:
-        self.first: dict[tuple[str, str], int] = {}
-        self.doubled: set[str] = set()
-
-    def see(self, queue: str, ident: str, offset: int) -> None:
-        if ident != "?" and self.first.setdefault((queue, ident), offset) != offset:
-            self.doubled.add(f"{ident} at offsets {self.first[queue, ident]} and {offset}")
-
-
-def _fates(specs: list[QueueSpec], logs: _Logs, drained: dict[tuple[str, str], list[str]],
-           dlq_drained: dict[tuple[str, str], set[str]]) -> list[GroupFate]:
-    out = []
-    for s in specs:
-        attempted = {i for i in logs.attempted if queue_of(i) == s.name}
-        confirmed = {i for i in logs.confirmed if queue_of(i) == s.name}
-        for g in ("default", AUDIT):
-            key = (s.name, g)
-            got = logs.got.get(key, Counter())
-            dr = drained.get(key, [])
-            seen = set(got) | set(dr)
-            dlq = logs.in_dlq.get(key, set()) | dlq_drained.get(key, set())
-            nacked = logs.nacked.get(key, Counter())
-            # given back by every logged delivery (nack returned), so delivered again, drained or
-            # dead-lettered; or dead-lettered by a call that returned, so in the DLQ
-            returned = {i for i, n in nacked.items() if got[i] <= n} | logs.dead.get(key, set())
-            f = GroupFate(s.name, g, confirmed=len(confirmed), delivered=len(seen),
-                          deliveries=sum(got.values()) + len(dr), drained=len(dr), dead_lettered=len(dlq))
-            f.duplicates = f.deliveries - f.delivered
-            f.lost = sorted(confirmed - seen - dlq)
-            f.vanished = sorted(returned - set(dr) - dlq - set(f.lost))
-            f.unexpected = sorted((seen | dlq) - attempted)
-            out.append(f)
-    return out
-
-
 # ============================================================== the storm
 class _Storm:
     """The parent's side: spawn, kill, replace, and check each exit status."""
 
-    def __init__(self, env: _Env, rnd: random.Random, result: StormResult, crash_share: float) -> None:
+    def __init__(self, env: Env, rnd: random.Random, result: StormResult, crash_share: float) -> None:
         self.env = env
         self.rnd = rnd
         self.result = result
@@ -666,7 +169,7 @@ class _Storm:
             crash = f"{self.rnd.choice(points)}:{self.rnd.randint(1, 10)}"
             self.result.armed += 1
         role = Role(role.kind, role.queue, role.group, tag, crash)
-        p = self.ctx.Process(target=_child_main, args=(role, self.env), name=f"chaos-{role.tag}")
+        p = self.ctx.Process(target=child_main, args=(role, self.env), name=f"chaos-{role.tag}")
         p.start()
         self.live[role.tag] = (role, p)
         self.result.spawned += 1
@@ -732,7 +235,7 @@ class _Storm:
             p.close()
 
 
-def _drain(b: ShmBroker, specs: list[QueueSpec], corrupted: list[str], offsets: _Offsets
+def _drain(b: ShmBroker, specs: list[QueueSpec], corrupted: list[str], offsets: Offsets
            ) -> tuple[dict[tuple[str, str], list[str]], dict[tuple[str, str], set[str]]]:
     """Empty every group of every queue, then the dead-letter queues, acknowledging all;
     again until a round finds nothing (a reap or a retried dead-letter copy may bring more)."""
@@ -756,7 +259,7 @@ def _drain(b: ShmBroker, specs: list[QueueSpec], corrupted: list[str], offsets: 
         for s in specs:
             if s.dlq:
                 for m in _empty(b.queue(f"{s.name}.dlq"), "default"):
-                    ident, bad, group = _dlq_entry(m, s.name)
+                    ident, bad, group = dlq_entry(m, s.name)
                     if bad:
                         corrupted.append(f"drained from {s.name}.dlq: {bad}")
                     dlq_drained.setdefault((s.name, group), set()).add(ident)
@@ -850,7 +353,7 @@ def run_storm(kills: int = 1000, seconds: float = 600.0, seed: int = 0, *, insta
     specs = plan(journal)
     result = StormResult(instance, seed, journal, log_dir)
     ctx = mp.get_context("fork")
-    env = _Env(f"shm://{instance}", log_dir, ctx.RawValue("b", 0), seed, {s.name: s for s in specs})
+    env = Env(f"shm://{instance}", log_dir, ctx.RawValue("b", 0), seed, {s.name: s for s in specs})
     server: _Server | None = None
     data_dir = tempfile.mkdtemp(prefix=f"shmq-chaos-{instance}-data-") if journal else None
     storm = _Storm(env, rnd, result, crash_share)
@@ -909,9 +412,9 @@ def run_storm(kills: int = 1000, seconds: float = 600.0, seed: int = 0, *, insta
             else:
                 p.close()
 
-        logs = _Logs(log_dir)
+        logs = Logs(log_dir)
         drained, dlq_drained = _drain(b, specs, logs.corrupted, logs.offsets)
-        fates = _fates(specs, logs, drained, dlq_drained)
+        fates = group_fates(specs, logs, drained, dlq_drained)
         _after_drain(b, specs, fates, result)
         _check(instance, result)
         result.groups = fates
@@ -944,40 +447,3 @@ def run_storm(kills: int = 1000, seconds: float = 600.0, seed: int = 0, *, insta
     if own_logs and result.ok:
         shutil.rmtree(log_dir, ignore_errors=True)
     return result
-
-
-def summary(r: StormResult) -> str:
-    """One paragraph: what ran, the figures, and every failed check (the first few ids each)."""
-    def few(xs: list[str], n: int = 5) -> str:
-        return ", ".join(xs[:n]) + (f", ... ({len(xs)} in all)" if len(xs) > n else "")
-
-    text = (f"chaos storm seed {r.seed} on {r.instance}{' with a journaled queue' if r.journal else ''}: "
-            f"{r.kills} kills in {r.storm_seconds:.1f} s ({r.seconds:.1f} s in all), {r.spawned} processes "
-            f"started ({r.armed} with a crash point armed; {sum(r.crash_deaths.values())} died at one, "
-            f"at {len(r.crash_deaths)} different points), {r.finished} producer(s) finished their quota; "
-            f"{r.attempted} messages attempted, "
-            f"{r.confirmed} confirmed; {r.delivered} delivered over {len(r.groups)} groups "
-            f"({r.deliveries} deliveries, {r.duplicates} duplicates), {r.dead_lettered} dead-lettered, "
-            f"{r.expected_stale} short leases expired under their consumer; "
-            f"{r.lock_recoveries} lock recoveries.")
-    bad = []
-    for f in r.groups:
-        if f.lost:
-            bad.append(f"{f.queue}/{f.group} LOST {len(f.lost)} confirmed: {few(f.lost)}")
-        if f.vanished:
-            bad.append(f"{f.queue}/{f.group} VANISHED {len(f.vanished)} after a nack or dead-letter: "
-                       f"{few(f.vanished)}")
-        if f.unexpected:
-            bad.append(f"{f.queue}/{f.group} UNEXPECTED {len(f.unexpected)}: {few(f.unexpected)}")
-        if f.stranded:
-            bad.append(f"{f.queue}/{f.group} STRANDED: depth {f.stranded} after the drain")
-    for label, xs in (("WRITTEN TWICE", r.doubled), ("CORRUPTED", r.corrupted),
-                      ("LEASES TAKEN FROM LIVE CONSUMERS (stale settles of long leases)", r.stolen),
-                      ("BAD EXITS", r.bad_exits), ("INVARIANT VIOLATIONS", r.violations),
-                      ("PROBLEMS", r.problems)):
-        if xs:
-            bad.append(f"{label} ({len(xs)}): {few(xs, 3)}")
-    if bad:
-        return text + " FAILED: " + "; ".join(bad) + f". Logs in {r.log_dir}."
-    return text + " Nothing lost, nothing invented, nothing stranded; every exit status as expected" + (
-        "; the invariant checker found nothing." if r.checker else ".")

@@ -18,8 +18,8 @@ from rich.table import Table
 
 from . import __version__, connect, options
 from .api import Broker
+from .cleanup import reclaim, scan
 from .errors import Empty, ShmqError
-from .reclaim import reclaim, scan
 
 app = typer.Typer(help="shmq: a message broker for one host.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)

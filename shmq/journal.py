@@ -26,6 +26,10 @@ Zeros after the last record are a segment's normal end.
 
 One Journal per queue directory at a time (an flock on ``lock`` enforces it);
 a Journal is not thread-safe: one writer thread owns it.
+
+The journal is three modules: the files (names, record encoding, errors) in
+``journal_files``, reading them back in ``journal_recovery``, and the Journal object
+here, which re-exports the public names of both.
 """
 
 from __future__ import annotations
@@ -35,187 +39,46 @@ import fcntl
 import json
 import logging
 import os
-import re
 import shutil
-import struct
-import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import options
-from .errors import InvalidArgument, InvalidName, ShmqError, Status
-from .names import check_queue_name
+from .errors import InvalidArgument
+from .journal_files import (
+    ENTRY_SIZE,
+    HEADER_SIZE,
+    LOCK_FILE,
+    MAGIC,
+    MESSAGES,
+    META_FILE,
+    QUEUE_DIR_PREFIX,
+    SEGMENT_RE,
+    STATE,
+    TMP_SUFFIX,
+    JournalError,
+    encode_messages,
+    encode_state,
+    fsync_dir,
+    list_queues,
+    os_error,
+    pwrite_all,
+    queue_dir,
+    segment_name,
+    unlink_quietly,
+    write_all,
+)
+from .journal_recovery import Recovery, Scan, SegmentRecovery
 
-MAGIC = b"SQJ1"
-MESSAGES = 1
-STATE = 2
-_HEAD = struct.Struct("<4sBBHIII")  # magic, type, flags, reserved, body length, count, body crc
-_CRC = struct.Struct("<I")  # the header's own crc, over the 20 bytes before it
-HEADER_SIZE = _HEAD.size + _CRC.size  # 24
-_ENTRY = struct.Struct("<QQI")  # offset, timestamp_ns, payload length
-ENTRY_SIZE = _ENTRY.size  # 20
-_BLANK_HEADER = bytes(HEADER_SIZE)
-
-QUEUE_DIR_PREFIX = "q-"
-META_FILE = "meta.json"
-LOCK_FILE = "lock"
-_SEGMENT_RE = re.compile(r"(\d{20})\.log\Z")
-_TMP_SUFFIX = ".tmp"
-
-_O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+__all__ = ["ENTRY_SIZE", "HEADER_SIZE", "LOCK_FILE", "MAGIC", "MESSAGES", "META_FILE", "QUEUE_DIR_PREFIX",
+           "STATE", "Journal", "JournalError", "Recovery", "encode_messages", "encode_state", "list_queues",
+           "queue_dir", "segment_name"]
 
 _log = logging.getLogger("shmq.journal")
 
 
-class JournalError(ShmqError):
-    """The journal could not be read or written (the message names the errno and the path)."""
-
-    code = Status.INTERNAL
-
-    def __init__(self, message: str = "", errno: int | None = None) -> None:
-        super().__init__(message)
-        self.errno = errno
-
-    def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (self.__class__, (str(self), self.errno))
-
-
-def _os_error(what: str, path: object, e: OSError) -> JournalError:
-    name = _errno.errorcode.get(e.errno or 0, type(e).__name__)
-    return JournalError(f"{what} {path}: {name} ({e.strerror or e})", e.errno)
-
-
-@dataclass
-class Recovery:
-    """What :meth:`Journal.recover` found."""
-
-    messages: list[tuple[int, int, bytes]]  # (offset, timestamp_ns, payload), offset-sorted
-    state: bytes | None  # the last complete, CRC-valid state snapshot
-    next_offset: int  # one past the last message offset ever appended (0 if none)
-    problems: list[str] = field(default_factory=list)  # torn tails and quarantined corruption, for humans
-
-
-def queue_dir(root: Path | str, queue_name: str) -> Path:
-    """The directory of one queue's journal: ``<root>/q-<name>``, never outside ``root``."""
-    check_queue_name(queue_name)
-    base = Path(os.path.abspath(root))
-    path = base / f"{QUEUE_DIR_PREFIX}{queue_name}"
-    if Path(os.path.normpath(path)).parent != base:  # the prefix makes ".", ".." and "a/b" impossible
-        raise InvalidName(f"queue name {queue_name!r} would leave the data directory")
-    return path
-
-
-def list_queues(root: Path | str) -> list[str]:
-    """The names of the queues that have a journal directory under ``root`` (sorted)."""
-    try:
-        entries = os.listdir(root)
-    except FileNotFoundError:
-        return []
-    except OSError as e:
-        raise _os_error("cannot list the data directory", root, e) from e
-    names = []
-    for entry in entries:
-        name = entry[len(QUEUE_DIR_PREFIX):]
-        if entry.startswith(QUEUE_DIR_PREFIX) and os.path.isdir(os.path.join(root, entry)):
-            try:
-                names.append(check_queue_name(name))
-            except InvalidName:
-                continue
-    return sorted(names)
-
-
-def segment_name(base: int) -> str:
-    return f"{base:020d}.log"
-
-
-def _seal(buf: bytearray, start: int, kind: int, count: int) -> None:
-    """Fill in the header of the record that starts at ``buf[start]`` and runs to the end of ``buf``."""
-    body_len = len(buf) - start - HEADER_SIZE
-    crc = zlib.crc32(memoryview(buf)[start + HEADER_SIZE:])
-    _HEAD.pack_into(buf, start, MAGIC, kind, 0, 0, body_len, count, crc)
-    _CRC.pack_into(buf, start + _HEAD.size, zlib.crc32(memoryview(buf)[start:start + _HEAD.size]))
-
-
-def encode_messages(items: Sequence[tuple[int, int, bytes | memoryview]], after: int = -1,
-                    max_body: int | None = None) -> bytearray:
-    """MESSAGES records for a batch: one, or several if the batch's body is over ``max_body``.
-
-    Offsets must be above ``after`` and strictly increase; anything wrong raises
-    :class:`InvalidArgument` before a byte is written anywhere.
-    """
-    limit = options.JOURNAL_MAX_RECORD_BYTES if max_body is None else max_body
-    buf = _encode_record(items, after)
-    if len(buf) - HEADER_SIZE <= limit:
-        return buf
-    # Rare: split into records of at most ``limit`` bytes of body (the batch is encoded twice).
-    out, first, size = bytearray(), 0, 0
-    for i, (_, _, payload) in enumerate(items):
-        n = ENTRY_SIZE + len(payload)
-        if n > limit:
-            raise InvalidArgument(f"a payload of {n - ENTRY_SIZE} bytes is over the journal's record "
-                                  f"limit ({limit - ENTRY_SIZE} bytes)")
-        if size + n > limit:
-            out += _encode_record(items[first:i], after)
-            after, first, size = items[i - 1][0], i, 0
-        size += n
-    out += _encode_record(items[first:], after)
-    return out
-
-
-def _encode_record(items: Sequence[tuple[int, int, bytes | memoryview]], after: int) -> bytearray:
-    """One MESSAGES record, whatever its size.  The hot loop: keep it short."""
-    buf = bytearray(_BLANK_HEADER)
-    prev = after
-    payload_bytes = 0
-    pack = _ENTRY.pack
-    try:
-        for off, ts, payload in items:
-            if off <= prev:
-                raise InvalidArgument(f"journal offsets must strictly increase: {off} after {prev}")
-            n = len(payload)
-            buf += pack(off, ts, n)
-            buf += payload
-            payload_bytes += n
-            prev = off
-    except InvalidArgument:
-        raise
-    except (struct.error, TypeError, ValueError) as e:
-        raise InvalidArgument(f"a journal item must be (offset u64, timestamp_ns u64, payload bytes): {e}"
-                              ) from e
-    if len(buf) != HEADER_SIZE + ENTRY_SIZE * len(items) + payload_bytes:  # len() of a memoryview
-        raise InvalidArgument("journal payloads must be bytes-like objects with 1-byte items")
-    _seal(buf, 0, MESSAGES, len(items))
-    return buf
-
-
-def encode_state(blob: bytes | bytearray | memoryview) -> bytearray:
-    """One STATE record holding ``blob``."""
-    buf = bytearray(_BLANK_HEADER)
-    try:
-        buf += blob
-    except TypeError as e:
-        raise InvalidArgument(f"a journal state snapshot must be bytes-like: {e}") from e
-    if len(buf) - HEADER_SIZE > options.JOURNAL_MAX_RECORD_BYTES:
-        raise InvalidArgument(f"a state snapshot of {len(buf) - HEADER_SIZE} bytes is over the journal's "
-                              f"record limit ({options.JOURNAL_MAX_RECORD_BYTES} bytes)")
-    _seal(buf, 0, STATE, 0)
-    return buf
-
-
-@dataclass
-class _Scan:
-    """Recovery's running state across the files of one journal."""
-
-    floor: int
-    messages: list[tuple[int, int, bytes]] = field(default_factory=list)
-    state: bytes | None = None
-    last: int = -1  # the highest message offset seen
-    problems: list[str] = field(default_factory=list)
-
-
-class Journal:
+class Journal(SegmentRecovery):
     """The journal of one queue: see the module docstring and docs/architecture.md."""
 
     def __init__(self, root: Path | str, queue_name: str, *,
@@ -243,7 +106,7 @@ class Journal:
         self._state_record: bytes | None = None  # the latest snapshot, copied into each new segment
         self._open_dirs(Path(root), create)
         # A journal with data must be recover()ed before it is appended to.
-        self._ready = not any(_SEGMENT_RE.match(n) for n in os.listdir(self._dirfd))
+        self._ready = not any(SEGMENT_RE.match(n) for n in os.listdir(self._dirfd))
 
     def _open_dirs(self, root: Path, create: bool) -> None:
         created = False
@@ -257,17 +120,17 @@ class Journal:
                     pass
             self._dirfd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             if created:
-                _fsync_dir(self.path.parent)
+                fsync_dir(self.path.parent)
             self._lockfd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
                                    options.JOURNAL_FILE_MODE)
         except FileNotFoundError as e:
             self.close()
             if not create:
                 raise JournalError(f"no journal for queue {self.name!r} in {root}", e.errno) from e
-            raise _os_error("cannot open the journal directory", self.path, e) from e
+            raise os_error("cannot open the journal directory", self.path, e) from e
         except OSError as e:
             self.close()
-            raise _os_error("cannot create or open the journal directory", self.path, e) from e
+            raise os_error("cannot create or open the journal directory", self.path, e) from e
         try:
             fcntl.flock(self._lockfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -287,22 +150,22 @@ class Journal:
             raise InvalidArgument(f"journal meta must be a dict of at most {options.JOURNAL_MAX_META_BYTES} "
                                   f"bytes as JSON (got {type(meta).__name__}, {len(data)} bytes)")
         path = self.path / META_FILE
-        tmp = self.path / (META_FILE + _TMP_SUFFIX)
+        tmp = self.path / (META_FILE + TMP_SUFFIX)
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, options.JOURNAL_FILE_MODE)
         except OSError as e:
-            raise _os_error("cannot create", tmp, e) from e
+            raise os_error("cannot create", tmp, e) from e
         try:
             try:
-                _write_all(fd, data)
+                write_all(fd, data)
                 os.fsync(fd)
             finally:
                 os.close(fd)
             os.rename(tmp, path)
             os.fsync(self._dirfd)
         except OSError as e:
-            _unlink_quietly(tmp)
-            raise _os_error("cannot write", path, e) from e
+            unlink_quietly(tmp)
+            raise os_error("cannot write", path, e) from e
 
     def read_meta(self) -> dict[str, Any] | None:
         """The last meta written, or None if there is none (a leftover tmp file is ignored)."""
@@ -312,7 +175,7 @@ class Journal:
         except FileNotFoundError:
             return None
         except OSError as e:
-            raise _os_error("cannot read", path, e) from e
+            raise os_error("cannot read", path, e) from e
         try:
             meta = json.loads(data)
         except ValueError as e:
@@ -400,7 +263,7 @@ class Journal:
             if self._dir_dirty:
                 os.fsync(self._dirfd)
         except OSError as e:
-            err = _os_error("fsync failed for", path, e)
+            err = os_error("fsync failed for", path, e)
             self._failed = f"{err}; reopen the journal and recover() it"
             raise JournalError(self._failed, e.errno) from e
         self._unsynced.clear()
@@ -426,12 +289,12 @@ class Journal:
             try:
                 os.unlink(path)
             except OSError as e:
-                raise _os_error("cannot delete", path, e) from e
+                raise os_error("cannot delete", path, e) from e
             self._segments.remove(base)
         try:
             os.fsync(self._dirfd)
         except OSError as e:
-            raise _os_error("fsync failed for", self.path, e) from e
+            raise os_error("fsync failed for", self.path, e) from e
         return len(doomed)
 
     def segment_files(self) -> list[Path]:
@@ -452,8 +315,8 @@ class Journal:
         self._check_usable()
         self._close_segments()
         self._remove_leftover_tmp()
-        scan = _Scan(floor)
-        names = sorted(n for n in os.listdir(self.path) if _SEGMENT_RE.match(n))
+        scan = Scan(floor)
+        names = sorted(n for n in os.listdir(self.path) if SEGMENT_RE.match(n))
         bases = [int(n[:20]) for n in names]
         ends = [self._scan_file(self.path / name, int(name[:20]), scan) for name in names]
         self._segments = bases
@@ -465,133 +328,11 @@ class Journal:
                 self._active = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
                 self._active_alloc = os.fstat(self._active).st_size  # the zeros after the end stay
             except OSError as e:
-                raise _os_error("cannot open", path, e) from e
+                raise os_error("cannot open", path, e) from e
             self._active_size = ends[-1]
             self._prealloc_after = 0
         self._ready = True
         return Recovery(scan.messages, scan.state, self._next, scan.problems)
-
-    def _scan_file(self, path: Path, base: int, scan: _Scan) -> int:
-        """Read one segment into ``scan``; returns the end of its last good record."""
-        try:
-            data = path.read_bytes()
-        except OSError as e:
-            raise _os_error("cannot read", path, e) from e
-        view = memoryview(data)
-        pos = 0
-        while pos < len(data):
-            if not data[pos] and data.count(0, pos) == len(data) - pos:
-                return pos  # the preallocated end: appends continue into it
-            verdict, why, size = self._check_record(data, view, pos, base, scan)
-            if verdict == "ok":
-                pos += size
-                continue
-            end = len(data.rstrip(b"\0"))  # zeros from here to the end of the file
-            if verdict == "mismatch":  # a checksum: a write cut short if the zeros start inside the record
-                verdict = "torn" if end < pos + size else "corrupt"
-                if verdict == "torn":
-                    why = f"{why}; zeros from byte {end} on, inside the record"
-            zeros = f" ({len(data) - end} of them trailing zeros)" if end < len(data) else ""
-            if verdict == "torn":
-                self._problem(scan, f"{path}: torn tail at byte {pos} ({why}): truncated, "
-                                    f"{len(data) - pos} bytes dropped{zeros}")
-                self._truncate(path, pos)
-            else:
-                quarantine = self._quarantine(path, memoryview(data)[pos:end], pos)
-                self._problem(scan, f"{path}: corrupt record at byte {pos} ({why}): the last "
-                                    f"{len(data) - pos} bytes{zeros} cut off, all but the trailing zeros "
-                                    f"moved to {quarantine.name}")
-            return pos
-        return pos
-
-    @staticmethod
-    def _check_record(data: bytes, view: memoryview, pos: int, base: int,
-                      scan: _Scan) -> tuple[str, str, int]:
-        """("ok", "", size) once the record at ``pos`` is in ``scan``; ("torn"/"corrupt", why, 0);
-        or ("mismatch", why, size): a checksum failed over the ``size`` bytes the record claims."""
-        rest = len(data) - pos
-        if rest < HEADER_SIZE:
-            return "torn", f"{rest} bytes, less than a record header", 0
-        magic, kind, flags, reserved, body_len, count, body_crc = _HEAD.unpack_from(data, pos)
-        (header_crc,) = _CRC.unpack_from(data, pos + _HEAD.size)
-        if magic != MAGIC or zlib.crc32(view[pos:pos + _HEAD.size]) != header_crc:
-            return "mismatch", "bad magic" if magic != MAGIC else "header checksum mismatch", HEADER_SIZE
-        if kind not in (MESSAGES, STATE) or flags or reserved:
-            return "corrupt", f"unknown record type {kind} (flags {flags}, reserved {reserved})", 0
-        if body_len > options.JOURNAL_MAX_RECORD_BYTES:
-            return "corrupt", f"impossible body length {body_len}", 0
-        if rest - HEADER_SIZE < body_len:
-            return "torn", f"a record of {HEADER_SIZE + body_len} bytes with {rest} present", 0
-        start, end = pos + HEADER_SIZE, pos + HEADER_SIZE + body_len
-        if zlib.crc32(view[start:end]) != body_crc:
-            return "mismatch", "body checksum mismatch", HEADER_SIZE + body_len
-        if kind == STATE:
-            if count:
-                return "corrupt", f"a state record with count {count}", 0
-            scan.state = data[start:end]
-            return "ok", "", HEADER_SIZE + body_len
-        found = []
-        prev = max(scan.last, base - 1)
-        at = start
-        for _ in range(count):
-            if at + ENTRY_SIZE > end:
-                return "corrupt", "message entries overrun the record", 0
-            off, ts, n = _ENTRY.unpack_from(data, at)
-            at += ENTRY_SIZE
-            if at + n > end:
-                return "corrupt", "a payload overruns the record", 0
-            if off <= prev:
-                return "corrupt", f"offset {off} does not follow {prev}", 0
-            if off >= scan.floor:
-                found.append((off, ts, data[at:at + n]))
-            prev = off
-            at += n
-        if at != end or not count:
-            return "corrupt", f"a message record of {count} messages with {end - at} stray bytes", 0
-        scan.messages += found
-        scan.last = prev
-        return "ok", "", HEADER_SIZE + body_len
-
-    def _problem(self, scan: _Scan, text: str) -> None:
-        self.log.error("journal of queue %r: %s", self.name, text)
-        scan.problems.append(text)
-
-    def _truncate(self, path: Path, size: int) -> None:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-            try:
-                os.ftruncate(fd, size)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError as e:
-            raise _os_error("cannot truncate", path, e) from e
-
-    def _quarantine(self, path: Path, data: memoryview, pos: int) -> Path:
-        """Copy ``data`` (a file's bytes from ``pos`` on, less its trailing zeros: a record's header
-        gives its length) to ``<path>.corrupt-<n>`` (made durable first), then truncate ``path``
-        at ``pos``."""
-        n = 1
-        while os.path.lexists(f"{path}.corrupt-{n}"):
-            n += 1
-        target = Path(f"{path}.corrupt-{n}")
-        try:
-            fd = os.open(target, _O_NEW, options.JOURNAL_FILE_MODE)
-            try:
-                _write_all(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.fsync(self._dirfd)
-        except OSError as e:
-            raise _os_error("cannot quarantine corrupt records to", target, e) from e
-        self._truncate(path, pos)
-        return target
-
-    def _remove_leftover_tmp(self) -> None:
-        for name in os.listdir(self.path):
-            if name.endswith(_TMP_SUFFIX):
-                _unlink_quietly(self.path / name)
 
     # ---------------------------------------------------------------- internals
     def _check_usable(self) -> None:
@@ -611,17 +352,17 @@ class Journal:
             try:
                 os.ftruncate(self._active, self._active_size)
             except OSError as e:
-                raise _os_error("cannot truncate a failed append away from", path, e) from e
+                raise os_error("cannot truncate a failed append away from", path, e) from e
             self._tail_dirty = False
             self._active_alloc = self._active_size
         end = self._active_size + len(buf)
         if end > self._active_alloc:
             self._active_alloc = self._preallocate(self._active, self._active_alloc, end)
         try:
-            _pwrite_all(self._active, buf, self._active_size)
+            pwrite_all(self._active, buf, self._active_size)
         except OSError as e:
             # the failed range may hold part of the record: cut it off (the preallocation with it)
-            err = _os_error("cannot append to", path, e)
+            err = os_error("cannot append to", path, e)
             try:
                 os.ftruncate(self._active, self._active_size)
             except OSError as e2:
@@ -657,7 +398,7 @@ class Journal:
             zeros = bytes(min(target - size, 1 << 20))
             at = size
             while at < target:
-                _pwrite_all(fd, memoryview(zeros)[:target - at], at)
+                pwrite_all(fd, memoryview(zeros)[:target - at], at)
                 at += min(len(zeros), target - at)
             return target
         except OSError:
@@ -680,23 +421,23 @@ class Journal:
             buf = self._state_record + buf
         path = self.path / segment_name(base)
         replace = bool(self._segments) and self._segments[-1] == base
-        target = Path(f"{path}{_TMP_SUFFIX}") if replace else path
+        target = Path(f"{path}{TMP_SUFFIX}") if replace else path
         try:
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
                          | (os.O_TRUNC if replace else os.O_EXCL), options.JOURNAL_FILE_MODE)
         except OSError as e:
-            raise _os_error("cannot create", target, e) from e
+            raise os_error("cannot create", target, e) from e
         try:
             self._prealloc_after = 0
             alloc = max(self._preallocate(fd, 0, len(buf)), len(buf))
-            _pwrite_all(fd, buf, 0)
+            pwrite_all(fd, buf, 0)
             if replace:
                 os.fdatasync(fd)
                 os.rename(target, path)
         except OSError as e:
             os.close(fd)
-            _unlink_quietly(target)
-            raise _os_error("cannot write a new segment", target, e) from e
+            unlink_quietly(target)
+            raise os_error("cannot write a new segment", target, e) from e
         old = self._active
         if old >= 0:
             if replace:
@@ -734,9 +475,9 @@ class Journal:
         try:
             if os.path.lexists(self.path):
                 shutil.rmtree(self.path)
-                _fsync_dir(self.path.parent)
+                fsync_dir(self.path.parent)
         except OSError as e:
-            raise _os_error("cannot delete the journal directory", self.path, e) from e
+            raise os_error("cannot delete the journal directory", self.path, e) from e
         finally:
             self.close()
 
@@ -748,37 +489,3 @@ class Journal:
 
     def __repr__(self) -> str:
         return f"Journal({str(self.path)!r}, segments={len(self._segments)}, next_offset={self._next})"
-
-
-def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.write(fd, view)
-        if n <= 0:
-            raise OSError(_errno.ENOSPC, os.strerror(_errno.ENOSPC))
-        view = view[n:]
-
-
-def _pwrite_all(fd: int, data: bytes | bytearray | memoryview, at: int) -> None:
-    view = memoryview(data)
-    while view:
-        n = os.pwrite(fd, view, at)
-        if n <= 0:
-            raise OSError(_errno.ENOSPC, os.strerror(_errno.ENOSPC))
-        view = view[n:]
-        at += n
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _unlink_quietly(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

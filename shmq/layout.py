@@ -240,6 +240,8 @@ S_LENS = 2
 S_TIMESTAMP = 3
 S_GROUPS = 4
 S_FIXED_WORDS = 4
+LEN_PAYLOAD_MASK = 0xFFFFFFFF  # S_LENS: the payload length is the low 32 bits
+LEN_META_SHIFT = 32  # S_LENS: the metadata length is the high 32 bits
 
 SLOT_HEAD = struct.Struct("4Q")  # S_OFFSET .. S_TIMESTAMP in one pack/unpack
 
@@ -258,6 +260,9 @@ TIME_SHIFT = 24
 TIME_MASK = (1 << 40) - 1
 MAX_OWNER = OWNER_MASK  # client slots are 0 .. MAX_OWNER - 1; MAX_OWNER means "nobody"
 NO_OWNER = OWNER_MASK
+STATE_DC_MASK = (1 << OWNER_SHIFT) - 1  # state and deliveries: a lease word less its owner and time
+UNTIMED_MASK = (1 << TIME_SHIFT) - 1  # state, deliveries and owner: a lease word less its time
+LEASED_ONCE = LEASED | (1 << DC_SHIFT)  # LEASED with one delivery: a first delivery's word (add owner, time)
 
 
 GI_BITS = 6  # group indexes are 0 .. options.MAX_GROUPS_LIMIT - 1

@@ -26,10 +26,33 @@ from itertools import accumulate, compress
 from . import crashpoints, options
 from . import layout as L
 from .errors import InstanceError
+from .layout import (  # the hot paths' names: a global load each (L.NAME is an attribute lookup more)
+    LEN_META_SHIFT,
+    LEN_PAYLOAD_MASK,
+    P_COMMIT,
+    P_KEY,
+    P_PREV,
+    P_SEQ,
+    P_WORDS,
+    Q_FREE_OFFSET,
+    Q_NEXT_OFFSET,
+    Q_PENDING_PRODUCER,
+    Q_TAIL_BYTES,
+    S_BYTEPOS,
+    S_FIXED_WORDS,
+    S_LENS,
+    S_OFFSET,
+    S_TIMESTAMP,
+    SLOT_HEAD,
+    WORD,
+)
 from .lock import RobustLock, trylock, unlock
 from .segment import Mapping
 
 DUPLICATE = -2  # try_put_many: this producer already wrote that sequence
+
+# bound once: on 3.11 GLOBAL.method(...) is an attribute load and a bound method per call
+_pack_slot = SLOT_HEAD.pack
 
 _CRASH = crashpoints.watch(__name__)
 
@@ -69,12 +92,12 @@ class Ring:
         self.producers_w = w[L.Q_PRODUCERS_OFF] // L.WORD
         self.max_producers = w[L.Q_MAX_PRODUCERS]
         self.data_off = w[L.Q_DATA_OFF]
-        self.name = bytes(self.mm[L.Q_NAME * 8: L.Q_NAME * 8 + w[L.Q_NAME_LEN]]).decode()
+        self.name = bytes(self.mm[L.Q_NAME * L.WORD: L.Q_NAME * L.WORD + w[L.Q_NAME_LEN]]).decode()
         self.plock = RobustLock(self.mm, L.Q_LOCK_P, (w, L.Q_PLOCK_RECOVERIES))
         self.clock = RobustLock(self.mm, L.Q_LOCK_C, (w, L.Q_CLOCK_RECOVERIES))
         # a producer died holding the producer lock: its idempotent put counts only if committed
         self.plock.on_recover = self._recover_producer
-        self._zero_leases = bytes(8 * self.max_groups)
+        self._zero_leases = bytes(L.WORD * self.max_groups)
 
     # ------------------------------------------------------------ creation
     @classmethod
@@ -112,14 +135,14 @@ class Ring:
         w[L.Q_SLOT_WORDS] = sizes["slot_words"]
         raw = name.encode()
         w[L.Q_NAME_LEN] = len(raw)
-        mapping.mm[L.Q_NAME * 8: L.Q_NAME * 8 + len(raw)] = raw
+        mapping.mm[L.Q_NAME * L.WORD: L.Q_NAME * L.WORD + len(raw)] = raw
         RobustLock(mapping.mm, L.Q_LOCK_P).initialise()
         RobustLock(mapping.mm, L.Q_LOCK_C).initialise()
         g = sizes["groups_off"] // L.WORD
         w[g + L.G_CREATED_NS] = time.time_ns()
         graw = default_group.encode()
         w[g + L.G_NAME_LEN] = len(graw)
-        mapping.mm[(g + L.G_NAME) * 8:(g + L.G_NAME) * 8 + len(graw)] = graw
+        mapping.mm[(g + L.G_NAME) * L.WORD:(g + L.G_NAME) * L.WORD + len(graw)] = graw
         w[g + L.G_STATE] = L.GS_ACTIVE
         w[L.Q_MAGIC] = L.QUEUE_MAGIC  # last: the segment is whole
         return cls(mapping)
@@ -141,12 +164,13 @@ class Ring:
         """(payload, metadata, timestamp_ns) of a retained offset; call under the consumer lock."""
         w = self.w
         base = self.slots_w + (offset % self.capacity) * self.slot_words
-        lens = w[base + 2]
-        plen = lens & 0xFFFFFFFF
-        mlen = lens >> 32
-        start = self.data_off + w[base + 1] % self.size
+        lens = w[base + S_LENS]
+        plen = lens & LEN_PAYLOAD_MASK
+        mlen = lens >> LEN_META_SHIFT
+        start = self.data_off + w[base + S_BYTEPOS] % self.size
         mm = self.mm
-        return mm[start + mlen:start + mlen + plen], (mm[start:start + mlen] if mlen else b""), w[base + 3]
+        return (mm[start + mlen:start + mlen + plen], (mm[start:start + mlen] if mlen else b""),
+                w[base + S_TIMESTAMP])
 
     def fits_empty(self, nbytes: int, count: int) -> bool:
         """Could this batch ever fit (into an empty ring)?"""
@@ -163,18 +187,18 @@ class Ring:
         if rc:
             self.plock.acquire_slow(rc)
         try:
-            if w[26]:  # Q_PENDING_PRODUCER: the last idempotent put's writer died
+            if w[Q_PENDING_PRODUCER]:  # the last idempotent put's writer died
                 self._settle_pending()
-            off = w[24]  # Q_NEXT_OFFSET
-            free = w[32]  # Q_FREE_OFFSET
+            off = w[Q_NEXT_OFFSET]
+            free = w[Q_FREE_OFFSET]
             if off - free >= self.capacity:
                 return -1
-            tb = w[25]  # Q_TAIL_BYTES
+            tb = w[Q_TAIL_BYTES]
             if free == off:  # empty: start the next lap at physical 0
                 p = -(-tb // size) * size
                 floor = p
             else:
-                floor = w[self.slots_w + (free % self.capacity) * self.slot_words + 1]
+                floor = w[self.slots_w + (free % self.capacity) * self.slot_words + S_BYTEPOS]
                 phys = tb % size
                 p = tb if phys + n <= size else tb + size - phys
             if p + n - floor > size:
@@ -183,13 +207,13 @@ class Ring:
             mm = self.mm
             mm[start:start + n] = payload
             base = self.slots_w + (off % self.capacity) * self.slot_words
-            mm[base * 8:(base + 4) * 8] = L.SLOT_HEAD.pack(off, p, n, ts)
-            b = (base + 4) * 8
+            mm[base * WORD:(base + S_FIXED_WORDS) * WORD] = _pack_slot(off, p, n, ts)
+            b = (base + S_FIXED_WORDS) * WORD
             mm[b:b + len(self._zero_leases)] = self._zero_leases
-            w[25] = p + n
+            w[Q_TAIL_BYTES] = p + n
             if _CRASH:
                 crashpoints.hit("put.written")
-            w[24] = off + 1  # commit
+            w[Q_NEXT_OFFSET] = off + 1  # commit
             if _CRASH:
                 crashpoints.hit("put.committed")
             return off
@@ -207,17 +231,17 @@ class Ring:
         count = len(payloads)
         self.plock.acquire()
         try:
-            if w[26]:
+            if w[Q_PENDING_PRODUCER]:
                 self._settle_pending()
-            off = w[24]
-            free = w[32]
+            off = w[Q_NEXT_OFFSET]
+            free = w[Q_FREE_OFFSET]
             if producer:
                 pe = self._producer_entry(producer)
-                if w[pe + L.P_KEY] == producer and seq <= w[pe + L.P_SEQ]:
+                if w[pe + P_KEY] == producer and seq <= w[pe + P_SEQ]:
                     return DUPLICATE
             if off - free + count > cap:
                 return -1
-            tb = w[25]
+            tb = w[Q_TAIL_BYTES]
             mm = self.mm
             sw = self.slot_words
             sl = self.slots_w
@@ -226,12 +250,12 @@ class Ring:
                 p = -(-tb // size) * size
                 floor = p
             else:
-                floor = w[sl + (free % cap) * sw + 1]
+                floor = w[sl + (free % cap) * sw + S_BYTEPOS]
                 p = tb
             # place every record first: nothing is written unless the whole batch fits
             one_run = False
             if metas:
-                lens = [len(payloads[i]) | (len(metas[i]) << 32) for i in range(count)]
+                lens = [len(payloads[i]) | (len(metas[i]) << LEN_META_SHIFT) for i in range(count)]
             else:
                 lens = list(map(len, payloads))
                 total = sum(lens)
@@ -244,7 +268,7 @@ class Ring:
             else:
                 positions = []
                 for i in range(count):
-                    n = (lens[i] & 0xFFFFFFFF) + (lens[i] >> 32)
+                    n = (lens[i] & LEN_PAYLOAD_MASK) + (lens[i] >> LEN_META_SHIFT)
                     phys = p % size
                     if phys + n > size:
                         p += size - phys
@@ -257,11 +281,11 @@ class Ring:
             while i < count:
                 i0 = (off + i) % cap
                 k = min(count - i, cap - i0)
-                block = array("Q", bytes(8 * k * sw))  # lease words start NEW (0)
-                block[0::sw] = array("Q", range(off + i, off + i + k))
-                block[1::sw] = array("Q", positions[i:i + k])
-                block[2::sw] = array("Q", lens[i:i + k])
-                block[3::sw] = array("Q", [ts]) * k
+                block = array("Q", bytes(WORD * k * sw))  # lease words start NEW (0)
+                block[S_OFFSET::sw] = array("Q", range(off + i, off + i + k))
+                block[S_BYTEPOS::sw] = array("Q", positions[i:i + k])
+                block[S_LENS::sw] = array("Q", lens[i:i + k])
+                block[S_TIMESTAMP::sw] = array("Q", [ts]) * k
                 w[sl + i0 * sw:sl + (i0 + k) * sw] = block
                 i += k
             # records, one copy per physically contiguous run
@@ -272,9 +296,9 @@ class Ring:
                 i = count
             while i < count:
                 j = i + 1
-                end = positions[i] + (lens[i] & 0xFFFFFFFF) + (lens[i] >> 32)
+                end = positions[i] + (lens[i] & LEN_PAYLOAD_MASK) + (lens[i] >> LEN_META_SHIFT)
                 while j < count and positions[j] == end and end % size:
-                    end += (lens[j] & 0xFFFFFFFF) + (lens[j] >> 32)
+                    end += (lens[j] & LEN_PAYLOAD_MASK) + (lens[j] >> LEN_META_SHIFT)
                     j += 1
                 start = data + positions[i] % size
                 if metas:
@@ -283,30 +307,30 @@ class Ring:
                     parts = payloads[i:j]
                 mm[start:start + end - positions[i]] = b"".join(parts)
                 i = j
-            w[25] = p
+            w[Q_TAIL_BYTES] = p
             if producer:  # the order matters: see "Producer entry" in layout
-                w[26] = (pe - self.producers_w) // L.P_WORDS + 1
+                w[Q_PENDING_PRODUCER] = (pe - self.producers_w) // P_WORDS + 1
                 if _CRASH:
                     crashpoints.hit("put_idem.pending")
-                if w[pe + L.P_KEY] == producer:
-                    prev = w[pe + L.P_SEQ]
+                if w[pe + P_KEY] == producer:
+                    prev = w[pe + P_SEQ]
                 else:
                     prev = 0
-                    w[pe + L.P_KEY] = 0  # an entry half rewritten for a new key matches nobody
-                w[pe + L.P_PREV] = prev
-                w[pe + L.P_COMMIT] = off + count
-                w[pe + L.P_SEQ] = seq
-                w[pe + L.P_KEY] = producer
+                    w[pe + P_KEY] = 0  # an entry half rewritten for a new key matches nobody
+                w[pe + P_PREV] = prev
+                w[pe + P_COMMIT] = off + count
+                w[pe + P_SEQ] = seq
+                w[pe + P_KEY] = producer
                 if _CRASH:
                     crashpoints.hit("put_idem.entry")
-                w[24] = off + count  # commit
+                w[Q_NEXT_OFFSET] = off + count  # commit
                 if _CRASH:
                     crashpoints.hit("put_idem.committed")
-                w[26] = 0
+                w[Q_PENDING_PRODUCER] = 0
             else:
                 if _CRASH:
                     crashpoints.hit("put_many.written")
-                w[24] = off + count  # commit
+                w[Q_NEXT_OFFSET] = off + count  # commit
                 if _CRASH:
                     crashpoints.hit("put_many.committed")
             return off
@@ -319,22 +343,22 @@ class Ring:
         written longest ago (its memory is lost: documented in options.MAX_PRODUCERS)."""
         w = self.w
         base = self.producers_w
-        end = base + self.max_producers * L.P_WORDS
-        keys = w[base + L.P_KEY:end:L.P_WORDS].tolist()
+        end = base + self.max_producers * P_WORDS
+        keys = w[base + P_KEY:end:P_WORDS].tolist()
         if key in keys:
-            return base + keys.index(key) * L.P_WORDS
+            return base + keys.index(key) * P_WORDS
         if 0 in keys:
-            return base + keys.index(0) * L.P_WORDS
-        commits = w[base + L.P_COMMIT:end:L.P_WORDS].tolist()
-        return base + commits.index(min(commits)) * L.P_WORDS
+            return base + keys.index(0) * P_WORDS
+        commits = w[base + P_COMMIT:end:P_WORDS].tolist()
+        return base + commits.index(min(commits)) * P_WORDS
 
     def _settle_pending(self) -> None:
         """Under plock: an idempotent put's writer died; keep its sequence only if it committed."""
         w = self.w
-        e = self.producers_w + (w[26] - 1) * L.P_WORDS
-        if w[24] < w[e + L.P_COMMIT]:
-            w[e + L.P_SEQ] = w[e + L.P_PREV]
-        w[26] = 0
+        e = self.producers_w + (w[Q_PENDING_PRODUCER] - 1) * P_WORDS
+        if w[Q_NEXT_OFFSET] < w[e + P_COMMIT]:
+            w[e + P_SEQ] = w[e + P_PREV]
+        w[Q_PENDING_PRODUCER] = 0
 
     def _recover_producer(self) -> None:
         if self.w[L.Q_PENDING_PRODUCER]:
@@ -343,7 +367,7 @@ class Ring:
     def producer_table(self) -> list[tuple[int, int]]:
         """(key, last sequence) of every remembered producer; call under plock."""
         w = self.w
-        if w[26]:
+        if w[L.Q_PENDING_PRODUCER]:
             self._settle_pending()
         base = self.producers_w
         end = base + self.max_producers * L.P_WORDS
@@ -373,15 +397,15 @@ class Ring:
         size, cap = self.size, self.capacity
         if tail - first > cap:
             raise InstanceError(f"cannot restore {tail - first} offsets into capacity {cap}")
-        done_all = b"".join(L.DONE.to_bytes(8, "little") for _ in range(self.max_groups))
+        done_all = b"".join(L.DONE.to_bytes(L.WORD, "little") for _ in range(self.max_groups))
         mm = self.mm
         p = 0
         for o in range(first, tail):
             base = self.slots_w + (o % cap) * self.slot_words
             rec = records.get(o)
-            b = (base + L.S_FIXED_WORDS) * 8
+            b = (base + L.S_FIXED_WORDS) * L.WORD
             if rec is None:
-                mm[base * 8:b] = L.SLOT_HEAD.pack(o, p, 0, 0)
+                mm[base * L.WORD:b] = L.SLOT_HEAD.pack(o, p, 0, 0)
                 mm[b:b + len(done_all)] = done_all
                 continue
             ts, payload = rec
@@ -393,7 +417,7 @@ class Ring:
                 raise InstanceError(f"cannot restore {p + n} bytes into max_bytes {size}")
             start = self.data_off + p % size
             mm[start:start + n] = payload
-            mm[base * 8:b] = L.SLOT_HEAD.pack(o, p, n, ts)
+            mm[base * L.WORD:b] = L.SLOT_HEAD.pack(o, p, n, ts)
             mm[b:b + len(self._zero_leases)] = self._zero_leases
             p += n
         w[L.Q_TAIL_BYTES] = p
@@ -412,7 +436,7 @@ class Ring:
             base = self.slot_base(o)
             assert w[base + L.S_OFFSET] == o, (o, w[base])
             pos = w[base + L.S_BYTEPOS]
-            n = (w[base + L.S_LENS] & 0xFFFFFFFF) + (w[base + L.S_LENS] >> 32)
+            n = (w[base + L.S_LENS] & L.LEN_PAYLOAD_MASK) + (w[base + L.S_LENS] >> L.LEN_META_SHIFT)
             assert pos % self.size + n <= self.size, "record crosses the end of the ring"
             if prev_end is not None:
                 assert pos >= prev_end, "records overlap"

@@ -1,0 +1,294 @@
+"""Delivery: leasing a group's messages to a consumer, new ones and given-back ones.
+
+``Delivery`` is a base class of ``shmq.group.Groups``: every method here is called with
+the consumer lock held and keeps the invariants in ``shmq.group``'s docstring.  A
+delivery stores the lease words first (LEASED, the owner, the deadline) and moves the
+cursor and the expiry hint after them, so a deliverer killed in between leaves words
+that ``Groups.repair`` turns back into NEW.  ``deliver`` is the general path (expired
+leases first, then redeliveries, then new messages); ``deliver_one`` and
+``deliver_block`` are its hot paths for one new message and for a run of them.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_right
+from itertools import accumulate
+from typing import Any
+
+from . import crashpoints
+from .group_settlement import Settlement
+from .group_table import DeadItem
+from .layout import (
+    DC_MASK,
+    DC_SHIFT,
+    G_CURSOR,
+    G_FLOOR,
+    G_NEXT_EXPIRY,
+    G_NEXT_READY,
+    G_READY_LO,
+    G_REDELIVER,
+    G_REDELIVERED,
+    G_WORDS,
+    LEASED,
+    LEASED_ONCE,
+    LEN_META_SHIFT,
+    LEN_PAYLOAD_MASK,
+    OWNER_SHIFT,
+    READY,
+    S_BYTEPOS,
+    S_GROUPS,
+    S_LENS,
+    S_TIMESTAMP,
+    SLOT_HEAD,
+    STATE_MASK,
+    TIME_SHIFT,
+    WORD,
+)
+
+_unpack_slot = SLOT_HEAD.unpack_from
+
+_CRASH = crashpoints.watch(__name__)
+
+
+def _within(lens: list[int], used: int, max_bytes: int, got: int) -> tuple[int, int]:
+    """How many of these records (slots' S_LENS words: payload | metadata length << 32)
+    fit a byte budget of which ``used`` is spent, at least one when nothing was taken
+    yet (``got`` == 0); and the budget spent once they are taken."""
+    cum = list(accumulate([(x & LEN_PAYLOAD_MASK) + (x >> LEN_META_SHIFT) for x in lens], initial=used))
+    k = max(bisect_right(cum, max_bytes) - 1, 0)
+    if not k and not got:
+        k = 1
+    return k, cum[k]
+
+
+class Delivery(Settlement):
+    """Leasing messages to consumers (the base of ``Groups``)."""
+
+    # ------------------------------------------------------------ delivery
+    def deliver(self, gi: int, owner: int, now: int, max_n: int, vis_ms: int,
+                out: list[Any], dead: list[DeadItem], cls: type = tuple,
+                prefix: tuple[Any, ...] = (), max_bytes: int = 0) -> None:
+        """Lease up to max_n messages to owner.
+
+        Appends ``cls((*prefix, offset, deliveries, payload, metadata, timestamp_ns))`` to
+        ``out`` (``cls`` a tuple type: the API's Message is built here, once).
+        Expired leases of this group are returned first (into ``dead`` when they
+        have no deliveries left).  Redeliveries come before new messages.
+        ``max_bytes``: stop before the payloads and metadata taken pass it (but take at
+        least one message); 0: no limit.
+        """
+        w = self.w
+        g = self.gw + gi * G_WORDS
+        ne = w[g + G_NEXT_EXPIRY]
+        if ne and now >= ne:
+            self.expire(gi, now, owner, dead)
+            ne = w[g + G_NEXT_EXPIRY]
+        if w[g + G_REDELIVER] and now >= w[g + G_NEXT_READY]:
+            if self._redeliver(gi, owner, now, max_n, vis_ms, out, cls, prefix, max_bytes):
+                return  # the byte budget is spent: new messages wait behind the redeliveries
+        cur = w[g + G_CURSOR]
+        tail = w[self.tail_word]  # Q_NEXT_OFFSET, or Q_DURABLE_OFFSET of an `always` queue
+        got = len(out)
+        if cur >= tail or got >= max_n:
+            return
+        used = sum(len(m[-3]) + len(m[-2]) for m in out) if max_bytes else 0
+        sl, cap, sw, size, data, mm = self._geom
+        lw = S_GROUPS + gi
+        deadline = now + vis_ms
+        word = LEASED_ONCE | (owner << OWNER_SHIFT) | (deadline << TIME_SHIFT)
+        new = tuple.__new__
+        append = out.append
+        unpack = _unpack_slot
+        skipped = False
+        while cur < tail and got < max_n:
+            # one run of slots that does not wrap: read and lease it with strided slices
+            i0 = cur % cap
+            k = tail - cur
+            if max_n - got < k:
+                k = max_n - got
+            if cap - i0 < k:
+                k = cap - i0
+            b0 = sl + i0 * sw
+            end = b0 + k * sw
+            if k > 1 and not any(w[b0 + lw:end:sw].tolist()):
+                if max_bytes:  # as many as the byte budget holds (at least one in all)
+                    k, used = _within(w[b0 + S_LENS:end:sw].tolist(), used, max_bytes, got)
+                    if not k:
+                        break
+                    end = b0 + k * sw
+                w[b0 + lw:end:sw] = array("Q", [word]) * k
+                runs = zip(range(cur, cur + k), w[b0 + S_BYTEPOS:end:sw].tolist(),
+                           w[b0 + S_LENS:end:sw].tolist(), w[b0 + S_TIMESTAMP:end:sw].tolist(), strict=True)
+                got += k
+                cur += k
+            else:  # one at a time, stepping over DONE words (settled without a delivery)
+                if w[b0 + lw]:
+                    cur += 1
+                    skipped = True
+                    continue
+                if max_bytes:
+                    k, used = _within([w[b0 + S_LENS]], used, max_bytes, got)
+                    if not k:
+                        break
+                cur += 1
+                w[b0 + lw] = word
+                got += 1
+                runs = (unpack(mm, b0 * WORD),)  # type: ignore[assignment]
+            for o, pos, lens, ts in runs:
+                start = data + pos % size
+                mlen = lens >> LEN_META_SHIFT
+                if mlen:
+                    append(new(cls, (*prefix, o, 1, mm[start + mlen:start + mlen + (lens & LEN_PAYLOAD_MASK)],
+                                     mm[start:start + mlen], ts)))
+                else:
+                    append(new(cls, (*prefix, o, 1, mm[start:start + lens], b"", ts)))
+        if _CRASH:
+            crashpoints.hit("deliver.run.leased")
+        w[g + G_CURSOR] = cur
+        if _CRASH:
+            crashpoints.hit("deliver.cursor")
+        if not ne or deadline < ne:
+            w[g + G_NEXT_EXPIRY] = deadline
+        if skipped:  # the floor may stand on one of them
+            self.advance_floor(gi)
+
+    def deliver_one(self, gi: int, ref: int, word: int, now: int, cls: type, q: Any, group: str) -> Any:
+        """The hot path of ``deliver`` for a single new message; None when the general
+        path is needed (expiry due, redeliveries pending, nothing new, crash leftovers).
+        ``word`` is the LEASED lease word (1 delivery, owner, deadline) to store; ``ref``
+        the group's reference, for the message."""
+        w = self.w
+        g = self.gw + gi * G_WORDS
+        ne = w[g + G_NEXT_EXPIRY]
+        cur = w[g + G_CURSOR]
+        if (ne and now >= ne) or w[g + G_REDELIVER] or cur >= w[self.tail_word]:
+            return None
+        base = self.sl + (cur % self.cap) * self.sw
+        if w[base + S_GROUPS + gi]:  # DONE: settled without a delivery, stepped over by ``deliver``
+            return None
+        w[base + S_GROUPS + gi] = word
+        if _CRASH:
+            crashpoints.hit("deliver.one.leased")
+        w[g + G_CURSOR] = cur + 1
+        deadline = word >> TIME_SHIFT
+        if not ne or deadline < ne:
+            w[g + G_NEXT_EXPIRY] = deadline
+        _o, pos, lens, ts = _unpack_slot(self.mm, base * WORD)
+        start = self.data_off + pos % self.size
+        mlen = lens >> LEN_META_SHIFT
+        if mlen:
+            payload = self.mm[start + mlen:start + mlen + (lens & LEN_PAYLOAD_MASK)]
+            return tuple.__new__(cls, (q, ref, group, cur, 1, payload, self.mm[start:start + mlen], ts))
+        return tuple.__new__(cls, (q, ref, group, cur, 1, self.mm[start:start + lens], b"", ts))
+
+    def deliver_block(self, gi: int, owner: int, now: int, max_n: int, vis_ms: int,
+                      max_bytes: int = 0) -> tuple[int, list[int], list[int], bytes] | None:
+        """The hot path of ``deliver`` for a batch: a run of at least two new messages
+        without metadata, stored back to back, leased to ``owner`` (1 delivery) with
+        strided slice stores.  Returns (first offset, timestamps, payload lengths, the
+        payloads as one bytes): an empty run when there is nothing to deliver at all
+        (nothing new, nothing given back, no lease expired); None when the general path
+        is needed (an expiry due, redeliveries pending, one new, a run that wraps the
+        slot table or the byte ring, metadata, a DONE word).  ``max_bytes``: a run
+        whose payloads would pass it is cut short (0: no limit)."""
+        w = self.w
+        g = self.gw + gi * G_WORDS
+        ne = w[g + G_NEXT_EXPIRY]
+        if (ne and now >= ne) or w[g + G_REDELIVER]:  # an expiry is due / redeliveries wait
+            return None
+        sl, cap, sw, size, data, mm = self._geom
+        cur = w[g + G_CURSOR]
+        i0 = cur % cap
+        k = min(w[self.tail_word] - cur, max_n, cap - i0)
+        if k < 2:
+            return (cur, [], [], b"") if k <= 0 else None
+        b0 = sl + i0 * sw
+        end = b0 + k * sw
+        lw = b0 + S_GROUPS + gi
+        if any(w[lw:end:sw]):  # a DONE word (settled without a delivery): the general path
+            return None
+        lens = w[b0 + S_LENS:end:sw].tolist()
+        if max(lens) > LEN_PAYLOAD_MASK:  # some record has metadata
+            return None
+        if max_bytes and sum(lens) > max_bytes:
+            k, _ = _within(lens, 0, max_bytes, 1)
+            if k < 2:
+                return None
+            end = b0 + k * sw
+            lens = lens[:k]
+        p0 = w[b0 + S_BYTEPOS]
+        span = w[end - sw + S_BYTEPOS] + lens[-1] - p0
+        start = p0 % size
+        if span != sum(lens) or start + span > size:  # not back to back in one lap
+            return None
+        deadline = now + vis_ms
+        w[lw:end:sw] = array("Q", [LEASED_ONCE | (owner << OWNER_SHIFT) | (deadline << TIME_SHIFT)]) * k
+        if _CRASH:
+            crashpoints.hit("deliver.block.leased")
+        w[g + G_CURSOR] = cur + k
+        if not ne or deadline < ne:
+            w[g + G_NEXT_EXPIRY] = deadline
+        return cur, w[b0 + S_TIMESTAMP:end:sw].tolist(), lens, mm[data + start:data + start + span]
+
+    def _redeliver(self, gi: int, owner: int, now: int, max_n: int, vis_ms: int,
+                   out: list[Any], cls: type, prefix: tuple[Any, ...], max_bytes: int = 0) -> bool:
+        """Lease READY messages whose time has come, lowest offset first.
+
+        Scans from the G_READY_LO hint and stops once max_n are taken (or ``max_bytes``
+        would be passed: then it returns True), so a long run of given-back messages
+        costs O(1) per delivery, not O(window).
+        """
+        w = self.w
+        g = self.gw + gi * G_WORDS
+        lw = S_GROUPS + gi
+        cur = w[g + G_CURSOR]
+        o = max(w[g + G_FLOOR], w[g + G_READY_LO])
+        pending = 0
+        next_ready = 0
+        first_pending = -1
+        deadline = now + vis_ms
+        taken = 0
+        used = 0
+        spent = False
+        full = len(out) >= max_n
+        while o < cur and not full:
+            base = self.sl + (o % self.cap) * self.sw + lw
+            word = w[base]
+            if word & STATE_MASK == READY:
+                t = word >> TIME_SHIFT
+                if t <= now:
+                    if max_bytes:
+                        fits, used = _within([w[base - lw + S_LENS]], used, max_bytes, len(out))
+                        if not fits:
+                            spent = True
+                            break  # o stays READY (see "stopped early" below)
+                    dc = ((word >> DC_SHIFT) & DC_MASK) + 1  # at most DC_MASK: see give_up_at
+                    w[base] = LEASED | (dc << DC_SHIFT) | (owner << OWNER_SHIFT) | (deadline << TIME_SHIFT)
+                    if _CRASH:
+                        crashpoints.hit("redeliver.leased")
+                    payload, meta, ts = self.ring.record(o)
+                    out.append(tuple.__new__(cls, (*prefix, o, dc, payload, meta, ts)))
+                    taken += 1
+                    full = len(out) >= max_n
+                else:
+                    pending += 1
+                    if first_pending < 0:
+                        first_pending = o
+                    if not next_ready or t < next_ready:
+                        next_ready = t
+            o += 1
+        if o >= cur:  # scanned to the end: the hints are exact now
+            w[g + G_REDELIVER] = pending
+            w[g + G_NEXT_READY] = next_ready
+            w[g + G_READY_LO] = first_pending if first_pending >= 0 else cur
+        else:  # stopped early: more may be READY from o on, due at any time (0: a true bound)
+            w[g + G_REDELIVER] = max(w[g + G_REDELIVER] - taken, pending + 1)
+            w[g + G_NEXT_READY] = 0
+            w[g + G_READY_LO] = first_pending if first_pending >= 0 else o
+        if taken:
+            w[g + G_REDELIVERED] += taken
+            ne = w[g + G_NEXT_EXPIRY]
+            if not ne or deadline < ne:
+                w[g + G_NEXT_EXPIRY] = deadline
+        return spent
