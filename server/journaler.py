@@ -276,7 +276,7 @@ def _published() -> None:
 
 
 def remove_retired(root: Path) -> None:
-    """Remove the journals of deleted queues (see ``shm.retire_journal``)."""
+    """Remove the journals of deleted queues (see ``journal_files.retire_journal``)."""
     try:
         names = os.listdir(root)
     except FileNotFoundError:

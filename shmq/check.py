@@ -155,7 +155,7 @@ def check_ring(ring: Ring, groups: Groups, reg: Registry | None = None) -> list[
     for o in range(free, nxt):
         base = ring.slot_base(o)
         pos, lens = w[base + L.S_BYTEPOS], w[base + L.S_LENS]
-        n = (lens & 0xFFFFFFFF) + (lens >> 32)
+        n = (lens & L.LEN_PAYLOAD_MASK) + (lens >> L.LEN_META_SHIFT)
         if w[base + L.S_OFFSET] != o:
             bad.append(f"slot of offset {o} names offset {w[base + L.S_OFFSET]}")
         elif pos % ring.size + n > ring.size:

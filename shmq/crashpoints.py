@@ -38,16 +38,16 @@ POINTS: dict[str, str] = {
     "put_idem.pending": "an idempotent put named its producer entry (Q_PENDING_PRODUCER) only",
     "put_idem.entry": "an idempotent put rewrote its producer entry, not the commit",
     "put_idem.committed": "an idempotent put committed, Q_PENDING_PRODUCER still set",
-    # queue.py: sleepers
+    # consume.py: sleepers
     "wait.announced": "a blocked put or get counted itself as a waiter and died asleep",
-    # group.py: deliveries, under the consumer lock
+    # group_delivery.py: deliveries, under the consumer lock
     "deliver.one.leased": "the single-message hot path stored a lease word, not the cursor",
     "deliver.run.leased": "the general path leased a run of new messages, not the cursor",
     "deliver.block.leased": "the batch hot path leased a run, not the cursor",
     "deliver.cursor": "a delivery moved the cursor, not the expiry hint",
     "redeliver.leased": "a redelivery leased a READY word, not the hints",
     "expire.given_back": "an expiry scan gave a lease back, not the expiry hint",
-    # group.py: settling
+    # group_settlement.py, group_table.py: settling, floors, groups
     "ack.done": "an ack stored DONE, not the counters or the floor",
     "ack_range.done": "a run ack stored DONE for the run, not the floor",
     "ack_batch.partial": "a batch ack stored DONE for part of its offsets",
@@ -59,7 +59,7 @@ POINTS: dict[str, str] = {
     "group.create.active": "a group create stored ACTIVE, not the generation",
     "group.delete.freed": "a group delete stored FREE, not the generation",
     "reap.partial": "a reaper gave back part of a dead client's leases in one queue",
-    # queue.py / shm.py: copies, give-backs, reaping, queues
+    # handle.py, serverqueue.py, shm.py: copies, give-backs, reaping, queues
     "dlq.copied": "a dead-letter copy is in the DLQ, the original is still DEADING",
     "dlq.orphaned": "a failed dead-letter copy was orphaned, Q_ORPHANS not set",
     "give_back.chunk": "a closed connection's leases were given back in part",
@@ -71,7 +71,7 @@ POINTS: dict[str, str] = {
     # registry.py: client slots, under the registry lock
     "registry.slot.taken": "a client slot was taken, the registry lock still held",
     "registry.slot.freed": "a client slot was freed, the registry lock still held",
-    # server/: workers and the journal process
+    # server/ (core, delivery, parking, handlers; journaler): workers and the journal process
     "worker.give_back.queue": "a closing connection's leases went back in one queue (or group), not the rest",
     "worker.deliver.unsent": "a worker leased messages for a DELIVER (batch, push) and did not send it",
     "worker.produce.unanswered": "a worker stored a produce (single, batch, publisher run), no reply sent",

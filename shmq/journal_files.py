@@ -14,6 +14,7 @@ import errno as _errno
 import os
 import re
 import struct
+import time
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -65,6 +66,23 @@ def queue_dir(root: Path | str, queue_name: str) -> Path:
     if Path(os.path.normpath(path)).parent != base:  # the prefix makes ".", ".." and "a/b" impossible
         raise InvalidName(f"queue name {queue_name!r} would leave the data directory")
     return path
+
+
+def retire_journal(data_dir: str, name: str) -> None:
+    """Move a deleted queue's journal out of the way, atomically: recovery never brings it
+    back, and its writer (which notices the deletion and stops) writes on into the moved
+    directory.  The journal process removes retired journals (``.deleted-*``)."""
+    path = queue_dir(data_dir, name)
+    try:
+        os.rename(path, path.parent / f".deleted-{time.time_ns()}-{name}")
+        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except FileNotFoundError:
+        pass
+
 
 
 def list_queues(root: Path | str) -> list[str]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from . import crashpoints, options, process
 from . import layout as L
 from .errors import InstanceError, InvalidArgument, LimitExceeded, QueueExists
+from .journal_files import retire_journal
 from .lock import RobustLock
 from .segment import (
     SHM_DIR,
@@ -379,7 +380,6 @@ class Registry:
                 w[L.R_GENERATION] += 1
                 data_dir = self.data_dir()
                 if durable and data_dir:
-                    from .shm import retire_journal
                     retire_journal(data_dir, name)
                 n += 1
         ids = self.reserved_ids()

@@ -27,6 +27,7 @@ from . import layout as L
 from .api import Broker, QueueConfig, QueueInfo
 from .errors import InstanceError, InvalidArgument, QueueExists, QueueNotFound
 from .handle import QueueHandle, monotonic_ms
+from .journal_files import retire_journal
 from .names import check_queue_name, dlq_name, is_dlq_name
 from .queue import ShmQueue
 from .registry import QueueEntry, Registry
@@ -323,23 +324,6 @@ def _exit_hooks() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def retire_journal(data_dir: str, name: str) -> None:
-    """Move a deleted queue's journal out of the way, atomically: recovery never brings it
-    back, and its writer (which notices the deletion and stops) writes on into the moved
-    directory.  The journal process removes retired journals (``.deleted-*``)."""
-    from .journal import queue_dir
-    path = queue_dir(data_dir, name)
-    try:
-        os.rename(path, path.parent / f".deleted-{time.time_ns()}-{name}")
-        fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except FileNotFoundError:
-        pass
 
 
 def _config(limits: dict[str, Any]) -> QueueConfig:
