@@ -1,0 +1,135 @@
+"""A/B of two commits on the co-located hot paths, interleaved in one run.
+
+    python bench/ab.py OLD [NEW] [--rounds 8]
+
+Each commit is checked out in a temporary git worktree (NEW defaults to the
+working tree as it is) and imported through ``PYTHONPATH`` by this same Python,
+so only the code differs.  The rounds alternate OLD, NEW, OLD, NEW, ...; each
+round runs, in a fresh process:
+
+* **per op**: ``put``, ``get`` and ``ack`` of 100 B in one process, 4,000 each,
+  best of 7 (ns per call);
+* **ping-pong**: two processes, a put and a blocking get each way, 3,000 timed
+  round trips (p50, µs);
+* **one way**: a producer process puts 40,000 messages of 100 B while this one
+  gets and acks them (msgs/s).
+
+It prints each side's median over the rounds (and the spread) and NEW / OLD.
+The machine is shared and noisy: read a ratio within the spread as parity.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CHILD = r"""
+import json, os, sys, time
+from shmq.shm import ShmBroker
+inst = f"ab{os.getpid()}"
+b = ShmBroker(inst)
+try:
+    q = b.create_queue("p", capacity=8192, max_bytes=1 << 24)
+    payload, n, best = b"x" * 100, 4000, {"put": 1e12, "get": 1e12, "ack": 1e12}
+    for _ in range(7):
+        t = time.perf_counter_ns()
+        for _ in range(n):
+            q.put(payload)
+        best["put"] = min(best["put"], (time.perf_counter_ns() - t) / n)
+        t = time.perf_counter_ns()
+        msgs = [q.get() for _ in range(n)]
+        best["get"] = min(best["get"], (time.perf_counter_ns() - t) / n)
+        t = time.perf_counter_ns()
+        for m in msgs:
+            m.ack()
+        best["ack"] = min(best["ack"], (time.perf_counter_ns() - t) / n)
+    a2b, b2a = b.create_queue("a2b"), b.create_queue("b2a")
+    pings, warm = 3000, 200
+    pid = os.fork()
+    if pid == 0:
+        c = ShmBroker(inst)
+        i, o = c.queue("a2b"), c.queue("b2a")
+        for _ in range(pings + warm):
+            m = i.get(); m.ack(); o.put(m.payload)
+        os._exit(0)
+    lat = []
+    for k in range(pings + warm):
+        t = time.perf_counter_ns()
+        a2b.put(payload)
+        m = b2a.get(); m.ack()
+        if k >= warm:
+            lat.append(time.perf_counter_ns() - t)
+    os.waitpid(pid, 0)
+    total = 40000
+    pid = os.fork()
+    if pid == 0:
+        o = ShmBroker(inst).queue("a2b")
+        for _ in range(total):
+            o.put(payload)
+        os._exit(0)
+    t = time.perf_counter()
+    for _ in range(total):
+        a2b.get().ack()
+    rate = total / (time.perf_counter() - t)
+    os.waitpid(pid, 0)
+    lat.sort()
+    print(json.dumps({**{k + " ns": v for k, v in best.items()},
+                      "ping-pong p50 us": lat[len(lat) // 2] / 1000, "one way msgs/s": rate}))
+finally:
+    b.destroy()
+"""
+
+
+def _checkout(rev: str, where: Path) -> Path:
+    path = where / rev.replace("/", "_")
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(path), rev], check=True)
+    return path
+
+
+def _round(tree: Path) -> dict[str, float]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, check=True,
+                         timeout=600)
+    return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("old", help="the commit to compare against")
+    ap.add_argument("new", nargs="?", help="the new commit (default: the working tree)")
+    ap.add_argument("--rounds", type=int, default=8, help="rounds per side, interleaved (default 8)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="shmq-ab-") as tmp:
+        trees = {"old": _checkout(args.old, Path(tmp))}
+        trees["new"] = _checkout(args.new, Path(tmp)) if args.new else ROOT
+        try:
+            runs: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
+            for i in range(args.rounds):
+                for side in ("old", "new"):
+                    runs[side].append(_round(trees[side]))
+                print(f"round {i + 1}/{args.rounds} done", file=sys.stderr)
+        finally:
+            for tree in trees.values():
+                if tree != ROOT:
+                    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                                   check=False)
+    print(f"old = {args.old}, new = {args.new or 'working tree'}; "
+          f"{args.rounds} interleaved rounds each, medians")
+    for key in runs["old"][0]:
+        o = [r[key] for r in runs["old"]]
+        n = [r[key] for r in runs["new"]]
+        mo, mn = statistics.median(o), statistics.median(n)
+        print(f"  {key:18s} old {mo:10.1f} ({min(o):.1f}-{max(o):.1f})   new {mn:10.1f} "
+              f"({min(n):.1f}-{max(n):.1f})   new/old {mn / mo:.3f}")
+
+
+if __name__ == "__main__":
+    main()
