@@ -6,11 +6,14 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import shmq
 
 
-def test_import_shmq_does_not_load_posix_ipc() -> None:
-    code = "import shmq, sys; assert 'posix_ipc' not in sys.modules, 'import shmq loaded posix_ipc'"
+@pytest.mark.parametrize("module", ["shmq", "shmq.tcp", "shmq.aio", "shmq.commands", "shmq.connection"])
+def test_the_package_and_the_tcp_clients_do_not_load_posix_ipc(module: str) -> None:
+    code = f"import {module}, sys; assert 'posix_ipc' not in sys.modules, 'import {module} loaded posix_ipc'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
