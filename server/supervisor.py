@@ -30,6 +30,7 @@ so a test sees the recovery rather than a crash loop.
 
 from __future__ import annotations
 
+import errno
 import logging
 import multiprocessing as mp
 import signal
@@ -64,7 +65,13 @@ def exclusive_port(host: str, port: int) -> int:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are fine
-        s.bind((host, port))
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise OSError(e.errno, f"port {port} on {host} is in use by another process "
+                                       "(--port 0 picks a free one)") from None
+            raise OSError(e.errno, f"cannot listen on {host}:{port}: {e.strerror}") from None
         return int(s.getsockname()[1])
 
 

@@ -68,8 +68,13 @@ async def connect(url: str, token: str | None = None, *, connect_timeout: float 
     if sock is not None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     broker = AsyncBroker(url, reader, writer)
-    try:
-        broker.worker, broker.server = await broker._execute(cmd.handshake(token, client, affinity))
+    try:  # the handshake is bounded by connect_timeout too: a peer that never answers is no broker
+        async with asyncio.timeout(connect_timeout):
+            broker.worker, broker.server = await broker._execute(cmd.handshake(token, client, affinity))
+    except TimeoutError:
+        await broker._shutdown("the handshake failed")
+        raise ConnectionLost(f"connection to {url} did not answer the handshake within {connect_timeout} s: "
+                             "is it a shmq broker?") from None
     except BaseException:
         await broker._shutdown("the handshake failed")
         raise

@@ -59,8 +59,9 @@ from collections import deque
 from collections.abc import Callable, Iterator, KeysView
 from typing import Any, Generic, NamedTuple, TypeVar
 
+from . import options
 from .codec import NO_REPLY_ID, Frame, FrameDecoder, T, error_of, frame
-from .errors import ConnectionLost, ShmqError
+from .errors import ConnectionLost, MessageTooLarge, ProtocolError, ShmqError, Status
 
 R = TypeVar("R")
 
@@ -138,8 +139,8 @@ class ClientConnection:
     ``peer`` names the other end in error messages.  ``last_id`` is the id given out
     last: the next is the first id after it that is not in use."""
 
-    __slots__ = ("peer", "closed", "close_reason", "nowait_errors", "last_id", "_pending", "_subs",
-                 "_decoder")
+    __slots__ = ("peer", "closed", "close_reason", "nowait_errors", "last_id", "max_frame", "heard",
+                 "_pending", "_subs", "_decoder")
 
     def __init__(self, peer: str = "the broker") -> None:
         self.peer = peer
@@ -147,6 +148,8 @@ class ClientConnection:
         self.close_reason = ""  # why it closed: a Closing's reason, else the first lost()'s
         self.nowait_errors: deque[ShmqError] = deque(maxlen=NOWAIT_ERRORS)  # the latest, oldest first
         self.last_id = 0
+        self.max_frame = options.MAX_FRAME  # the broker's limit: a larger request is never sent
+        self.heard = False  # a frame came from the peer: it speaks the protocol
         self._pending: dict[int, Any] = {}  # request id -> its waiter
         self._subs: dict[int, _Subscription] = {}  # subscription (its SUBSCRIBE's) id -> its state
         self._decoder = FrameDecoder()
@@ -182,12 +185,17 @@ class ClientConnection:
 
     def send(self, request: Request[Any], waiter: Any = None) -> tuple[int, bytes]:
         """The id and the frame of ``request``, pending from now on with ``waiter``.
-        Raises ConnectionLost once closed (and what ``request.encode`` raises, with
-        nothing pending)."""
+        Raises ConnectionLost once closed, MessageTooLarge for a frame over the broker's
+        limit (which would close the connection), and what ``request.encode`` raises;
+        then nothing is pending and the connection stays usable."""
         if self.closed:
             raise self.lost_error()
         msg_id = self._next_id()
         data = request.encode(msg_id, *request.args)
+        if len(data) > self.max_frame:
+            raise MessageTooLarge(f"a request of {len(data)} bytes is over the frame limit of "
+                                  f"{self.max_frame} bytes ({self.peer} would close the connection): "
+                                  "nothing was sent")
         self._pending[msg_id] = waiter
         return msg_id, data
 
@@ -235,12 +243,22 @@ class ClientConnection:
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[Event]:
         """The events of the frames completed by ``data`` (bytes as they were read: a
         frame may span calls).  A malformed frame raises ProtocolError, and so does every
-        later call: the driver then calls ``lost``."""
+        later call: the driver then calls ``lost``.  A peer whose very first bytes are no
+        frame is named for what it looks like (an HTTP, Redis or TLS server, ...)."""
         events: list[Event] = []
         append = events.append
         pending, subs = self._pending, self._subs
         new = tuple.__new__  # Reply(...) and Push(...) without their Python __new__: one per frame
-        for f in self._decoder.feed(data):
+        try:
+            frames = self._decoder.feed(data)
+        except ProtocolError as e:
+            if self.heard or e.code != Status.BAD_MAGIC:
+                raise
+            raise ProtocolError(f"{self.peer} is not a shmq broker: {describe_peer(bytes(data[:64]))}",
+                                Status.BAD_MAGIC) from None
+        if frames:
+            self.heard = True
+        for f in frames:
             i = f.msg_id
             w = pending.pop(i, _ABSENT)
             if w is not _ABSENT:
@@ -279,4 +297,21 @@ class ClientConnection:
         return waiters
 
 
-__all__ = ["MAX_ID", "ClientConnection", "Closing", "Event", "NowaitFailed", "Push", "Reply", "Request"]
+def describe_peer(first: bytes) -> str:
+    """What a peer that does not speak the protocol looks like, from the first bytes it sent."""
+    line = first.split(b"\r\n", 1)[0][:60].decode("latin-1")
+    if first.startswith(b"HTTP/"):
+        return f"it answered like an HTTP server ({line!r})"
+    if first[:1] in (b"\x15", b"\x16") and first[1:2] == b"\x03":
+        return "it answered like a TLS server"
+    if first[:1] and first[:1] in b"+-:$*%_#,(=~>|" and b"\r\n" in first:
+        return f"it answered like a Redis server ({line!r})"
+    if first.startswith(b"AMQP"):
+        return "it answered like an AMQP broker (RabbitMQ?)"
+    if first.startswith(b"SSH-"):
+        return f"it answered like an SSH server ({line!r})"
+    return f"its first bytes, 0x{first[:8].hex()}, are no shmq frame (magic 0xdeadbeef)"
+
+
+__all__ = ["MAX_ID", "ClientConnection", "Closing", "Event", "NowaitFailed", "Push", "Reply", "Request",
+           "describe_peer"]

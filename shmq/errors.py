@@ -33,6 +33,7 @@ class Status(IntEnum):
     AUTH_FAILED = 39
     DUPLICATE = 40
     STORAGE = 41
+    UNAVAILABLE = 42  # client side only: the broker cannot be reached, or the connection was lost
 
 
 class ShmqError(Exception):
@@ -167,9 +168,9 @@ class StorageError(ShmqError, OSError):
 
 
 class ConnectionLost(ShmqError, ConnectionError):
-    """The connection to the broker was lost."""
+    """The broker cannot be reached, or the connection to it was lost."""
 
-    code = Status.INTERNAL
+    code = Status.UNAVAILABLE
 
 
 _BY_CODE: dict[int, type[ShmqError]] = {}

@@ -64,14 +64,14 @@ class TcpBroker(Broker):
         except OSError as e:
             raise ConnectionLost(f"cannot connect to {url}: {e.strerror or e} (is `shmq serve` running?)"
                                  ) from None
-        self._sock.settimeout(None)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        try:
+        try:  # the handshake is bounded by connect_timeout too: a peer that never answers is no broker
             self.worker, self.server = self._execute(cmd.handshake(self._token, client, affinity))
         except BaseException:
             self._conn.lost("the handshake failed")
             self._sock.close()
             raise
+        self._sock.settimeout(None)
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
         return (_reconnect, (self.url, self._token, self.affinity))
@@ -143,6 +143,10 @@ class TcpBroker(Broker):
         conn = self._conn
         try:
             n = self._sock.recv_into(self._rbuf)
+        except TimeoutError:  # only the handshake reads with a timeout
+            conn.lost(f"did not answer the handshake within {self._sock.gettimeout()} s: "
+                      "is it a shmq broker?")
+            raise conn.lost_error() from None
         except OSError as e:
             conn.lost(f"lost: {e}")
             raise conn.lost_error() from None
