@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from . import layout as L
 from . import options, process
-from .segment import SHM_DIR, Mapping, unlink_semaphore, unlink_shm
+from .segment import SHM_DIR, Mapping, not_ours, unlink_semaphore, unlink_shm
 
 _NAME = re.compile(
     r"^(?P<sem>sem\.)?shmq\.(?P<inst>[A-Za-z0-9_-]+)\."
@@ -41,6 +41,7 @@ class InstanceReport:
     queues: int = 0
     objects: list[str] = field(default_factory=list)  # names in /dev/shm
     orphans: list[str] = field(default_factory=list)  # of a live instance, safe to remove
+    foreign: list[str] = field(default_factory=list)  # not ours (another user's, or open to others)
 
 
 def _objects() -> dict[str, list[re.Match[str]]]:
@@ -92,10 +93,28 @@ def _exclusive(reg_name: str) -> Iterator[bool]:
         os.close(fd)
 
 
+def _foreign(name: str) -> str | None:
+    """Why the object ``name`` (in /dev/shm) is not ours, None when it is (or is gone)."""
+    try:
+        return not_ours(os.stat(os.path.join(SHM_DIR, name)))
+    except FileNotFoundError:
+        return None
+
+
 def _judge(inst: str, matches: list[re.Match[str]], dead: bool | None = None,
            claim: bool = False) -> InstanceReport:
     """``dead``: the caller holds the exclusive flock (True) or knows it is taken (False).
-    ``claim``: the caller will remove a dead instance: its registry is marked dead first."""
+    ``claim``: the caller will remove a dead instance: its registry is marked dead first.
+    Objects that are not ours are reported in ``foreign`` and never read or removed; an
+    instance whose registry is not ours is left alone whole."""
+    foreign = {m.string: why for m in matches if (why := _foreign(m.string)) is not None}
+    if foreign:
+        report = _judge(inst, [m for m in matches if m.string not in foreign], dead, claim) if (
+            f"shmq.{inst}.reg" not in foreign) else InstanceReport(
+            inst, True, f"its registry is {foreign[f'shmq.{inst}.reg']}: left alone")
+        report.foreign = sorted(foreign)
+        report.reason += f"; {len(foreign)} object(s) not ours, never touched"
+        return report
     names = [m.string for m in matches]
     tmp_alive = [m for m in matches if m["tmppid"] and process.start_ticks(int(m["tmppid"]))]
     reg_name = f"shmq.{inst}.reg"

@@ -31,6 +31,7 @@ from .segment import (
     registry_name,
     semaphore_names,
     shm_path,
+    unlink_ours,
     unlink_semaphore,
     unlink_shm,
 )
@@ -386,9 +387,9 @@ class Registry:
         for name in os.listdir(SHM_DIR):
             qid = queue_id_of(self.instance, name)
             if qid is not None and qid not in ids and qid < w[L.R_NEXT_QUEUE_ID]:
-                unlink_shm(queue_segment_name(self.instance, qid))
+                unlink_ours(queue_segment_name(self.instance, qid), semaphore=False)  # never another's
                 for s in semaphore_names(self.instance, qid):
-                    unlink_semaphore(s)
+                    unlink_ours(s, semaphore=True)
                 n += 1
         return n
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import pwd
 import re
 
 import posix_ipc
@@ -92,6 +93,7 @@ class Mapping:
         except posix_ipc.ExistentialError:
             raise FileNotFoundError(name) from None
         try:
+            check_owned(name, os.fstat(shm.fd))  # before anything of it is read
             if shm.size == 0:
                 raise InstanceError(f"shared memory {name} is empty (creation in progress or crashed)")
             mm = mmap.mmap(shm.fd, shm.size)
@@ -141,13 +143,80 @@ def unlink_semaphore(name: str) -> bool:
 
 
 def open_semaphore(name: str, create: bool) -> posix_ipc.Semaphore:
+    """Create a new semaphore (``create``: it must not exist), or open one of ours
+    (``InstanceError`` for one another user made or could open)."""
     if create:
-        return posix_ipc.Semaphore(name, posix_ipc.O_CREAT, mode=options.SHM_MODE, initial_value=0)
+        return posix_ipc.Semaphore(name, posix_ipc.O_CREX, mode=options.SHM_MODE, initial_value=0)
+    try:
+        st = os.stat(semaphore_path(name))
+    except FileNotFoundError:
+        pass  # posix_ipc raises ExistentialError below, as callers expect
+    else:
+        check_owned(name, st)
     return posix_ipc.Semaphore(name)
 
 
 def shm_path(name: str) -> str:
     return os.path.join(SHM_DIR, name.lstrip("/"))
+
+
+def semaphore_path(name: str) -> str:
+    """Where Linux keeps a named semaphore: ``/dev/shm/sem.<name>``."""
+    return os.path.join(SHM_DIR, "sem." + name.lstrip("/"))
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def not_ours(st: os.stat_result) -> str | None:
+    """Why an object with this status is not ours to use, None when it is: every object
+    of ours is owned by our effective uid and open to nobody else (``SHM_MODE``)."""
+    if st.st_uid != os.geteuid():
+        return f"owned by {_user(st.st_uid)}, not by {_user(os.geteuid())}"
+    if st.st_mode & 0o077:
+        return f"mode 0o{st.st_mode & 0o777:o}: open to other users (ours are 0o{options.SHM_MODE:o})"
+    return None
+
+
+def check_owned(name: str, st: os.stat_result) -> None:
+    """Refuse an object that is not ours (another user made it first, or widened its mode):
+    whoever wrote it could read and write what we put there."""
+    why = not_ours(st)
+    if why is not None:
+        raise InstanceError(f"shared memory object {name} is {why}: refused, nothing of it was read "
+                            "(`shmq doctor` lists such objects; their owner or root must remove them)")
+
+
+def unlink_ours(name: str, semaphore: bool) -> None:
+    """Remove ``name`` if it is ours (a creation that failed undoes only what it made)."""
+    try:
+        st = os.stat(semaphore_path(name) if semaphore else shm_path(name))
+    except FileNotFoundError:
+        return
+    if not_ours(st) is None:
+        if semaphore:
+            unlink_semaphore(name)
+        else:
+            unlink_shm(name)
+
+
+def clear_leftover(name: str, semaphore: bool) -> None:
+    """Before creating ``name`` under an id that is fresh: remove an object of ours left by
+    a dead earlier run; refuse one that is not ours (it stays: only its owner may remove it)."""
+    path = semaphore_path(name) if semaphore else shm_path(name)
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    check_owned(name, st)
+    if semaphore:
+        unlink_semaphore(name)
+    else:
+        unlink_shm(name)
 
 
 def link_into_place(tmp_name: str, final_name: str) -> bool:

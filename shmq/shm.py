@@ -35,10 +35,12 @@ from .ring import Ring
 from .segment import (
     Mapping,
     check_instance_name,
+    clear_leftover,
     open_semaphore,
     queue_segment_name,
     registry_name,
     semaphore_names,
+    unlink_ours,
     unlink_semaphore,
     unlink_shm,
 )
@@ -148,11 +150,12 @@ class Attachment:
         seg = queue_segment_name(self.instance, qid)
         sems = semaphore_names(self.instance, qid)
         try:
-            # The id is fresh in this registry, so an object already under its name can
-            # only be a leftover of a dead earlier run of this instance: reclaim it.
-            unlink_shm(seg)
+            # The id is fresh in this registry, so an object of ours already under its name
+            # can only be a leftover of a dead earlier run of this instance: reclaim it.
+            # One that is not ours was put there by someone else: refused.
+            clear_leftover(seg, semaphore=False)
             for s in sems:
-                unlink_semaphore(s)
+                clear_leftover(s, semaphore=True)
             for s in sems:
                 open_semaphore(s, create=True).close()
             # outside the registry lock: reserving a large segment's pages takes a while
@@ -174,9 +177,9 @@ class Attachment:
         except BaseException:
             with reg.lock:
                 reg.cancel_reservation(qid)
-                unlink_shm(seg)
+                unlink_ours(seg, semaphore=False)
                 for s in sems:
-                    unlink_semaphore(s)
+                    unlink_ours(s, semaphore=True)
             raise
         q = self.queue(name)
         if config.durability != "memory" and restore is None:
