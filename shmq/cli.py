@@ -29,7 +29,31 @@ err = Console(stderr=True, soft_wrap=True)
 DEFAULT_URL = options.DEFAULT_URL
 UrlOpt = typer.Option(None, "--url", envvar="SHMQ_URL", help=f"broker URL (default {DEFAULT_URL})")
 ShmOpt = typer.Option(None, "--shm", help="attach the shared memory of this local instance instead of TCP")
-TokenOpt = typer.Option(None, "--token", envvar=options.TOKEN_ENV, help="auth token")
+
+
+def _warn_argv_token(value: str | None) -> str | None:
+    """A token typed on the command line is in every local user's ``ps``: say so."""
+    if value and any(a == "--token" or a.startswith("--token=") for a in sys.argv[1:]):
+        err.print(f"[yellow]warning[/yellow]: --token on the command line is visible to every local user "
+                  f"(ps, /proc/PID/cmdline); set ${options.TOKEN_ENV} or use --token-file instead",
+                  markup=True, highlight=False)
+    return value
+
+
+def _token(token: str | None, token_file: str | None) -> str | None:
+    """The token: ``--token-file`` (the file's first line), else ``--token`` / $SHMQ_TOKEN."""
+    if not token_file:
+        return token
+    try:
+        with open(token_file) as f:
+            return f.readline().strip()
+    except OSError as e:
+        _fail(ShmqError(f"cannot read the token file {token_file}: {e.strerror or e}"))
+
+
+TokenOpt = typer.Option(None, "--token", envvar=options.TOKEN_ENV, callback=_warn_argv_token,
+                        help=f"auth token (prefer ${options.TOKEN_ENV} or --token-file: argv is public)")
+TokenFileOpt = typer.Option(None, "--token-file", help="read the auth token from this file's first line")
 JsonOpt = typer.Option(False, "--json", help="machine-readable output")
 
 
@@ -79,7 +103,10 @@ def serve(
     port: int = typer.Option(options.DEFAULT_PORT, help="TCP port (0: any free port)"),
     workers: int = typer.Option(0, help="worker processes (default: CPU count)"),
     instance: str = typer.Option(options.DEFAULT_INSTANCE, help="shared-memory instance name"),
-    token: str = typer.Option("", envvar=options.TOKEN_ENV, help="auth token clients must present"),
+    token: str = typer.Option("", envvar=options.TOKEN_ENV, callback=_warn_argv_token,
+                              help=f"auth token clients must present (prefer ${options.TOKEN_ENV} or "
+                                   "--token-file: argv is public)"),
+    token_file: str = typer.Option("", help="read the auth token from this file's first line"),
     max_connections: int = typer.Option(options.MAX_CONNECTIONS, help="connections per worker"),
     keep: bool = typer.Option(False, help="keep the shared memory when stopping"),
     data_dir: str = typer.Option("", envvar=options.DATA_DIR_ENV,
@@ -99,8 +126,8 @@ def serve(
     from .server.supervisor import Supervisor
 
     try:
-        sup = Supervisor(instance, host, port, workers, token, max_connections, keep,
-                         data_dir or None, sync_interval, journal_segment_bytes, log_level, log_format)
+        sup = Supervisor(instance, host, port, workers, _token(token, token_file) or "", max_connections,
+                         keep, data_dir or None, sync_interval, journal_segment_bytes, log_level, log_format)
         raise typer.Exit(sup.serve())
     except ShmqError as e:
         _fail(e)
@@ -124,6 +151,7 @@ def create(
              "crash loses at most that window. always: a produce or ack returns once fsynced: "
              "nothing confirmed is lost"),
     url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
+    token_file: str | None = TokenFileOpt,
 ) -> None:
     """Create a queue.
 
@@ -138,31 +166,33 @@ def create(
                                   max_groups=max_groups, durability=durability)
     if max_message_size:
         limits["max_message_size"] = max_message_size
-    with _Session(url, shm, token) as b:
+    with _Session(url, shm, _token(token, token_file)) as b:
         b.create_queue(queue, **limits)
     console.print(f"created {queue}")
 
 
 @app.command()
 def delete(queue: str, url: str | None = UrlOpt, shm: str | None = ShmOpt,
-           token: str | None = TokenOpt) -> None:
+           token: str | None = TokenOpt,
+    token_file: str | None = TokenFileOpt) -> None:
     """Delete a queue (its messages are gone).
 
     Example: shmq delete orders
     """
-    with _Session(url, shm, token) as b:
+    with _Session(url, shm, _token(token, token_file)) as b:
         b.delete_queue(queue)
     console.print(f"deleted {queue}")
 
 
 @app.command("list")
 def list_(url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
+    token_file: str | None = TokenFileOpt,
           as_json: bool = JsonOpt) -> None:
     """List queues with their depth.
 
     Example: shmq list --json
     """
-    with _Session(url, shm, token) as b:
+    with _Session(url, shm, _token(token, token_file)) as b:
         rows = []
         for info in b.list_queues():
             st = b.queue(info.name).stats()
@@ -186,6 +216,7 @@ def produce(
     file: str | None = typer.Option(None, "--file", "-f", help="read one message per line from a file"),
     batch: int = typer.Option(100, help="messages per request"),
     url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
+    token_file: str | None = TokenFileOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Produce messages: arguments, or one per line of stdin / a file.
@@ -202,7 +233,7 @@ def produce(
         lines = (line.rstrip(b"\n") for line in src)
         total = None
     offsets: list[int] = []
-    with _Session(url, shm, token) as b, Progress(console=err, transient=True,
+    with _Session(url, shm, _token(token, token_file)) as b, Progress(console=err, transient=True,
                                                     disable=as_json or not err.is_terminal) as prog:
         q = b.queue(queue)
         task = prog.add_task("producing", total=total)
@@ -245,6 +276,7 @@ def consume(
     timeout: float = typer.Option(1.0, help="seconds to wait for a message"),
     raw: bool = typer.Option(False, "--raw", help="payloads only, one per line"),
     url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
+    token_file: str | None = TokenFileOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Consume messages (and acknowledge them, unless --no-ack).
@@ -252,7 +284,7 @@ def consume(
     Example: shmq consume orders -n 10 --json
     """
     got = 0
-    with _Session(url, shm, token) as b:
+    with _Session(url, shm, _token(token, token_file)) as b:
         q = b.queue(queue)
         while follow and n == 0 or got < n:
             try:
@@ -273,13 +305,14 @@ def consume(
 @app.command()
 def peek(queue: str, offset: int = typer.Option(-1, help="first offset (default: oldest retained)"),
          n: int = typer.Option(10, "-n"), url: str | None = UrlOpt, shm: str | None = ShmOpt,
-         token: str | None = TokenOpt, raw: bool = typer.Option(False, "--raw"),
+         token: str | None = TokenOpt,
+    token_file: str | None = TokenFileOpt, raw: bool = typer.Option(False, "--raw"),
          as_json: bool = JsonOpt) -> None:
     """Show retained messages without taking them.
 
     Example: shmq peek orders -n 5
     """
-    with _Session(url, shm, token) as b:
+    with _Session(url, shm, _token(token, token_file)) as b:
         q = b.queue(queue)
         start = q.stats()["first_offset"] if offset < 0 else offset
         for m in q.read(start, n):
@@ -288,12 +321,13 @@ def peek(queue: str, offset: int = typer.Option(-1, help="first offset (default:
 
 @app.command()
 def stats(queue: str, url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
+    token_file: str | None = TokenFileOpt,
           as_json: bool = JsonOpt) -> None:
     """Depth, in-flight, bytes and counters of a queue, per group.
 
     Example: shmq stats orders --json
     """
-    with _Session(url, shm, token) as b:
+    with _Session(url, shm, _token(token, token_file)) as b:
         st = b.queue(queue).stats()
     if as_json:
         print(json.dumps(st))
@@ -309,12 +343,13 @@ def stats(queue: str, url: str | None = UrlOpt, shm: str | None = ShmOpt, token:
 
 @app.command()
 def purge(queue: str, url: str | None = UrlOpt, shm: str | None = ShmOpt,
-          token: str | None = TokenOpt) -> None:
+          token: str | None = TokenOpt,
+    token_file: str | None = TokenFileOpt) -> None:
     """Drop every message of a queue.
 
     Example: shmq purge orders
     """
-    with _Session(url, shm, token) as b:
+    with _Session(url, shm, _token(token, token_file)) as b:
         n = b.queue(queue).purge()
     console.print(f"purged {n} message(s) from {queue}")
 
@@ -322,13 +357,14 @@ def purge(queue: str, url: str | None = UrlOpt, shm: str | None = ShmOpt,
 @app.command()
 def dlq(queue: str, redrive: bool = typer.Option(False, help="move them back to the source queue"),
         n: int = typer.Option(100, "-n", help="at most this many"), url: str | None = UrlOpt,
-        shm: str | None = ShmOpt, token: str | None = TokenOpt, as_json: bool = JsonOpt) -> None:
+        shm: str | None = ShmOpt, token: str | None = TokenOpt,
+    token_file: str | None = TokenFileOpt, as_json: bool = JsonOpt) -> None:
     """List a queue's dead letters, or redrive them back to it.
 
     Example: shmq dlq orders --redrive
     """
     name = queue if queue.endswith(options.DLQ_SUFFIX) else queue + options.DLQ_SUFFIX
-    with _Session(url, shm, token) as b:
+    with _Session(url, shm, _token(token, token_file)) as b:
         d = b.queue(name)
         if not redrive:
             st = d.stats()
@@ -403,6 +439,7 @@ def bench(
     producers: int = typer.Option(2), consumers: int = typer.Option(2),
     size: int = typer.Option(100, help="payload bytes"), batch: int = typer.Option(1),
     url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
+    token_file: str | None = TokenFileOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """A stress test: producers and consumers in processes, a live progress bar, a results table.
@@ -412,6 +449,7 @@ def bench(
     from .stress import run_stress
 
     target = f"shm://{shm}" if shm else (url or DEFAULT_URL)
+    token = _token(token, token_file)
     try:
         result = run_stress(target, token, queue, messages, producers, consumers, size, batch,
                             progress=not as_json)

@@ -695,3 +695,22 @@ def test_batch_get_never_outgrows_a_frame(server: Server, varied: bool) -> None:
         q.ack_many(got)
         assert q.stats()["retained"] == 0
         b.delete_queue("bigget")
+
+
+def test_the_cli_reads_a_token_file_and_warns_of_a_token_in_argv(tmp_path: Any) -> None:
+    srv = Server(workers=1, token="s3cret")
+    try:
+        good = tmp_path / "token"
+        good.write_text("s3cret\n")
+        out = _cli(srv, "list", "--url", srv.url, "--token-file", str(good))
+        assert out.returncode == 0 and b"warning" not in out.stderr
+        out = _cli(srv, "list", "--url", srv.url, "--token", "s3cret")
+        assert out.returncode == 0 and b"visible to every local user" in out.stderr
+        out = _cli(srv, "list", "--url", srv.url, "--token-file", str(tmp_path / "missing"))
+        assert out.returncode == 1 and b"cannot read the token file" in out.stderr
+        bad = tmp_path / "bad"
+        bad.write_text("wrong\n")
+        out = _cli(srv, "list", "--url", srv.url, "--token-file", str(bad))
+        assert out.returncode == 1 and b"AUTH_FAILED" in out.stderr
+    finally:
+        assert srv.stop() == 0
