@@ -12,7 +12,9 @@ buffer limits).
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import struct
 from typing import Protocol
 
 from shmq import options
@@ -21,6 +23,16 @@ from shmq.errors import ProtocolError, Status
 from . import handlers
 from .connection import ServerConnection
 from .core import Core
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The uid of the process at the other end of a Unix-domain socket (SO_PEERCRED: the
+    kernel's word, not the peer's), -1 when it cannot be had."""
+    try:
+        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    except OSError:
+        return -1
+    return int(uid)
 
 
 class Host(Protocol):
@@ -62,7 +74,9 @@ class Driver(asyncio.Protocol):
         w.drivers[self.conn] = self
         w.count_changed()
         sock = transport.get_extra_info("socket")
-        if sock is not None:
+        if sock is not None and sock.family == socket.AF_UNIX:
+            self.conn.trusted = peer_uid(sock) == os.geteuid()  # our own user: no token needed
+        elif sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._timer = w.loop.call_later(options.HANDSHAKE_TIMEOUT, self._no_handshake)
         if self._preface:  # before anything is read from the socket itself

@@ -30,11 +30,14 @@ so a test sees the recovery rather than a crash loop.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import multiprocessing as mp
+import os
 import signal
 import socket
+import stat
 import sys
 import time
 from multiprocessing.connection import wait
@@ -75,13 +78,42 @@ def exclusive_port(host: str, port: int) -> int:
         return int(s.getsockname()[1])
 
 
+def unix_listener(path: str) -> socket.socket:
+    """A listening Unix-domain socket at ``path``, mode 0600 (only our uid may connect;
+    a peer of another uid, let in by a wider mode, must present the token).  A socket
+    file left by a dead broker is replaced; one a live broker listens on is refused."""
+    if os.path.exists(path):
+        st = os.stat(path)
+        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
+            raise OSError(errno.EEXIST, f"{path} exists and is not a socket of ours: not replaced")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(path)
+            except (ConnectionRefusedError, FileNotFoundError):
+                os.unlink(path)  # stale: nobody listens
+            else:
+                raise OSError(errno.EADDRINUSE, f"{path}: another broker listens there")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    except OSError as e:
+        sock.close()
+        raise OSError(e.errno, f"cannot listen on {path}: {e.strerror}") from None
+    finally:
+        os.umask(old)
+    sock.listen(4096)
+    sock.setblocking(False)
+    return sock
+
+
 class Supervisor:
     def __init__(self, instance: str = options.DEFAULT_INSTANCE, host: str = options.DEFAULT_HOST,
                  port: int = options.DEFAULT_PORT, workers: int = 0, token: str = "",
                  max_connections: int = options.MAX_CONNECTIONS, keep: bool = False,
                  data_dir: str | None = None, sync_interval: float = options.DEFAULT_SYNC_INTERVAL,
                  segment_bytes: int = options.JOURNAL_SEGMENT_BYTES, log_level: str = logs.DEFAULT_LEVEL,
-                 log_format: str = logs.DEFAULT_FORMAT) -> None:
+                 log_format: str = logs.DEFAULT_FORMAT, unix: str | None = None) -> None:
         if host not in LOOPBACK and not token:
             raise InvalidArgument(f"binding {host} (not loopback) needs an auth token: "
                                   f"--token or ${options.TOKEN_ENV}")
@@ -96,6 +128,8 @@ class Supervisor:
         if not 0 < self.n <= options.MAX_WORKERS:
             raise InvalidArgument(f"--workers must be between 1 and {options.MAX_WORKERS}")
         self.token = token
+        self.unix = os.path.abspath(unix) if unix else None  # a Unix-domain socket beside the TCP port
+        self.unix_sock: socket.socket | None = None
         self.max_connections = max_connections
         self.keep = keep
         if not 0 < sync_interval <= 3600:
@@ -113,7 +147,8 @@ class Supervisor:
         ready = self.ctx.Event()
         p = self.ctx.Process(target=_child, name=f"shmq-worker-{i}", daemon=False,
                              args=(f"worker-{i}", self.log, worker_main, self.instance, self.host,
-                                   self.port, i, self.token, ready, self.max_connections, self.counts))
+                                   self.port, i, self.token, ready, self.max_connections, self.counts,
+                                   self.unix_sock))
         p.start()
         self.procs[i] = (p, ready)
 
@@ -152,6 +187,8 @@ class Supervisor:
             # reserve it with SO_REUSEPORT for our workers.
             self.port = exclusive_port(self.host, self.port)
             probe = reuseport_socket(self.host, self.port)
+            if self.unix:  # one listening socket, inherited by every worker: each accepts on it
+                self.unix_sock = unix_listener(self.unix)
             # queues whose shared memory is gone (a reboot, a stop) come back from their journals
             for line in recover(broker, self.data_dir):
                 log.info("%s", line)
@@ -163,6 +200,7 @@ class Supervisor:
                     raise ShmqError(f"worker {p.name} did not start")
         except BaseException:
             self._shutdown()
+            self._close_unix()
             if probe is not None:
                 probe.close()
             if self.keep or inherited:
@@ -171,13 +209,15 @@ class Supervisor:
                 broker.destroy()
             lock.release()
             raise
-        announce(f"shmq: instance {self.instance!r} listening on tcp://{self.host}:{self.port} "
+        unix = f" and unix://{self.unix}" if self.unix else ""
+        announce(f"shmq: instance {self.instance!r} listening on tcp://{self.host}:{self.port}{unix} "
                  f"with {self.n} workers; journal in {self.data_dir} (pid {self.journal.pid})")
         sys.stdout.flush()
         try:
             self._watch(broker)
         finally:
             self._shutdown()
+            self._close_unix()
             probe.close()
             if self.keep:
                 broker.close()
@@ -185,6 +225,14 @@ class Supervisor:
                 broker.destroy()
             lock.release()  # after the removal: a newcomer must not attach what we remove
         return 0
+
+    def _close_unix(self) -> None:
+        """Close the Unix socket and remove its file (the workers are gone)."""
+        if self.unix_sock is not None:
+            self.unix_sock.close()
+            self.unix_sock = None
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.unix)  # type: ignore[arg-type]
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._stop = True

@@ -63,8 +63,10 @@ class Worker:
     around a :class:`~shmq.server.core.Core` that handles the requests."""
 
     def __init__(self, instance: str, host: str, port: int, worker_id: int, token: str,
-                 max_connections: int = options.MAX_CONNECTIONS, counts: Counts | None = None) -> None:
+                 max_connections: int = options.MAX_CONNECTIONS, counts: Counts | None = None,
+                 unix_sock: socket.socket | None = None) -> None:
         self.instance = instance
+        self.unix_sock = unix_sock  # the supervisor's Unix-domain listener, shared by every worker
         self.host = host
         self.port = port
         self.worker_id = worker_id
@@ -103,6 +105,10 @@ class Worker:
         await self._open_handoff()
         sock = reuseport_socket(self.host, self.port)
         server = await self.loop.create_server(lambda: Driver(self), sock=sock, backlog=4096)
+        userver = None
+        if self.unix_sock is not None:
+            userver = await self.loop.create_unix_server(lambda: Driver(self), sock=self.unix_sock,
+                                                         backlog=4096)
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, stop.set)
@@ -113,6 +119,8 @@ class Worker:
         # graceful: stop accepting, let requests in progress finish, give leases back
         self.core.stopping = True
         server.close()
+        if userver is not None:
+            userver.close()
         deadline = time.monotonic() + options.SHUTDOWN_GRACE
         while any(c.busy for c in self.drivers) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
@@ -259,10 +267,11 @@ async def _bind(kind: Callable[[int, int], Any], instance_uid: int, worker_id: i
 
 
 def worker_main(instance: str, host: str, port: int, worker_id: int, token: str, ready: Any,
-                max_connections: int, counts: Counts | None = None) -> None:
+                max_connections: int, counts: Counts | None = None,
+                unix_sock: socket.socket | None = None) -> None:
     """Entry point of a worker process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides; SIGTERM stops us
     _die_with_parent()
     sys.setswitchinterval(0.0005)  # a woken durable-mark thread gets the GIL in 0.5 ms, not 5 ms
     os.environ.pop(options.TOKEN_ENV, None)
-    Worker(instance, host, port, worker_id, token, max_connections, counts).run(ready)
+    Worker(instance, host, port, worker_id, token, max_connections, counts, unix_sock).run(ready)

@@ -83,7 +83,7 @@ def connect(url: str = "shm://default", token: str | None = None, **kwargs: Any)
     if url.startswith("shm://"):
         from .shm import ShmBroker
         return ShmBroker(url[len("shm://"):] or "default", **kwargs)
-    if url.startswith("tcp://"):
+    if url.startswith(("tcp://", "unix://")):
         from .tcp import TcpBroker
         return TcpBroker(url, token, **kwargs)
-    raise InvalidArgument(f"unsupported url {url!r}: use shm://NAME or tcp://HOST:PORT")
+    raise InvalidArgument(f"unsupported url {url!r}: use shm://NAME, tcp://HOST:PORT or unix://PATH")

@@ -36,11 +36,12 @@ from . import commands as cmd
 from . import options
 from .api import Message, Payload, QueueInfo
 from .codec import Frame
-from .commands import Batch, Command, Feed, parse_tcp_url
+from .commands import Batch, Command, Feed
 from .connection import ClientConnection, Event, Push, Reply, Request
 from .errors import ConnectionLost, InvalidArgument, ProtocolError, ShmqError
 from .names import check_queue_name
 from .settle import Settle
+from .urls import parse_tcp_url, unix_path
 
 __all__ = ["AsyncBroker", "AsyncMessage", "AsyncQueue", "connect"]
 
@@ -50,22 +51,26 @@ Inbox = asyncio.Queue[Frame | ShmqError]  # a subscription's frames, or the erro
 
 async def connect(url: str, token: str | None = None, *, connect_timeout: float = 10.0,
                   client: str = "shmq-python-asyncio", affinity: str = "") -> AsyncBroker:
-    """Connect to ``shmq serve`` at ``tcp://HOST:PORT`` and handshake.
+    """Connect to ``shmq serve`` at ``tcp://HOST:PORT`` (or ``unix://PATH``: ``shmq serve
+    --unix``) and handshake.
 
     ``token`` defaults to ``$SHMQ_TOKEN``.  Raises ConnectionLost when the broker
     cannot be reached, AuthError when it refuses the token."""
-    if not url.startswith("tcp://"):
-        raise InvalidArgument(f"unsupported url {url!r}: shmq.aio speaks tcp://HOST:PORT only")
-    host, port = parse_tcp_url(url)
+    path = unix_path(url)
+    if path is None and not url.startswith("tcp://"):
+        raise InvalidArgument(f"unsupported url {url!r}: shmq.aio speaks tcp://HOST:PORT and unix://PATH")
     token = token if token is not None else os.environ.get(options.TOKEN_ENV, "")
     try:
         async with asyncio.timeout(connect_timeout):
-            reader, writer = await asyncio.open_connection(host, port)
+            if path is None:
+                reader, writer = await asyncio.open_connection(*parse_tcp_url(url))
+            else:
+                reader, writer = await asyncio.open_unix_connection(path)
     except (OSError, TimeoutError) as e:
         reason = getattr(e, "strerror", None) or str(e) or "timed out"
         raise ConnectionLost(f"cannot connect to {url}: {reason}") from None
     sock = writer.get_extra_info("socket")
-    if sock is not None:
+    if sock is not None and path is None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     broker = AsyncBroker(url, reader, writer)
     try:  # the handshake is bounded by connect_timeout too: a peer that never answers is no broker

@@ -102,14 +102,6 @@ def _vis(seconds: float | None) -> int:
     return 0 if seconds is None else max(1, _ms(seconds))
 
 
-def parse_tcp_url(url: str) -> tuple[str, int]:
-    rest = url[len("tcp://"):] if url.startswith("tcp://") else url
-    host, _, port = rest.rpartition(":")
-    if not host or not port.isdigit():
-        raise InvalidArgument(f"bad tcp url {url!r}: expected tcp://HOST:PORT")
-    return host.strip("[]"), int(port)
-
-
 def batch_payloads(payloads: Sequence[Payload]) -> list[bytes]:
     """The payloads of one PRODUCE_BATCH frame, checked against MAX_BATCH."""
     items: list[bytes]
@@ -486,5 +478,5 @@ class Feed(Generic[M]):
 __all__ = ["Batch", "Command", "Feed", "Handle", "ack_batch_nowait_frames", "ack_many", "ack_nowait_frame",
            "batch_acks", "batch_payloads", "commit", "create_group", "create_queue", "delete_group",
            "delete_queue", "disconnect", "get", "get_many", "give_back", "groups", "handshake",
-           "list_queues", "parse_tcp_url", "produce_request", "purge", "pushed_records", "put", "put_many",
+           "list_queues", "produce_request", "purge", "pushed_records", "put", "put_many",
            "read", "settle", "settles_by_group", "stats", "unclaimed", "unsubscribe"]

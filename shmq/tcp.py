@@ -28,12 +28,12 @@ from .commands import (  # re-exported: they were this module's before shmq.comm
     Feed,
     batch_acks,
     batch_payloads,
-    parse_tcp_url,
     settles_by_group,
 )
 from .connection import ClientConnection, Push, Reply, Request
 from .errors import ConnectionLost, ProtocolError, ShmqError
 from .settle import Settle
+from .urls import parse_tcp_url, unix_path
 
 RECV_SIZE = 1 << 18  # bytes one read takes at most
 MSG_MORE = getattr(socket, "MSG_MORE", 0)  # Linux: hold a frame for the next send
@@ -50,7 +50,9 @@ class TcpBroker(Broker):
         self.url = url
         self.affinity = affinity
         self._token = token if token is not None else os.environ.get(options.TOKEN_ENV, "")
-        self._host, self._port = parse_tcp_url(url)
+        path = unix_path(url)
+        if path is None:
+            self._host, self._port = parse_tcp_url(url)
         self._conn = ClientConnection(url)
         self._lock = threading.Lock()  # one sender at a time: it picks the message id and writes
         self._cond = threading.Condition(threading.Lock())  # guards _reading; wakes the waiters
@@ -60,11 +62,20 @@ class TcpBroker(Broker):
         self._rview = memoryview(self._rbuf)
         self.nowait_errors = self._conn.nowait_errors  # the latest errors of unwaited acks
         try:
-            self._sock = socket.create_connection((self._host, self._port), timeout=connect_timeout)
+            if path is None:
+                self._sock = socket.create_connection((self._host, self._port), timeout=connect_timeout)
+                self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            else:  # a Unix-domain socket (shmq serve --unix): a peer of the broker's uid needs no token
+                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self._sock.settimeout(connect_timeout)
+                try:
+                    self._sock.connect(path)
+                except OSError:
+                    self._sock.close()
+                    raise
         except OSError as e:
             raise ConnectionLost(f"cannot connect to {url}: {e.strerror or e} (is `shmq serve` running?)"
                                  ) from None
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:  # the handshake is bounded by connect_timeout too: a peer that never answers is no broker
             self.worker, self.server = self._execute(cmd.handshake(self._token, client, affinity))
         except BaseException:

@@ -146,9 +146,8 @@ class Server:
         args = [sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
                 "--workers", str(workers), "--instance", self.instance, "--data-dir", self.data_dir,
                 *(extra or [])]
-        if token:
-            args += ["--token", token]
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        env = {**os.environ, "SHMQ_TOKEN": token}  # as users should: not in argv, where ps shows it
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ)  # type: ignore[arg-type]
         line = b""

@@ -1,0 +1,142 @@
+"""``shmq serve --unix PATH``: a Unix-domain socket beside the TCP port.
+
+The socket file is mode 0600. A peer whose uid is the broker's (the kernel says so:
+SO_PEERCRED) needs no token; any other peer, let in by a wider mode, must present it."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import socket
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import shmq
+from shmq import aio
+from shmq.errors import AuthError, ConnectionLost
+
+from .conftest import Server
+
+NOBODY = 65534
+TOKEN = "s3cret"
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    d = Path(tempfile.mkdtemp(prefix="shmq-unix-"))
+    try:
+        yield d
+    finally:
+        for p in d.iterdir():
+            p.unlink()
+        d.rmdir()
+
+
+@pytest.fixture
+def unix_server(sock_dir: Path) -> Iterator[tuple[Server, str]]:
+    path = sock_dir / "broker.sock"
+    srv = Server(workers=2, token=TOKEN, extra=["--unix", str(path)])
+    try:
+        yield srv, f"unix://{path}"
+    finally:
+        assert srv.stop() == 0
+        assert not path.exists()  # removed on stop: nothing left behind
+
+
+def test_our_own_uid_needs_no_token_on_the_unix_socket(unix_server: tuple[Server, str]) -> None:
+    srv, url = unix_server
+    path = url[len("unix://"):]
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    b = shmq.connect(url, token="")
+    try:
+        q = b.create_queue("over-unix")
+        assert [q.put(b"m%d" % i) for i in range(3)] == [0, 1, 2]
+        assert [m.payload for m in q.get_many(10, timeout=5)] == [b"m0", b"m1", b"m2"]
+    finally:
+        b.close()
+    with pytest.raises(AuthError):  # the same broker over TCP still wants the token
+        shmq.connect(srv.url, token="")
+    tcp = shmq.connect(srv.url, token=TOKEN)
+    try:  # one broker, one set of queues, whatever the transport
+        q = tcp.queue("over-unix")
+        msgs = q.get_many(10, timeout=5)  # the unix client closed: its leases came back
+        assert [(m.payload, m.deliveries) for m in msgs] == [(b"m0", 2), (b"m1", 2), (b"m2", 2)]
+        q.ack_many(msgs)
+        tcp.delete_queue("over-unix")
+    finally:
+        tcp.close()
+
+
+def test_the_asyncio_client_speaks_unix_too(unix_server: tuple[Server, str]) -> None:
+    _, url = unix_server
+
+    async def main() -> None:
+        b = await aio.connect(url, token="")
+        try:
+            q = await b.create_queue("aio-unix")
+            assert await q.put(b"hello") == 0
+            m = await q.get(timeout=5)
+            assert m.payload == b"hello"
+            await m.ack()
+            await b.delete_queue("aio-unix")
+        finally:
+            await b.close()
+
+    asyncio.run(main())
+
+
+def _as_nobody(url: str, token: str, out: mp.Queue[str]) -> None:
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+    try:
+        b = shmq.connect(url, token=token, connect_timeout=5)
+        b.list_queues()
+        b.close()
+        out.put("admitted")
+    except AuthError:
+        out.put("refused")
+    except Exception as e:  # noqa: BLE001 - the parent reports it
+        out.put(f"{type(e).__name__}: {e}")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="becoming another uid needs root (CI is root)")
+def test_another_uid_needs_the_token_where_the_socket_lets_it_in(unix_server: tuple[Server, str]) -> None:
+    _, url = unix_server
+    path = Path(url[len("unix://"):])
+    path.parent.chmod(0o755)  # let the other uid reach the socket at all
+    path.chmod(0o666)
+    ctx = mp.get_context("fork")
+    for token, expected in (("", "refused"), ("wrong", "refused"), (TOKEN, "admitted")):
+        out: mp.Queue[str] = ctx.Queue()
+        p = ctx.Process(target=_as_nobody, args=(url, token, out))
+        p.start()
+        got = out.get(timeout=30)
+        p.join(30)
+        assert got == expected, (token, got)
+
+
+def test_a_stale_socket_file_is_replaced_and_a_live_one_refused(sock_dir: Path) -> None:
+    path = sock_dir / "stale.sock"
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(path))  # bound, never listening, then closed: the file stays, nobody answers
+    dead.close()
+    srv = Server(workers=1, extra=["--unix", str(path)])
+    try:
+        b = shmq.connect(f"unix://{path}")
+        assert b.list_queues() == []
+        b.close()
+        with pytest.raises(RuntimeError, match="another broker listens there"):
+            Server(workers=1, extra=["--unix", str(path)])
+    finally:
+        assert srv.stop() == 0
+    assert not path.exists()
+
+
+def test_no_socket_there_is_connection_lost(sock_dir: Path) -> None:
+    with pytest.raises(ConnectionLost, match="cannot connect to unix://"):
+        shmq.connect(f"unix://{sock_dir / 'none.sock'}")
