@@ -1,0 +1,146 @@
+"""The Unix-domain socket against loopback TCP, side by side on one broker.
+
+    python bench/bench_unix.py [--rounds 5] [--pings 3000] [--n 100000]
+
+Starts ``shmq serve --workers 2 --unix PATH`` and alternates, each round, the same two
+workloads over ``tcp://127.0.0.1:PORT`` and ``unix://PATH``:
+
+* **ping-pong**: a pinger process puts one message and waits for its echo, which a
+  ponger process gets, acks and puts back (p50 and p99 of the round trips, µs);
+* **batch**: a producer process puts batches of 100 (100 B each) while a consumer
+  process gets batches of 100 and acks them (msgs/s).
+
+Medians over the rounds, and UNIX / TCP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+import shmq
+
+CTX = mp.get_context("fork")
+
+
+def _ponger(url: str, total: int, ready: Any) -> None:
+    b = shmq.connect(url)
+    ping, pong = b.queue("ping"), b.queue("pong")
+    ready.set()
+    for _ in range(total):
+        m = ping.get()
+        m.ack()
+        pong.put(m.payload)
+    b.close()
+
+
+def ping_pong(url: str, pings: int) -> tuple[float, float]:
+    warm = 200
+    ready = CTX.Event()
+    p = CTX.Process(target=_ponger, args=(url, pings + warm, ready))
+    p.start()
+    ready.wait(30)
+    b = shmq.connect(url)
+    ping, pong = b.queue("ping"), b.queue("pong")
+    lat = []
+    for k in range(pings + warm):
+        t = time.perf_counter_ns()
+        ping.put(b"x" * 100)
+        m = pong.get()
+        m.ack()
+        if k >= warm:
+            lat.append(time.perf_counter_ns() - t)
+    p.join(30)
+    b.close()
+    lat.sort()
+    return lat[len(lat) // 2] / 1000, lat[len(lat) * 99 // 100] / 1000
+
+
+def _producer(url: str, n: int, ready: Any) -> None:
+    b = shmq.connect(url)
+    q = b.queue("batch")
+    batch = [b"y" * 100] * 100
+    ready.set()
+    for _ in range(n // 100):
+        q.put_many(batch)
+    b.close()
+
+
+def batch(url: str, n: int) -> float:
+    ready = CTX.Event()
+    p = CTX.Process(target=_producer, args=(url, n, ready))
+    b = shmq.connect(url)
+    q = b.queue("batch")
+    p.start()
+    ready.wait(30)
+    t = time.perf_counter()
+    got = 0
+    while got < n:
+        msgs = q.get_many(100, timeout=30)
+        q.ack_many(msgs)
+        got += len(msgs)
+    rate = n / (time.perf_counter() - t)
+    p.join(30)
+    b.close()
+    return rate
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--pings", type=int, default=3000)
+    ap.add_argument("--n", type=int, default=100_000)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="shmq-bench-unix-") as tmp:
+        path = os.path.join(tmp, "broker.sock")
+        instance = f"bunix{os.getpid()}"
+        proc = subprocess.Popen([sys.executable, "-c", "from shmq.cli import app; app()", "serve",
+                                 "--port", "0", "--workers", "2", "--instance", instance, "--unix", path,
+                                 "--data-dir", os.path.join(tmp, "data")],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline().decode()
+            m = re.search(r"tcp://[0-9.]+:(\d+)", line)
+            if m is None:
+                raise SystemExit(f"shmq serve did not start: {line!r}")
+            urls = {"tcp": f"tcp://127.0.0.1:{m.group(1)}", "unix": f"unix://{path}"}
+            b = shmq.connect(urls["unix"])
+            for name in ("ping", "pong", "batch"):
+                b.create_queue(name, capacity=65536, max_bytes=64 << 20)
+            b.close()
+            res: dict[str, dict[str, list[float]]] = {t: {"p50": [], "p99": [], "batch": []} for t in urls}
+            for r in range(args.rounds):
+                for t, url in urls.items():
+                    p50, p99 = ping_pong(url, args.pings)
+                    res[t]["p50"].append(p50)
+                    res[t]["p99"].append(p99)
+                    res[t]["batch"].append(batch(url, args.n))
+                done = ", ".join(f"{t} p50 {res[t]['p50'][-1]:.1f} us, "
+                                 f"batch {res[t]['batch'][-1]:,.0f} msgs/s" for t in urls)
+                print(f"round {r + 1}/{args.rounds}: {done}", file=sys.stderr)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+    med = {t: {k: statistics.median(v) for k, v in d.items()} for t, d in res.items()}
+    print(f"shmq over unix:// vs tcp://127.0.0.1, one broker (2 workers), {args.rounds} interleaved rounds, "
+          "medians")
+    print(f"  ping-pong p50   tcp {med['tcp']['p50']:8.1f} us   unix {med['unix']['p50']:8.1f} us   "
+          f"unix/tcp {med['unix']['p50'] / med['tcp']['p50']:.2f}")
+    print(f"  ping-pong p99   tcp {med['tcp']['p99']:8.1f} us   unix {med['unix']['p99']:8.1f} us   "
+          f"unix/tcp {med['unix']['p99'] / med['tcp']['p99']:.2f}")
+    print(f"  batches of 100  tcp {med['tcp']['batch']:8,.0f}/s   unix {med['unix']['batch']:8,.0f}/s   "
+          f"unix/tcp {med['unix']['batch'] / med['tcp']['batch']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
