@@ -35,6 +35,7 @@ import errno
 import logging
 import multiprocessing as mp
 import os
+import secrets
 import signal
 import socket
 import stat
@@ -43,7 +44,7 @@ import time
 from multiprocessing.connection import wait
 from typing import Any
 
-from shmq import crashpoints, options
+from shmq import crashpoints, options, runtime
 from shmq.errors import InvalidArgument, ShmqError
 from shmq.serverqueue import ServerBroker
 
@@ -53,7 +54,7 @@ from .journaler import data_dir_for, journal_main, recover
 from .placement import Counts
 from .worker import reuseport_socket, worker_main
 
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
+LOOPBACK = runtime.LOOPBACK
 log = logging.getLogger("shmq.supervisor")
 
 
@@ -113,10 +114,18 @@ class Supervisor:
                  max_connections: int = options.MAX_CONNECTIONS, keep: bool = False,
                  data_dir: str | None = None, sync_interval: float = options.DEFAULT_SYNC_INTERVAL,
                  segment_bytes: int = options.JOURNAL_SEGMENT_BYTES, log_level: str = logs.DEFAULT_LEVEL,
-                 log_format: str = logs.DEFAULT_FORMAT, unix: str | None = None) -> None:
+                 log_format: str = logs.DEFAULT_FORMAT, unix: str | None = None,
+                 no_auth: bool = False) -> None:
         if host not in LOOPBACK and not token:
             raise InvalidArgument(f"binding {host} (not loopback) needs an auth token: "
-                                  f"--token or ${options.TOKEN_ENV}")
+                                  f"${options.TOKEN_ENV} or --token-file" + (
+                                      " (--no-auth is for loopback only)" if no_auth else ""))
+        # Authentication is on by default: without a token, one is made now and left for
+        # this user's clients in the runtime folder (shmq.runtime); --no-auth opts out.
+        self.generated = not token and not no_auth
+        if self.generated:
+            token = secrets.token_urlsafe(32)
+        self.token_file: str | None = None
         if log_level not in logs.LEVELS or log_format not in logs.FORMATS:
             raise InvalidArgument(f"--log-level must be one of {', '.join(logs.LEVELS)} and --log-format "
                                   f"one of {', '.join(logs.FORMATS)}")
@@ -189,6 +198,7 @@ class Supervisor:
             probe = reuseport_socket(self.host, self.port)
             if self.unix:  # one listening socket, inherited by every worker: each accepts on it
                 self.unix_sock = unix_listener(self.unix)
+
             # queues whose shared memory is gone (a reboot, a stop) come back from their journals
             for line in recover(broker, self.data_dir):
                 log.info("%s", line)
@@ -198,9 +208,13 @@ class Supervisor:
             for p, ready in self.procs.values():
                 if not ready.wait(30):
                     raise ShmqError(f"worker {p.name} did not start")
+            if self.generated:  # once the workers listen: a sweep elsewhere sees this broker alive
+                runtime.sweep()  # token files of brokers killed before they could remove them
+                self.token_file = str(runtime.write_token(self.port, self.token))
         except BaseException:
             self._shutdown()
             self._close_unix()
+            self._remove_token()
             if probe is not None:
                 probe.close()
             if self.keep or inherited:
@@ -210,14 +224,17 @@ class Supervisor:
             lock.release()
             raise
         unix = f" and unix://{self.unix}" if self.unix else ""
+        auth = (f"; token for this user's clients in {self.token_file}" if self.token_file
+                else "" if self.token else "; NO AUTHENTICATION (--no-auth)")
         announce(f"shmq: instance {self.instance!r} listening on tcp://{self.host}:{self.port}{unix} "
-                 f"with {self.n} workers; journal in {self.data_dir} (pid {self.journal.pid})")
+                 f"with {self.n} workers; journal in {self.data_dir} (pid {self.journal.pid}){auth}")
         sys.stdout.flush()
         try:
             self._watch(broker)
         finally:
             self._shutdown()
             self._close_unix()
+            self._remove_token()
             probe.close()
             if self.keep:
                 broker.close()
@@ -225,6 +242,11 @@ class Supervisor:
                 broker.destroy()
             lock.release()  # after the removal: a newcomer must not attach what we remove
         return 0
+
+    def _remove_token(self) -> None:
+        if self.token_file is not None:
+            runtime.remove_token(self.port, self.token)
+            self.token_file = None
 
     def _close_unix(self) -> None:
         """Close the Unix socket and remove its file (the workers are gone)."""

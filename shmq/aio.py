@@ -33,7 +33,7 @@ from collections.abc import AsyncGenerator, Iterable, Sequence
 from typing import Any, TypeVar
 
 from . import commands as cmd
-from . import options
+from . import options, runtime
 from .api import Message, Payload, QueueInfo
 from .codec import Frame
 from .commands import Batch, Command, Feed
@@ -59,7 +59,9 @@ async def connect(url: str, token: str | None = None, *, connect_timeout: float 
     path = unix_path(url)
     if path is None and not url.startswith("tcp://"):
         raise InvalidArgument(f"unsupported url {url!r}: shmq.aio speaks tcp://HOST:PORT and unix://PATH")
-    token = token if token is not None else os.environ.get(options.TOKEN_ENV, "")
+    if token is None:  # $SHMQ_TOKEN, else what a local broker left for this user (shmq.runtime)
+        token = os.environ.get(options.TOKEN_ENV) or (
+            runtime.token_for(*parse_tcp_url(url)) if path is None else None) or ""
     try:
         async with asyncio.timeout(connect_timeout):
             if path is None:

@@ -109,6 +109,8 @@ def serve(
     token_file: str = typer.Option("", help="read the auth token from this file's first line"),
     unix: str = typer.Option("", help="also listen on this Unix-domain socket (unix://PATH): mode 0600, "
                                       "and a peer of our own uid needs no token"),
+    no_auth: bool = typer.Option(False, "--no-auth", help="accept clients without a token (loopback "
+                                 "only; by default a token is made and left for this user's clients)"),
     max_connections: int = typer.Option(options.MAX_CONNECTIONS, help="connections per worker"),
     keep: bool = typer.Option(False, help="keep the shared memory when stopping"),
     data_dir: str = typer.Option("", envvar=options.DATA_DIR_ENV,
@@ -130,7 +132,7 @@ def serve(
     try:
         sup = Supervisor(instance, host, port, workers, _token(token, token_file) or "", max_connections,
                          keep, data_dir or None, sync_interval, journal_segment_bytes, log_level, log_format,
-                         unix or None)
+                         unix or None, no_auth)
         raise typer.Exit(sup.serve())
     except ShmqError as e:
         _fail(e)

@@ -20,7 +20,7 @@ from collections.abc import Generator, Iterable, Sequence
 from typing import Any, TypeVar
 
 from . import commands as cmd
-from . import options
+from . import options, runtime
 from .api import Broker, Message, Payload, Queue, QueueInfo
 from .commands import (  # re-exported: they were this module's before shmq.commands
     Batch,
@@ -49,10 +49,13 @@ class TcpBroker(Broker):
                  client: str = "shmq-python", affinity: str = "") -> None:
         self.url = url
         self.affinity = affinity
-        self._token = token if token is not None else os.environ.get(options.TOKEN_ENV, "")
         path = unix_path(url)
         if path is None:
             self._host, self._port = parse_tcp_url(url)
+        if token is None:  # $SHMQ_TOKEN, else what a local broker left for this user (shmq.runtime)
+            token = os.environ.get(options.TOKEN_ENV) or (
+                runtime.token_for(self._host, self._port) if path is None else None) or ""
+        self._token = token
         self._conn = ClientConnection(url)
         self._lock = threading.Lock()  # one sender at a time: it picks the message id and writes
         self._cond = threading.Condition(threading.Lock())  # guards _reading; wakes the waiters

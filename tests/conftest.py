@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 import shmq
+from shmq import runtime
 from shmq.check import check_instance
 from shmq.shm import ShmBroker
 from shmq.tcp import TcpBroker
@@ -166,7 +167,8 @@ class Server:
         assert m, line
         self.port = int(m.group(1))
         self.url = f"tcp://127.0.0.1:{self.port}"
-        self.token = token
+        # with no token given, the broker made one and left it for this user's clients
+        self.token = token or (runtime.token_for("127.0.0.1", self.port) or "")
         m = re.search(rb"\(pid (\d+)\)", line)
         assert m, line
         self.journal_pid = int(m.group(1))
@@ -209,6 +211,8 @@ class Server:
                     stream.close()
             if not self.keep and os.path.exists(f"/dev/shm/shmq.{self.instance}.reg"):
                 ShmBroker(self.instance).destroy()  # only if the broker failed to clean up
+            if getattr(self, "token", ""):
+                runtime.remove_token(self.port, self.token)  # a killed broker's, if it left it
             if self.own_data_dir and not self.keep:
                 import shutil
                 shutil.rmtree(self.data_dir, ignore_errors=True)

@@ -1,0 +1,125 @@
+"""The runtime folder: where a broker leaves the token its own user's clients read.
+
+``shmq serve`` without a token makes one at start (authentication is on by default)
+and writes it to ``<runtime>/tcp-<port>.token``, mode 0600, in a folder of mode 0700:
+``$XDG_RUNTIME_DIR/shmq`` when that is set (and exists), else ``<tmp>/shmq-<uid>``.
+A client that is given no token (no argument, no ``$SHMQ_TOKEN``) and connects to a
+loopback port reads it from there, as Jupyter's clients read its server's token.
+Other users cannot: neither the folder nor the file lets them in.
+
+Nothing here is trusted that is not ours: a folder or file owned by another uid, or
+open to others, is refused (writing) or ignored (reading), never used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import stat
+import tempfile
+from pathlib import Path
+
+from .errors import InstanceError
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "ip6-localhost")
+
+
+def runtime_dir() -> Path:
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isdir(xdg):
+        return Path(xdg) / "shmq"
+    return Path(tempfile.gettempdir()) / f"shmq-{os.geteuid()}"
+
+
+def _ours(st: os.stat_result) -> bool:
+    return st.st_uid == os.geteuid() and not st.st_mode & 0o077
+
+
+def _folder(create: bool) -> Path | None:
+    path = runtime_dir()
+    if create:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or not _ours(st):
+        if create:
+            raise InstanceError(f"runtime folder {path} is not ours (owner uid {st.st_uid}, mode "
+                                f"0o{st.st_mode & 0o777:o}): refused; remove it or set $XDG_RUNTIME_DIR")
+        return None
+    return path
+
+
+def token_path(port: int) -> Path:
+    return runtime_dir() / f"tcp-{port}.token"
+
+
+def write_token(port: int, token: str) -> Path:
+    """Write the token of the broker on ``port`` (mode 0600, atomically); its path."""
+    folder = _folder(create=True)
+    assert folder is not None
+    path = folder / f"tcp-{port}.token"
+    tmp = folder / f".tcp-{port}.token.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, token.encode() + b"\n")
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return path
+
+
+def remove_token(port: int, token: str) -> None:
+    """Remove the token file of ``port`` if it is still this broker's."""
+    path = token_path(port)
+    if read_file(path) == token:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def read_file(path: Path) -> str | None:
+    """The token in ``path`` when the file (and its folder) are ours and private; else None."""
+    if _folder(create=False) is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if not _ours(os.fstat(fd)):
+            return None
+        return os.read(fd, 4096).decode(errors="replace").split("\n", 1)[0].strip() or None
+    finally:
+        os.close(fd)
+
+
+def sweep() -> list[Path]:
+    """Remove the token files of brokers that are gone (killed before they could remove
+    their own): nothing listens on their loopback port any more.  The files removed."""
+    folder = _folder(create=False)
+    if folder is None:
+        return []
+    gone = []
+    for path in folder.glob("tcp-*.token"):
+        port = path.name[len("tcp-"):-len(".token")]
+        if not port.isdigit():
+            continue
+        try:
+            socket.create_connection(("127.0.0.1", int(port)), timeout=0.5).close()
+        except ConnectionRefusedError:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                gone.append(path)
+        except OSError:
+            pass  # unsure (a timeout): left alone
+    return gone
+
+
+def token_for(host: str, port: int) -> str | None:
+    """The token a local broker on a loopback ``host``:``port`` left for its own user."""
+    if host not in LOOPBACK:
+        return None
+    return read_file(token_path(port))
