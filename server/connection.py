@@ -146,6 +146,7 @@ class ServerConnection:
         self.parked_produces: dict[str, int] = {}  # queue -> produces of ours waiting for room there
         self.busy = False  # a request is being handled (a graceful stop waits for it)
         self.trusted = False  # the peer's uid is ours (a Unix socket's SO_PEERCRED): no token needed
+        self.peer = ""  # who is at the other end: an IP address, or "uid N" on a Unix socket
         self._out: list[bytes] | None = None  # replies held to go out in one write
 
     @property

@@ -20,12 +20,13 @@ memory (``tests/test_handlers.py``)::
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from shmq import crashpoints
+from shmq import crashpoints, options
 from shmq.codec import Frame
 from shmq.durability import Mark
 from shmq.errors import ShmqError
@@ -75,6 +76,35 @@ class Core:
         self.waiters: dict[str, list[Waiter]] = {}  # queue -> parked requests, in arrival order
         self.subs: dict[str, list[Subscription]] = {}  # queue -> subscriptions, next to push first
         self.held = HeldReplies(post or _call)
+        self.auth_failures: dict[str, deque[float]] = {}  # peer -> times of its recent failed handshakes
+
+    # ------------------------------------------------------------ failed handshakes
+    def auth_wait(self, peer: str) -> float:
+        """Seconds before ``peer`` may try a handshake again (0: now).  A peer with
+        ``options.AUTH_FAILURES_MAX`` failures in the last ``AUTH_FAILURE_WINDOW`` seconds
+        is refused without its token being looked at, until the oldest falls out."""
+        times = self.auth_failures.get(peer)
+        if not times:
+            return 0.0
+        now = self.clock()
+        while times and now - times[0] >= options.AUTH_FAILURE_WINDOW:
+            times.popleft()
+        if not times:
+            del self.auth_failures[peer]
+            return 0.0
+        if len(times) < options.AUTH_FAILURES_MAX:
+            return 0.0
+        return times[0] + options.AUTH_FAILURE_WINDOW - now
+
+    def auth_failed(self, peer: str) -> int:
+        """Count a failed handshake of ``peer``; its failures in the window."""
+        if len(self.auth_failures) >= options.MAX_CONNECTIONS and peer not in self.auth_failures:
+            self.auth_failures.pop(next(iter(self.auth_failures)))  # bounded: the oldest peer goes
+        times = self.auth_failures.setdefault(peer, deque())
+        times.append(self.clock())
+        while len(times) > options.AUTH_FAILURES_MAX:
+            times.popleft()
+        return len(times)
 
     def connection(self, sink: Callable[[bytes], None] | None = None, placed: bool = False
                    ) -> ServerConnection:

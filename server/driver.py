@@ -75,9 +75,13 @@ class Driver(asyncio.Protocol):
         w.count_changed()
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family == socket.AF_UNIX:
-            self.conn.trusted = peer_uid(sock) == os.geteuid()  # our own user: no token needed
+            uid = peer_uid(sock)
+            self.conn.trusted = uid == os.geteuid()  # our own user: no token needed
+            self.conn.peer = f"uid {uid}"
         elif sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            peer = transport.get_extra_info("peername")
+            self.conn.peer = str(peer[0]) if peer else ""
         self._timer = w.loop.call_later(options.HANDSHAKE_TIMEOUT, self._no_handshake)
         if self._preface:  # before anything is read from the socket itself
             preface, self._preface = self._preface, b""

@@ -11,6 +11,7 @@ down.  :func:`receive` is all a driver calls.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,7 @@ from .delivery import READ_HEADROOM, push
 from .parking import consume, poke, produce, produce_run
 
 _CRASH = crashpoints.watch(__name__)
+log = logging.getLogger("shmq.worker")
 Handler = Callable[[Core, ServerConnection, Frame, dict[str, Any]], None]
 
 
@@ -91,7 +93,14 @@ def handle(core: Core, conn: ServerConnection, f: Frame) -> None:
 
 def handshake(core: Core, conn: ServerConnection, f: Frame) -> None:
     """Check the token; hand the connection to another worker if it should be served
-    there (``Core.place``); else accept it."""
+    there (``Core.place``); else accept it.  A peer with too many failed handshakes of
+    late is refused before its token is looked at (``Core.auth_wait``)."""
+    wait = 0.0 if conn.trusted else core.auth_wait(conn.peer)
+    if wait:
+        conn.reply(f, T.HANDSHAKE_NACK, reason=f"too many failed handshakes from {conn.peer or 'this peer'}: "
+                                               f"try again in {wait:.0f} s")
+        end(core, conn)
+        return
     try:
         fields = conn.check_handshake(f)
     except ProtocolError as e:
@@ -99,6 +108,9 @@ def handshake(core: Core, conn: ServerConnection, f: Frame) -> None:
         end(core, conn)
         return
     if fields is None:  # refused (HANDSHAKE_NACK sent)
+        n = core.auth_failed(conn.peer)
+        log.warning("worker %d: refused a handshake from %s: bad or missing token (%d in the last %.0f s)",
+                    core.worker_id, conn.peer or "an unknown peer", n, options.AUTH_FAILURE_WINDOW)
         end(core, conn)
         return
     if conn.may_move() and core.place is not None and core.place(conn, f, fields["affinity"]):

@@ -128,6 +128,35 @@ def test_a_wrong_token_is_refused_and_the_right_one_accepted(instance: str) -> N
         sb.close()
 
 
+def test_a_peer_that_keeps_failing_the_handshake_is_held_off(instance: str) -> None:
+    """AUTH_FAILURES_MAX wrong tokens from one address in AUTH_FAILURE_WINDOW: that address
+    is refused without its token being looked at, the right one included, until the
+    window clears; other addresses are not affected."""
+    clock = FakeClock()
+    sb = ServerBroker(instance)
+    try:
+        core = Core(sb, token="s3cret", clock=clock)
+
+        def attempt(peer: str, token: str) -> tuple[int, str]:
+            p = Peer(core, handshake=False)
+            p.conn.peer = peer
+            f = p.call(T.HANDSHAKE, token=token, client="t", affinity="")
+            reason = decode_body(T.HANDSHAKE_NACK, f.body)["reason"] if f.type == T.HANDSHAKE_NACK else ""
+            return f.type, reason
+
+        for _ in range(options.AUTH_FAILURES_MAX):
+            assert attempt("10.0.0.9", "guess") == (T.HANDSHAKE_NACK, "bad or missing token")
+        kind, reason = attempt("10.0.0.9", "s3cret")
+        assert kind == T.HANDSHAKE_NACK and reason.startswith("too many failed handshakes from 10.0.0.9")
+        assert attempt("10.0.0.7", "s3cret")[0] == T.HANDSHAKE_ACK  # another address: not held off
+        clock.advance(options.AUTH_FAILURE_WINDOW - 1)
+        assert attempt("10.0.0.9", "s3cret")[0] == T.HANDSHAKE_NACK  # still within the window
+        clock.advance(1)
+        assert attempt("10.0.0.9", "s3cret")[0] == T.HANDSHAKE_ACK  # the window cleared
+    finally:
+        sb.close()
+
+
 def test_a_handshake_answers_with_the_worker_and_the_frame_limit(core: Core) -> None:
     p = Peer(core, handshake=False)
     d = p.ok(T.HANDSHAKE, T.HANDSHAKE_ACK, token="", client="t", affinity="")
