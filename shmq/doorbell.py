@@ -24,11 +24,14 @@ wake-up is lost.  A flag is only a hint: a datagram nobody reads is dropped
 (the worker died, its receive buffer is full), a stale flag costs one
 ``sendto`` per put until its worker clears it (a restarted worker clears its
 bytes in every queue), and every worker also retries on a 50 ms tick.
-The sender never blocks.
+The sender never blocks.  The abstract namespace has no permissions, so a bell
+takes a datagram only from a process of its own user (the kernel's
+``SCM_CREDENTIALS``): only those can attach the queues it serves.
 """
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 
@@ -36,6 +39,8 @@ from . import layout as L
 from . import options
 
 _QID = struct.Struct("<Q")  # a datagram: the queue id
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_ANCILLARY = socket.CMSG_SPACE(_UCRED.size)
 NO_BELLS = bytes(L.Q_BELLS_SIZE)  # a bell table with no flag set
 assert options.MAX_WORKERS <= L.Q_BELLS_SIZE, "every worker needs its byte in the bell table"
 
@@ -43,6 +48,14 @@ assert options.MAX_WORKERS <= L.Q_BELLS_SIZE, "every worker needs its byte in th
 def address(instance_uid: int, worker: int) -> bytes:
     """The abstract socket name of a worker's doorbell."""
     return b"\0shmq-bell-%016x-%d" % (instance_uid, worker)
+
+
+def _sender_uid(ancillary: list[tuple[int, int, bytes]]) -> int:
+    """The uid the kernel attached to a datagram (SCM_CREDENTIALS), -1 when none came."""
+    for level, kind, item in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(item) >= _UCRED.size:
+            return int(_UCRED.unpack(item[:_UCRED.size])[1])
+    return -1
 
 
 class Ringer:
@@ -79,21 +92,24 @@ class Bell:
     def __init__(self, instance_uid: int, worker: int) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.sock.setblocking(False)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)  # who sent each datagram
         self.sock.bind(address(instance_uid, worker))
+        self.user = os.getuid()  # the only user whose processes may ring
 
     def fileno(self) -> int:
         return self.sock.fileno()
 
     def drain(self) -> set[int]:
-        """The queue ids rung since the last drain."""
+        """The queue ids rung since the last drain (by processes of our user: others' are dropped)."""
         ids: set[int] = set()
-        recv = self.sock.recv
+        recvmsg = self.sock.recvmsg
+        user = self.user
         while True:
             try:
-                data = recv(64)
+                data, ancillary, _flags, _ = recvmsg(64, _ANCILLARY)
             except (BlockingIOError, InterruptedError):
                 return ids
-            if len(data) == _QID.size:
+            if len(data) == _QID.size and _sender_uid(ancillary) == user:
                 ids.add(_QID.unpack(data)[0])
 
     def close(self) -> None:
