@@ -198,7 +198,6 @@ class Supervisor:
             probe = reuseport_socket(self.host, self.port)
             if self.unix:  # one listening socket, inherited by every worker: each accepts on it
                 self.unix_sock = unix_listener(self.unix)
-
             # queues whose shared memory is gone (a reboot, a stop) come back from their journals
             for line in recover(broker, self.data_dir):
                 log.info("%s", line)

@@ -74,7 +74,8 @@ def connect(url: str = "shm://default", token: str | None = None, **kwargs: Any)
 
     ``shm://NAME`` attaches the shared memory of instance NAME on this host
     (creating it when absent; ``token`` is not needed there).  ``tcp://HOST:PORT``
-    talks to ``shmq serve``, presenting ``token`` (default ``$SHMQ_TOKEN``); its other
+    (or ``unix://PATH``) talks to ``shmq serve``, presenting ``token`` (default
+    ``$SHMQ_TOKEN``, else the token a broker on this host left for this user); its other
     keywords are ``connect_timeout`` (seconds for the connect and the handshake: a
     port that is no broker fails within it), ``client`` (a name for the broker's logs) and
     ``affinity`` (connections with the same affinity are served by one broker worker:

@@ -27,13 +27,12 @@ the ``timeout`` argument, which the broker enforces.
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 from collections.abc import AsyncGenerator, Iterable, Sequence
 from typing import Any, TypeVar
 
 from . import commands as cmd
-from . import options, runtime
+from . import options
 from .api import Message, Payload, QueueInfo
 from .codec import Frame
 from .commands import Batch, Command, Feed
@@ -41,7 +40,7 @@ from .connection import ClientConnection, Event, Push, Reply, Request
 from .errors import ConnectionLost, InvalidArgument, ProtocolError, ShmqError
 from .names import check_queue_name
 from .settle import Settle
-from .urls import parse_tcp_url, unix_path
+from .urls import client_token, parse_tcp_url, unix_path
 
 __all__ = ["AsyncBroker", "AsyncMessage", "AsyncQueue", "connect"]
 
@@ -54,14 +53,13 @@ async def connect(url: str, token: str | None = None, *, connect_timeout: float 
     """Connect to ``shmq serve`` at ``tcp://HOST:PORT`` (or ``unix://PATH``: ``shmq serve
     --unix``) and handshake.
 
-    ``token`` defaults to ``$SHMQ_TOKEN``.  Raises ConnectionLost when the broker
+    ``token`` defaults to ``$SHMQ_TOKEN``, else to the token a broker on this host left
+    for this user (``shmq.runtime``).  Raises ConnectionLost when the broker
     cannot be reached, AuthError when it refuses the token."""
     path = unix_path(url)
     if path is None and not url.startswith("tcp://"):
         raise InvalidArgument(f"unsupported url {url!r}: shmq.aio speaks tcp://HOST:PORT and unix://PATH")
-    if token is None:  # $SHMQ_TOKEN, else what a local broker left for this user (shmq.runtime)
-        token = os.environ.get(options.TOKEN_ENV) or (
-            runtime.token_for(*parse_tcp_url(url)) if path is None else None) or ""
+    token = client_token(url, token)
     try:
         async with asyncio.timeout(connect_timeout):
             if path is None:

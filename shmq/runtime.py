@@ -14,6 +14,7 @@ open to others, is refused (writing) or ignored (reading), never used.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import stat
@@ -105,17 +106,22 @@ def sweep() -> list[Path]:
     gone = []
     for path in folder.glob("tcp-*.token"):
         port = path.name[len("tcp-"):-len(".token")]
-        if not port.isdigit():
-            continue
-        try:
-            socket.create_connection(("127.0.0.1", int(port)), timeout=0.5).close()
-        except ConnectionRefusedError:
+        if port.isdigit() and not any(_listening(host, int(port)) for host in ("127.0.0.1", "::1")):
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
                 gone.append(path)
-        except OSError:
-            pass  # unsure (a timeout): left alone
     return gone
+
+
+def _listening(host: str, port: int) -> bool:
+    """Does anything listen on ``host``:``port``?  (When unsure, as on a timeout: yes.)"""
+    try:
+        socket.create_connection((host, port), timeout=0.5).close()
+    except ConnectionRefusedError:
+        return False
+    except OSError as e:  # no IPv6 on this host, say: nothing listens there
+        return e.errno not in (errno.EADDRNOTAVAIL, errno.ENETUNREACH, errno.EAFNOSUPPORT)
+    return True
 
 
 def token_for(host: str, port: int) -> str | None:

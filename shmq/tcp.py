@@ -12,7 +12,6 @@ and reconnects in the child.
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 from collections import deque
@@ -20,7 +19,7 @@ from collections.abc import Generator, Iterable, Sequence
 from typing import Any, TypeVar
 
 from . import commands as cmd
-from . import options, runtime
+from . import options
 from .api import Broker, Message, Payload, Queue, QueueInfo
 from .commands import (  # re-exported: they were this module's before shmq.commands
     Batch,
@@ -33,7 +32,7 @@ from .commands import (  # re-exported: they were this module's before shmq.comm
 from .connection import ClientConnection, Push, Reply, Request
 from .errors import ConnectionLost, ProtocolError, ShmqError
 from .settle import Settle
-from .urls import parse_tcp_url, unix_path
+from .urls import client_token, parse_tcp_url, unix_path
 
 RECV_SIZE = 1 << 18  # bytes one read takes at most
 MSG_MORE = getattr(socket, "MSG_MORE", 0)  # Linux: hold a frame for the next send
@@ -52,10 +51,7 @@ class TcpBroker(Broker):
         path = unix_path(url)
         if path is None:
             self._host, self._port = parse_tcp_url(url)
-        if token is None:  # $SHMQ_TOKEN, else what a local broker left for this user (shmq.runtime)
-            token = os.environ.get(options.TOKEN_ENV) or (
-                runtime.token_for(self._host, self._port) if path is None else None) or ""
-        self._token = token
+        self._token = client_token(url, token)
         self._conn = ClientConnection(url)
         self._lock = threading.Lock()  # one sender at a time: it picks the message id and writes
         self._cond = threading.Condition(threading.Lock())  # guards _reading; wakes the waiters

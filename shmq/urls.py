@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+
+from . import options, runtime
 from .errors import InvalidArgument
 
 
@@ -24,4 +27,18 @@ def unix_path(url: str) -> str | None:
     return path
 
 
-__all__ = ["parse_tcp_url", "unix_path"]
+def client_token(url: str, token: str | None) -> str:
+    """The token a client presents: the one given (even ""), else ``$SHMQ_TOKEN``, else
+    the one a local broker on that loopback port left for this user (``shmq.runtime``).
+    A Unix socket needs none from the broker's own user."""
+    if token is not None:
+        return token
+    env = os.environ.get(options.TOKEN_ENV)
+    if env:
+        return env
+    if unix_path(url) is not None:
+        return ""
+    return runtime.token_for(*parse_tcp_url(url)) or ""
+
+
+__all__ = ["client_token", "parse_tcp_url", "unix_path"]
