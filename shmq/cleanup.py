@@ -108,13 +108,20 @@ def _judge(inst: str, matches: list[re.Match[str]], dead: bool | None = None,
     Objects that are not ours are reported in ``foreign`` and never read or removed; an
     instance whose registry is not ours is left alone whole."""
     foreign = {m.string: why for m in matches if (why := _foreign(m.string)) is not None}
-    if foreign:
-        report = _judge(inst, [m for m in matches if m.string not in foreign], dead, claim) if (
-            f"shmq.{inst}.reg" not in foreign) else InstanceReport(
-            inst, True, f"its registry is {foreign[f'shmq.{inst}.reg']}: left alone")
-        report.foreign = sorted(foreign)
-        report.reason += f"; {len(foreign)} object(s) not ours, never touched"
-        return report
+    if not foreign:
+        return _judge_ours(inst, matches, dead, claim)
+    reg_why = foreign.get(f"shmq.{inst}.reg")
+    if reg_why is None:
+        report = _judge_ours(inst, [m for m in matches if m.string not in foreign], dead, claim)
+    else:
+        report = InstanceReport(inst, True, f"its registry is {reg_why}: left alone")
+    report.foreign = sorted(foreign)
+    report.reason += f"; {len(foreign)} object(s) not ours, never touched"
+    return report
+
+
+def _judge_ours(inst: str, matches: list[re.Match[str]], dead: bool | None, claim: bool) -> InstanceReport:
+    """``_judge`` of objects that are all ours."""
     names = [m.string for m in matches]
     tmp_alive = [m for m in matches if m["tmppid"] and process.start_ticks(int(m["tmppid"]))]
     reg_name = f"shmq.{inst}.reg"
@@ -125,7 +132,7 @@ def _judge(inst: str, matches: list[re.Match[str]], dead: bool | None = None,
         return InstanceReport(inst, False, "no registry: leftovers of a dead run", objects=names)
     if dead is None:
         with _exclusive(reg_name) as free:
-            return _judge(inst, matches, free)
+            return _judge_ours(inst, matches, free, claim)
     try:
         mapping = Mapping.attach("/" + reg_name)
     except Exception as e:  # noqa: BLE001

@@ -119,21 +119,25 @@ class Durability:
         """Offsets below this are as durable as the queue's policy makes them."""
         return min(self.w[L.Q_DURABLE_OFFSET], self.w[L.Q_NEXT_OFFSET])
 
-    def put_mark(self, end: int) -> Mark | None:
+    def put_mark(self, end: int, poke: bool = True) -> Mark | None:
         """After a put of offsets below ``end``: the mark that confirms it on an ``always``
-        queue (the writer poked), None when nothing waits (or it is reached already)."""
+        queue (the writer poked, unless ``poke`` is False: it was already), None when
+        nothing waits (or it is reached already)."""
         if not self.always:
             return None
-        self.poke()
+        if poke:
+            self.poke()
         return None if self.w[L.Q_DURABLE_OFFSET] >= end else Mark(self, L.Q_DURABLE_OFFSET, end)
 
-    def settle_mark(self) -> Mark | None:
-        """After a change of group state: the writer poked; on an ``always`` queue, the mark
-        that confirms the change (None when nothing waits)."""
+    def settle_mark(self, poke: bool = True) -> Mark | None:
+        """After a change of group state: the writer poked (unless ``poke`` is False: it
+        was already); on an ``always`` queue, the mark that confirms the change (None
+        when nothing waits)."""
         if not self.journaled:
             return None
         seq = self.w[L.Q_SETTLE_SEQ]  # moved by the change, under the consumer lock
-        self.poke()
+        if poke:
+            self.poke()
         if not self.always or self.w[L.Q_DURABLE_SETTLE] >= seq:
             return None
         return Mark(self, L.Q_DURABLE_SETTLE, seq)

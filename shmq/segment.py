@@ -191,32 +191,28 @@ def check_owned(name: str, st: os.stat_result) -> None:
                             "(`shmq doctor` lists such objects; their owner or root must remove them)")
 
 
-def unlink_ours(name: str, semaphore: bool) -> None:
-    """Remove ``name`` if it is ours (a creation that failed undoes only what it made)."""
+def unlink_ours(name: str, semaphore: bool, refuse: bool = False) -> None:
+    """Remove ``name`` if it is ours (a creation that failed undoes only what it made).
+    One that is not ours stays (only its owner may remove it); ``refuse``: raise
+    ``InstanceError`` for it (a squatted name must not be created over)."""
     try:
         st = os.stat(semaphore_path(name) if semaphore else shm_path(name))
     except FileNotFoundError:
         return
-    if not_ours(st) is None:
-        if semaphore:
-            unlink_semaphore(name)
-        else:
-            unlink_shm(name)
-
-
-def clear_leftover(name: str, semaphore: bool) -> None:
-    """Before creating ``name`` under an id that is fresh: remove an object of ours left by
-    a dead earlier run; refuse one that is not ours (it stays: only its owner may remove it)."""
-    path = semaphore_path(name) if semaphore else shm_path(name)
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
+    if refuse:
+        check_owned(name, st)
+    elif not_ours(st) is not None:
         return
-    check_owned(name, st)
     if semaphore:
         unlink_semaphore(name)
     else:
         unlink_shm(name)
+
+
+def clear_leftover(name: str, semaphore: bool) -> None:
+    """Before creating ``name`` under an id that is fresh: remove an object of ours left by
+    a dead earlier run; refuse one that is not ours."""
+    unlink_ours(name, semaphore, refuse=True)
 
 
 def link_into_place(tmp_name: str, final_name: str) -> bool:

@@ -85,15 +85,15 @@ class ServerQueue:
     def put(self, payload: bytes) -> tuple[int, Mark | None]:
         """Store one message now: (its offset, the mark confirming it).  :class:`Full` when
         there is no room now."""
-        off = self._q.put(payload, block=False, wait_durable=False)
-        return off, self.durability.put_mark(off + 1) if self._journaled else None
+        off = self._q.put(payload, block=False, wait_durable=False)  # (the writer is poked there)
+        return off, self.durability.put_mark(off + 1, poke=False) if self._journaled else None
 
     def put_many(self, payloads: Sequence[Payload], producer: str | None = None,
                  seq: int | None = None) -> tuple[list[int], Mark | None]:
         """Store a batch now, all or none (an idempotent producer's with ``producer`` and
         ``seq``): (the offsets, the mark confirming them)."""
         offs = self._q.put_many(payloads, block=False, producer=producer, seq=seq, wait_durable=False)
-        mark = self.durability.put_mark(offs[-1] + 1) if offs and self._journaled else None
+        mark = self.durability.put_mark(offs[-1] + 1, poke=False) if offs and self._journaled else None
         return offs, mark
 
     def could_fit(self, payloads: Sequence[Payload]) -> bool:
@@ -162,8 +162,8 @@ class ServerQueue:
     def ack(self, ref: int, offset: int, deliveries: int) -> Mark | None:
         """Acknowledge a lease (:class:`StaleAck` when it is not held); the mark confirming it."""
         q = self._q
-        q._ack(_lease(q, ref, offset, deliveries), wait_durable=False)
-        return self.durability.settle_mark() if self._journaled else None
+        q._ack(_lease(q, ref, offset, deliveries), wait_durable=False)  # (the writer is poked there)
+        return self.durability.settle_mark(poke=False) if self._journaled else None
 
     def ack_offsets(self, ref: int, offsets: list[int], deliveries: list[int]
                     ) -> tuple[list[int], Mark | None]:
@@ -173,9 +173,8 @@ class ServerQueue:
         stale: list[int] = []
         with q._ring.clock:
             freed = q._groups.ack_offsets(ref, offsets, deliveries, stale)
-        if freed and self._w[L.Q_PRODUCER_WAITERS]:
-            q._wake(q._nf, self._w[L.Q_PRODUCER_WAITERS], len(offsets))
-        return stale, self.durability.settle_mark() if self._journaled else None
+        q._after_acks(freed, len(offsets), wait_durable=False)  # wakes producers, pokes the writer
+        return stale, self.durability.settle_mark(poke=False) if self._journaled else None
 
     def settle(self, ref: int, offset: int, deliveries: int, action: Settle, arg: float | None
                ) -> Mark | None:
