@@ -28,7 +28,7 @@ from typing import Any
 
 from shmq import options
 from shmq.codec import Frame, FrameDecoder, T, decode_body, encode_body, encode_frame, frame
-from shmq.errors import LimitExceeded, StaleAck, Status
+from shmq.errors import LimitExceeded, ProtocolError, StaleAck, Status
 from shmq.serverqueue import ServerQueue
 
 
@@ -132,6 +132,13 @@ class Leases:
 Sink = Callable[[bytes], None]
 
 
+def agree_heartbeat(server_s: float, client_ms: int) -> int:
+    """The heartbeat interval of a connection, in ms: the shorter of the two ends'
+    proposals, and none (0) when either end wants none."""
+    ours = round(server_s * 1000)
+    return 0 if not ours or not client_ms else min(ours, client_ms)
+
+
 class ServerConnection:
     """One client connection's protocol state (no I/O)."""
 
@@ -147,6 +154,7 @@ class ServerConnection:
         self.busy = False  # a request is being handled (a graceful stop waits for it)
         self.trusted = False  # the peer's uid is ours (a Unix socket's SO_PEERCRED): no token needed
         self.peer = ""  # who is at the other end: an IP address, or "uid N" on a Unix socket
+        self.heartbeat = 0.0  # s between HEARTBEATs each way, agreed in the handshake (0: none)
         self._out: list[bytes] | None = None  # replies held to go out in one write
 
     @property
@@ -171,7 +179,10 @@ class ServerConnection:
     def check_handshake(self, f: Frame) -> dict[str, Any] | None:
         """The fields of a HANDSHAKE whose token is right (None: answered with
         HANDSHAKE_NACK; close then).  :class:`ProtocolError` on a malformed one."""
-        fields = decode_body(T.HANDSHAKE, f.body)
+        try:
+            fields = decode_body(T.HANDSHAKE, f.body)
+        except ProtocolError:  # a client from before heartbeats: its body lacks heartbeat_ms, so
+            fields = decode_body(T.HANDSHAKE, bytes(f.body) + bytes(4))  # it reads as 0, none
         token = fields["token"].encode()
         if self._token and not self.trusted and not hmac.compare_digest(token, self._token):
             self.reply(f, T.HANDSHAKE_NACK, reason="bad or missing token")
@@ -185,10 +196,13 @@ class ServerConnection:
         self.placed = True
         return move
 
-    def accept(self, f: Frame, worker: int, server: str) -> None:
-        """Answer the HANDSHAKE ``f``: the connection is READY."""
+    def accept(self, f: Frame, worker: int, server: str, heartbeat_ms: int = 0) -> None:
+        """Answer the HANDSHAKE ``f`` with the heartbeat interval agreed (``heartbeat``):
+        the connection is READY."""
         self.state = State.READY
-        self.reply(f, T.HANDSHAKE_ACK, worker=worker, max_frame=self.decoder.max_frame, server=server)
+        self.heartbeat = heartbeat_ms / 1000
+        self.reply(f, T.HANDSHAKE_ACK, worker=worker, max_frame=self.decoder.max_frame, server=server,
+                   heartbeat_ms=heartbeat_ms)
 
     # ------------------------------------------------------------ output
     def send(self, data: bytes) -> None:

@@ -65,8 +65,9 @@ class Core:
     def __init__(self, broker: ServerBroker, worker_id: int = 0, token: str = "", *,
                  post: Post | None = None, flag: Callable[[str], None] = _noop,
                  place: Callable[[ServerConnection, Frame, str], bool] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, heartbeat: float = options.HEARTBEAT) -> None:
         self.broker = broker
+        self.heartbeat = heartbeat  # s: the longest heartbeat interval this worker agrees to (0: none)
         self.worker_id = worker_id
         self.token = token
         self.flag = flag

@@ -12,17 +12,21 @@ buffer limits).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import struct
 from typing import Protocol
 
 from shmq import options
+from shmq.codec import HEARTBEAT_FRAME
 from shmq.errors import ProtocolError, Status
 
 from . import handlers
 from .connection import ServerConnection
 from .core import Core
+
+log = logging.getLogger("shmq.worker")
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -60,6 +64,10 @@ class Driver(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._gone = False  # forgotten by the worker: closed, or handed to another worker
+        self._reads = 0  # reads so far: the heartbeat timer's sign of life
+        self._seen = 0  # ..._reads when the timer last looked
+        self._quiet = 0  # heartbeat intervals in a row without a read
+        self._unsent = 0  # bytes waiting to be written when the timer last looked
 
     # ------------------------------------------------------------ asyncio
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -110,19 +118,47 @@ class Driver(asyncio.Protocol):
         conn = self.conn
         if conn.closed:  # refused, or closing: what comes is dropped
             return
+        self._reads += 1
         try:
             handlers.receive(self.core, conn, data)
         except ProtocolError as e:
             conn.error(0, e.code, str(e))
             self.close()
             return
-        if conn.ready and self._timer is not None:
+        if conn.ready and self._timer is not None and not self._seen:  # the handshake's timer
             self._timer.cancel()
             self._timer = None
+            self._seen = self._reads
+            if conn.heartbeat:
+                self._timer = self.w.loop.call_later(conn.heartbeat, self._beat)
         if conn.closed and not self._gone:  # it asked to go (DISCONNECT), or was refused
             self._forget()
             if self.transport is not None:
                 self.transport.close()
+
+    def _beat(self) -> None:
+        """Every heartbeat interval: a HEARTBEAT out, and a look for a sign of life in.  A
+        peer silent for ``options.HEARTBEAT_MISSES`` intervals in a row is dead or frozen:
+        the connection is closed, and its leases go back.  (While reads are paused because
+        the peer does not read our replies, its reading them counts as life.)"""
+        conn, t = self.conn, self.transport
+        if conn.closed or t is None:
+            return
+        unsent = t.get_write_buffer_size()
+        if self._reads != self._seen or (not t.is_reading() and unsent < self._unsent):
+            self._quiet = 0
+        else:
+            self._quiet += 1
+        self._seen, self._unsent = self._reads, unsent
+        if self._quiet >= options.HEARTBEAT_MISSES:
+            log.warning("worker %d: closing the connection from %s: no heartbeat for %.3g s",
+                        self.w.worker_id, conn.peer or "an unknown peer", self._quiet * conn.heartbeat)
+            silent = self._quiet * conn.heartbeat
+            conn.error(0, Status.UNAVAILABLE, f"no heartbeat from the client for {silent:.3g} s")
+            self.close()
+            return
+        conn.send(HEARTBEAT_FRAME)
+        self._timer = self.w.loop.call_later(conn.heartbeat, self._beat)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:

@@ -21,7 +21,7 @@ from shmq.errors import InvalidArgument, LimitExceeded, ProtocolError, ShmqError
 from shmq.serverqueue import ServerQueue
 from shmq.settle import Settle
 
-from .connection import ServerConnection, Subscription
+from .connection import ServerConnection, Subscription, agree_heartbeat
 from .core import SERVER_NAME, Core
 from .delivery import READ_HEADROOM, push
 from .parking import consume, poke, produce, produce_run
@@ -115,7 +115,7 @@ def handshake(core: Core, conn: ServerConnection, f: Frame) -> None:
         return
     if conn.may_move() and core.place is not None and core.place(conn, f, fields["affinity"]):
         return
-    conn.accept(f, core.worker_id, SERVER_NAME)
+    conn.accept(f, core.worker_id, SERVER_NAME, agree_heartbeat(core.heartbeat, fields["heartbeat_ms"]))
 
 
 def end(core: Core, conn: ServerConnection) -> None:
@@ -307,6 +307,10 @@ def unsubscribe(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any])
     conn.reply(f, T.UNSUBSCRIBE_OK)
 
 
+def heartbeat(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    """The client is alive (the driver counted the read); nothing to answer."""
+
+
 WAITED_BATCH_ACKS = frozenset((T.ACK_BATCH, T.ACK_RANGE))  # answered with ACK_BATCH_OK
 
 HANDLERS: dict[int, Handler] = {
@@ -319,4 +323,5 @@ HANDLERS: dict[int, Handler] = {
     T.GROUP_JOIN: group_join, T.GROUP_COMMIT: group_commit, T.GROUP_DELETE: group_delete,
     T.GROUP_LIST: group_list, T.READ: read, T.STATS: stats, T.PURGE: purge,
     T.DISCONNECT: disconnect, T.SUBSCRIBE: subscribe, T.CREDIT: credit, T.UNSUBSCRIBE: unsubscribe,
+    T.HEARTBEAT: heartbeat,
 }

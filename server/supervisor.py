@@ -115,7 +115,7 @@ class Supervisor:
                  data_dir: str | None = None, sync_interval: float = options.DEFAULT_SYNC_INTERVAL,
                  segment_bytes: int = options.JOURNAL_SEGMENT_BYTES, log_level: str = logs.DEFAULT_LEVEL,
                  log_format: str = logs.DEFAULT_FORMAT, unix: str | None = None,
-                 no_auth: bool = False) -> None:
+                 no_auth: bool = False, *, heartbeat: float = options.HEARTBEAT) -> None:
         if host not in LOOPBACK and not token:
             raise InvalidArgument(f"binding {host} (not loopback) needs an auth token: "
                                   f"${options.TOKEN_ENV} or --token-file" + (
@@ -140,6 +140,9 @@ class Supervisor:
         self.unix = os.path.abspath(unix) if unix else None  # a Unix-domain socket beside the TCP port
         self.unix_sock: socket.socket | None = None
         self.max_connections = max_connections
+        if not 0 <= heartbeat <= 3600:
+            raise InvalidArgument("--heartbeat must be in [0, 3600] seconds (0: none)")
+        self.heartbeat = heartbeat
         self.keep = keep
         if not 0 < sync_interval <= 3600:
             raise InvalidArgument("sync interval must be in (0, 3600] seconds")
@@ -157,7 +160,7 @@ class Supervisor:
         p = self.ctx.Process(target=_child, name=f"shmq-worker-{i}", daemon=False,
                              args=(f"worker-{i}", self.log, worker_main, self.instance, self.host,
                                    self.port, i, self.token, ready, self.max_connections, self.counts,
-                                   self.unix_sock))
+                                   self.unix_sock, self.heartbeat))
         p.start()
         self.procs[i] = (p, ready)
 

@@ -64,8 +64,9 @@ class Worker:
 
     def __init__(self, instance: str, host: str, port: int, worker_id: int, token: str,
                  max_connections: int = options.MAX_CONNECTIONS, counts: Counts | None = None,
-                 unix_sock: socket.socket | None = None) -> None:
+                 unix_sock: socket.socket | None = None, heartbeat: float = options.HEARTBEAT) -> None:
         self.instance = instance
+        self.heartbeat = heartbeat
         self.unix_sock = unix_sock  # the supervisor's Unix-domain listener, shared by every worker
         self.host = host
         self.port = port
@@ -100,7 +101,7 @@ class Worker:
     async def _main(self, ready: Any) -> None:
         self.loop = asyncio.get_running_loop()
         self.core = Core(self.broker, self.worker_id, self.token, post=self.loop.call_soon_threadsafe,
-                         flag=self._flag, place=self.place)
+                         flag=self._flag, place=self.place, heartbeat=self.heartbeat)
         await self._open_bell()
         await self._open_handoff()
         sock = reuseport_socket(self.host, self.port)
@@ -268,10 +269,10 @@ async def _bind(kind: Callable[[int, int], Any], instance_uid: int, worker_id: i
 
 def worker_main(instance: str, host: str, port: int, worker_id: int, token: str, ready: Any,
                 max_connections: int, counts: Counts | None = None,
-                unix_sock: socket.socket | None = None) -> None:
+                unix_sock: socket.socket | None = None, heartbeat: float = options.HEARTBEAT) -> None:
     """Entry point of a worker process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides; SIGTERM stops us
     _die_with_parent()
     sys.setswitchinterval(0.0005)  # a woken durable-mark thread gets the GIL in 0.5 ms, not 5 ms
     os.environ.pop(options.TOKEN_ENV, None)
-    Worker(instance, host, port, worker_id, token, max_connections, counts, unix_sock).run(ready)
+    Worker(instance, host, port, worker_id, token, max_connections, counts, unix_sock, heartbeat).run(ready)

@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 from . import commands as cmd
 from . import options
 from .api import Message, Payload, QueueInfo
-from .codec import Frame
+from .codec import HEARTBEAT_FRAME, Frame
 from .commands import Batch, Command, Feed
 from .connection import ClientConnection, Event, Push, Reply, Request
 from .errors import ConnectionLost, InvalidArgument, ProtocolError, ShmqError
@@ -49,13 +49,16 @@ Inbox = asyncio.Queue[Frame | ShmqError]  # a subscription's frames, or the erro
 
 
 async def connect(url: str, token: str | None = None, *, connect_timeout: float = 10.0,
-                  client: str = "shmq-python-asyncio", affinity: str = "") -> AsyncBroker:
+                  client: str = "shmq-python-asyncio", affinity: str = "",
+                  heartbeat: float = options.HEARTBEAT) -> AsyncBroker:
     """Connect to ``shmq serve`` at ``tcp://HOST:PORT`` (or ``unix://PATH``: ``shmq serve
     --unix``) and handshake.
 
     ``token`` defaults to ``$SHMQ_TOKEN``, else to the token a broker on this host left
-    for this user (``shmq.runtime``).  Raises ConnectionLost when the broker
-    cannot be reached, AuthError when it refuses the token."""
+    for this user (``shmq.runtime``).  ``heartbeat``: the seconds between heartbeats
+    this end proposes (0: none; the broker may agree to fewer); a broker silent for
+    ``options.HEARTBEAT_MISSES`` intervals is taken for dead.  Raises ConnectionLost
+    when the broker cannot be reached, AuthError when it refuses the token."""
     path = unix_path(url)
     if path is None and not url.startswith("tcp://"):
         raise InvalidArgument(f"unsupported url {url!r}: shmq.aio speaks tcp://HOST:PORT and unix://PATH")
@@ -75,7 +78,8 @@ async def connect(url: str, token: str | None = None, *, connect_timeout: float 
     broker = AsyncBroker(url, reader, writer)
     try:  # the handshake is bounded by connect_timeout too: a peer that never answers is no broker
         async with asyncio.timeout(connect_timeout):
-            broker.worker, broker.server = await broker._execute(cmd.handshake(token, client, affinity))
+            broker.worker, broker.server, broker.heartbeat = await broker._execute(
+                cmd.handshake(token, client, affinity, heartbeat))
     except TimeoutError:
         await broker._shutdown("the handshake failed")
         raise ConnectionLost(f"connection to {url} did not answer the handshake within {connect_timeout} s: "
@@ -83,6 +87,9 @@ async def connect(url: str, token: str | None = None, *, connect_timeout: float 
     except BaseException:
         await broker._shutdown("the handshake failed")
         raise
+    if broker.heartbeat:
+        broker._beating = broker._loop.create_task(broker._beat(broker.heartbeat),
+                                                   name=f"shmq.aio heartbeat {url}")
     return broker
 
 
@@ -91,6 +98,7 @@ class AsyncBroker:
 
     worker: int  # the broker worker serving this connection
     server: str  # the broker's name and version
+    heartbeat: float  # seconds between heartbeats, agreed in the handshake (0: none)
 
     def __init__(self, url: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.url = url
@@ -99,6 +107,8 @@ class AsyncBroker:
         self._conn = ClientConnection(url)
         self.nowait_errors = self._conn.nowait_errors  # the latest errors of unwaited acks
         self._loop = asyncio.get_running_loop()
+        self._received = 0  # bytes read so far: the heartbeat task's sign of life
+        self._beating: asyncio.Task[None] | None = None
         self._reader_task = self._loop.create_task(self._read_loop(), name=f"shmq.aio reader {url}")
 
     def __repr__(self) -> str:
@@ -183,6 +193,7 @@ class AsyncBroker:
                 data = await self._reader.read(1 << 20)
                 if not data:
                     break
+                self._received += len(data)
                 self._dispatch(self._conn.receive_data(data))
         except ProtocolError as e:
             reason = f"closed: the broker sent a malformed frame ({e})"
@@ -203,7 +214,28 @@ class AsyncBroker:
                 w.put_nowait(self._conn.lost_error())
         self._writer.close()
 
+    async def _beat(self, interval: float) -> None:
+        """Every heartbeat interval, a HEARTBEAT out; a broker from which nothing came for
+        ``options.HEARTBEAT_MISSES`` intervals in a row is dead or frozen: the connection
+        is lost, and every request waiting on it raises ConnectionLost."""
+        quiet, seen = 0, self._received
+        while True:
+            await asyncio.sleep(interval)
+            if self._gone():
+                return
+            self._writer.write(HEARTBEAT_FRAME)
+            if self._received != seen:
+                quiet, seen = 0, self._received
+                continue
+            quiet += 1
+            if quiet >= options.HEARTBEAT_MISSES:
+                self._fail_all(f"went silent: no heartbeat from the broker for {quiet * interval:.3g} s")
+                self._writer.transport.abort()
+                return
+
     async def _shutdown(self, reason: str) -> None:
+        if self._beating is not None:
+            self._beating.cancel()
         self._fail_all(reason)
         self._reader_task.cancel()
         await asyncio.wait([self._reader_task])

@@ -112,6 +112,9 @@ def serve(
     no_auth: bool = typer.Option(False, "--no-auth", help="accept clients without a token (loopback "
                                  "only; by default a token is made and left for this user's clients)"),
     max_connections: int = typer.Option(options.MAX_CONNECTIONS, help="connections per worker"),
+    heartbeat: float = typer.Option(options.HEARTBEAT, help="seconds between heartbeats on each connection, "
+                                    f"at most (0: none); a peer silent {options.HEARTBEAT_MISSES} intervals "
+                                    "is closed"),
     keep: bool = typer.Option(False, help="keep the shared memory when stopping"),
     data_dir: str = typer.Option("", envvar=options.DATA_DIR_ENV,
                                  help="journal of durable queues (default: ~/.local/share/shmq/INSTANCE)"),
@@ -132,7 +135,7 @@ def serve(
     try:
         sup = Supervisor(instance, host, port, workers, _token(token, token_file) or "", max_connections,
                          keep, data_dir or None, sync_interval, journal_segment_bytes, log_level, log_format,
-                         unix or None, no_auth)
+                         unix or None, no_auth, heartbeat=heartbeat)
         raise typer.Exit(sup.serve())
     except ShmqError as e:
         _fail(e)

@@ -38,7 +38,7 @@ from .codec_schemas import SCHEMAS, TYPES, T
 from .errors import ProtocolError, ShmqError, Status, error_for
 
 __all__ = [
-    "HEADER_SIZE", "MAGIC", "SCHEMAS", "VERSION", "Frame", "FrameDecoder", "T",
+    "HEADER_SIZE", "HEARTBEAT_FRAME", "MAGIC", "SCHEMAS", "VERSION", "Frame", "FrameDecoder", "T",
     "consume_frame", "decode_body", "decode_deliver", "deliver_frame", "encode_body", "encode_frame",
     "error_of", "frame", "produce_frame", "produce_ok_frame", "records_field", "settle_frame",
 ]
@@ -164,6 +164,9 @@ def encode_frame(type: int, msg_id: int, body: bytes = b"", status: int = 0) -> 
         return _HEADER.pack(MAGIC, len(body), type, VERSION, status, msg_id) + body
     except struct.error as e:
         raise ValueError(f"bad frame header (msg_id {msg_id!r}, status {status!r}): {e}") from None
+
+
+HEARTBEAT_FRAME = encode_frame(T.HEARTBEAT, 0)  # either end sends it each heartbeat interval; never answered
 
 
 def frame(type: int, msg_id: int, status: int = 0, **fields: Any) -> bytes:

@@ -68,6 +68,7 @@ class T(IntEnum):
     CREDIT = 0x83
     UNSUBSCRIBE = 0x85
     UNSUBSCRIBE_OK = 0x86
+    HEARTBEAT = 0x91
     ERROR = 0xFE
 
 
@@ -81,8 +82,8 @@ _EMPTY: Schema = ()
 #: remaining bytes; last field only), json (u32 length + UTF-8 JSON), blobs,
 #: settles, offsets and records (u32 count + that many items).
 SCHEMAS: dict[T, Schema] = {
-    T.HANDSHAKE: (("token", "str"), ("client", "str"), ("affinity", "str")),
-    T.HANDSHAKE_ACK: (("worker", "u16"), ("max_frame", "u32"), ("server", "str")),
+    T.HANDSHAKE: (("token", "str"), ("client", "str"), ("affinity", "str"), ("heartbeat_ms", "u32")),
+    T.HANDSHAKE_ACK: (("worker", "u16"), ("max_frame", "u32"), ("server", "str"), ("heartbeat_ms", "u32")),
     T.HANDSHAKE_NACK: (("reason", "str"),),
     T.CREATE_QUEUE: (("queue", "str"), ("config", "json")),
     T.CREATE_QUEUE_OK: _EMPTY,
@@ -136,6 +137,7 @@ SCHEMAS: dict[T, Schema] = {
     T.CREDIT: (("subscription", "u32"), ("credit", "u32")),
     T.UNSUBSCRIBE: (("subscription", "u32"),),
     T.UNSUBSCRIBE_OK: _EMPTY,
+    T.HEARTBEAT: _EMPTY,
     T.ERROR: (("message", "str"),),
 }
 assert set(SCHEMAS) == set(T)

@@ -232,17 +232,22 @@ _LEASES = (T.DELIVER, T.DELIVER_BATCH)
 
 
 # ---------------------------------------------------------------- the broker's commands
-def handshake(token: str, client: str, affinity: str) -> Request[tuple[int, str]]:
-    """The first request: its result is (the worker serving the connection, the broker's name)."""
-    return Request(_fields_frame, (T.HANDSHAKE, {"token": token, "client": client, "affinity": affinity}),
-                   _handshaken)
+def handshake(token: str, client: str, affinity: str, heartbeat: float = 0.0
+              ) -> Request[tuple[int, str, float]]:
+    """The first request, proposing ``heartbeat`` seconds between heartbeats (0: none):
+    its result is (the worker serving the connection, the broker's name, the heartbeat
+    interval agreed)."""
+    if not 0 <= heartbeat <= 3600:
+        raise InvalidArgument(f"heartbeat must be in [0, 3600] seconds (0: none), not {heartbeat!r}")
+    return Request(_fields_frame, (T.HANDSHAKE, {"token": token, "client": client, "affinity": affinity,
+                                                 "heartbeat_ms": round(heartbeat * 1000)}), _handshaken)
 
 
-def _handshaken(f: Frame, _: Any) -> tuple[int, str]:
+def _handshaken(f: Frame, _: Any) -> tuple[int, str, float]:
     if f.type == T.HANDSHAKE_NACK:
         raise AuthError(decode_body(T.HANDSHAKE_NACK, f.body)["reason"])
     info = _fields(f, T.HANDSHAKE_ACK)
-    return info["worker"], info["server"]
+    return info["worker"], info["server"], info["heartbeat_ms"] / 1000
 
 
 def disconnect() -> Request[None]:

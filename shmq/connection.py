@@ -272,7 +272,7 @@ class ClientConnection:
                         del subs[i]
                 append(new(Push, (i, f, s.waiter)))
             elif f.type != T.ERROR:
-                continue  # the answer to a CREDIT, or a push after its subscription ended
+                continue  # a HEARTBEAT, the answer to a CREDIT, or a push after its subscription ended
             elif i == NO_REPLY_ID:
                 err = error_of(f)
                 self.nowait_errors.append(err)

@@ -33,7 +33,7 @@ class Status(IntEnum):
     AUTH_FAILED = 39
     DUPLICATE = 40
     STORAGE = 41
-    UNAVAILABLE = 42  # client side only: the broker cannot be reached, or the connection was lost
+    UNAVAILABLE = 42  # the broker cannot be reached, the connection was lost, or its other end went silent
 
 
 class ShmqError(Exception):

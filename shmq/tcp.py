@@ -12,8 +12,11 @@ and reconnects in the child.
 
 from __future__ import annotations
 
+import contextlib
+import select
 import socket
 import threading
+import weakref
 from collections import deque
 from collections.abc import Generator, Iterable, Sequence
 from typing import Any, TypeVar
@@ -21,6 +24,7 @@ from typing import Any, TypeVar
 from . import commands as cmd
 from . import options
 from .api import Broker, Message, Payload, Queue, QueueInfo
+from .codec import HEARTBEAT_FRAME
 from .commands import (  # re-exported: they were this module's before shmq.commands
     Batch,
     Command,
@@ -45,9 +49,11 @@ class TcpBroker(Broker):
     """A broker handle talking to ``shmq serve``."""
 
     def __init__(self, url: str, token: str | None = None, *, connect_timeout: float = 10.0,
-                 client: str = "shmq-python", affinity: str = "") -> None:
+                 client: str = "shmq-python", affinity: str = "",
+                 heartbeat: float = options.HEARTBEAT) -> None:
         self.url = url
         self.affinity = affinity
+        self._heartbeat = heartbeat  # what we propose; self.heartbeat is what was agreed
         path = unix_path(url)
         if path is None:
             self._host, self._port = parse_tcp_url(url)
@@ -59,6 +65,9 @@ class TcpBroker(Broker):
         self._waiting = 0  # threads waiting on the condition for another's read
         self._rbuf = bytearray(RECV_SIZE)  # reused by every read: no allocation per recv
         self._rview = memoryview(self._rbuf)
+        self._received = 0  # bytes read so far: the heartbeat thread's sign of life
+        self._seen = 0  # ..._received when the heartbeat thread last looked
+        self._stop_beating = threading.Event()
         self.nowait_errors = self._conn.nowait_errors  # the latest errors of unwaited acks
         try:
             if path is None:
@@ -76,15 +85,19 @@ class TcpBroker(Broker):
             raise ConnectionLost(f"cannot connect to {url}: {e.strerror or e} (is `shmq serve` running?)"
                                  ) from None
         try:  # the handshake is bounded by connect_timeout too: a peer that never answers is no broker
-            self.worker, self.server = self._execute(cmd.handshake(self._token, client, affinity))
+            self.worker, self.server, self.heartbeat = self._execute(
+                cmd.handshake(self._token, client, affinity, heartbeat))
         except BaseException:
             self._conn.lost("the handshake failed")
             self._sock.close()
             raise
         self._sock.settimeout(None)
+        if self.heartbeat:
+            threading.Thread(target=_beating, args=(weakref.ref(self), self._stop_beating, self.heartbeat),
+                             name=f"shmq heartbeat {url}", daemon=True).start()
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (_reconnect, (self.url, self._token, self.affinity))
+        return (_reconnect, (self.url, self._token, self.affinity, self._heartbeat))
 
     def __repr__(self) -> str:
         return f"TcpBroker({self.url!r})"
@@ -163,6 +176,7 @@ class TcpBroker(Broker):
         if not n:
             conn.lost("closed by the broker")
             raise conn.lost_error()
+        self._received += n
         try:
             events = conn.receive_data(self._rview[:n])
         except ProtocolError as e:  # raised here; the other threads get ConnectionLost
@@ -183,6 +197,65 @@ class TcpBroker(Broker):
         with self._lock:
             self._sendall(self._conn.send(command, box)[1])
         return command.parse(self._wait(box), command.ctx)
+
+    # ------------------------------------------------------------ heartbeats
+    def _beat(self, quiet: int) -> int:
+        """One heartbeat interval (the heartbeat thread's): a HEARTBEAT out, whatever came
+        in read if nobody else reads, and the count of intervals in a row in which nothing
+        came, returned.  After ``options.HEARTBEAT_MISSES`` the broker is dead or frozen:
+        the connection is lost, and whoever waits on it raises ConnectionLost.  -1: stop."""
+        conn = self._conn
+        if conn.closed:
+            return -1
+        if self._lock.acquire(timeout=self.heartbeat):  # not: a send is stuck (the broker reads nothing)
+            try:
+                if not conn.closed:
+                    self._sock.sendall(HEARTBEAT_FRAME)
+            except OSError as e:
+                return self._went(f"lost: {e}")
+            finally:
+                self._lock.release()
+        self._drain()
+        if self._received != self._seen:  # something came in this interval
+            self._seen = self._received
+            return 0
+        quiet += 1
+        if quiet < options.HEARTBEAT_MISSES:
+            return quiet
+        return self._went(f"went silent: no heartbeat from the broker for {quiet * self.heartbeat:.3g} s")
+
+    def _drain(self) -> None:
+        """Read what has come, if nobody is reading and it can be read without waiting: a
+        handle nobody uses still hears the broker's heartbeats (and its socket buffer never
+        fills with them)."""
+        with self._cond:
+            if self._reading or self._conn.closed:
+                return
+            sock = self._sock
+            poll = select.poll()
+            poll.register(sock, select.POLLIN)
+            pending = getattr(sock, "pending", None)  # a TLS socket's bytes decrypted already
+            if not poll.poll(0) and not (pending and pending()):
+                return
+            self._reading = True
+        try:
+            self._read_some()
+        except ShmqError:
+            pass  # the connection is lost: whoever waits on it hears so
+        finally:
+            with self._cond:
+                self._reading = False
+                self._cond.notify_all()
+
+    def _went(self, reason: str) -> int:
+        """The connection is lost for ``reason``: a reader blocked in recv wakes (shutdown)
+        and raises, and so does every thread that waits."""
+        self._conn.lost(reason)
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        with self._cond:
+            self._cond.notify_all()
+        return -1
 
     # ------------------------------------------------------------ push mode
     def _subscription(self, q: TcpQueue, group: str, credit: int,
@@ -231,6 +304,7 @@ class TcpBroker(Broker):
         self._execute(cmd.delete_queue(name))
 
     def close(self) -> None:
+        self._stop_beating.set()
         if not self._conn.closed:
             try:
                 self._execute(cmd.disconnect())
@@ -251,7 +325,7 @@ class TcpQueue(Queue):
         self._qb = str.encode(name)  # the name on the wire, for the one-message frames
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (_tcp_queue, (self._b.url, self._b._token, self.name, self._b.affinity))
+        return (_tcp_queue, (self._b.url, self._b._token, self.name, self._b.affinity, self._b._heartbeat))
 
     def __repr__(self) -> str:
         return f"TcpQueue({self._b.url!r}, {self.name!r})"
@@ -320,12 +394,27 @@ class TcpQueue(Queue):
         return self._b._subscription(self, group, credit, visibility_timeout)
 
 
-def _reconnect(url: str, token: str, affinity: str) -> TcpBroker:
-    return TcpBroker(url, token, affinity=affinity)
+def _beating(ref: weakref.ref[TcpBroker], stop: threading.Event, interval: float) -> None:
+    """The heartbeat thread of a TcpBroker, until it closes, its connection is lost or it
+    is garbage (the thread holds it only while it beats)."""
+    quiet = 0
+    while not stop.wait(interval):
+        broker = ref()
+        if broker is None:
+            return
+        quiet = broker._beat(quiet)
+        del broker
+        if quiet < 0:
+            return
 
 
-def _tcp_queue(url: str, token: str, name: str, affinity: str = "") -> TcpQueue:
-    return TcpQueue(_reconnect(url, token, affinity), name)
+def _reconnect(url: str, token: str, affinity: str, heartbeat: float = options.HEARTBEAT) -> TcpBroker:
+    return TcpBroker(url, token, affinity=affinity, heartbeat=heartbeat)
+
+
+def _tcp_queue(url: str, token: str, name: str, affinity: str = "", heartbeat: float = options.HEARTBEAT
+               ) -> TcpQueue:
+    return TcpQueue(_reconnect(url, token, affinity, heartbeat), name)
 
 
 __all__ = ["TcpBroker", "TcpQueue", "batch_acks", "batch_payloads", "parse_tcp_url", "settles_by_group"]

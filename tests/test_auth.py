@@ -28,7 +28,7 @@ NOBODY = 65534
 def _raw_handshake(port: int, token: str) -> int:
     """The type of the broker's answer to a HANDSHAKE with ``token``."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
-        body = encode_body(T.HANDSHAKE, token=token, client="raw", affinity="")
+        body = encode_body(T.HANDSHAKE, token=token, client="raw", affinity="", heartbeat_ms=0)
         s.sendall(encode_frame(T.HANDSHAKE, 1, body))
         dec = FrameDecoder()
         while True:

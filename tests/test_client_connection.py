@@ -44,8 +44,8 @@ def sent(data: bytes) -> Frame:
 def test_ids_count_up_from_one_and_each_send_makes_its_request_pending() -> None:
     conn = ClientConnection()
     first, data = conn.send(cmd.handshake("t", "c", ""), "w1")
-    assert first == 1 and sent(data) == Frame(T.HANDSHAKE, 1, 0, encode_body(T.HANDSHAKE, token="t",
-                                                                            client="c", affinity=""))
+    want = encode_body(T.HANDSHAKE, token="t", client="c", affinity="", heartbeat_ms=0)
+    assert first == 1 and sent(data) == Frame(T.HANDSHAKE, 1, 0, want)
     assert [conn.send(LIST)[0] for _ in range(3)] == [2, 3, 4]
     assert set(conn.pending) == {1, 2, 3, 4} and not conn.subscriptions
 

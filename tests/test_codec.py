@@ -61,7 +61,8 @@ def doc_vectors() -> dict[str, bytes]:
 
 # name: (type, msg_id, status, fields), as the doc's table describes them
 VECTORS: dict[str, tuple[T, int, int, dict[str, Any]]] = {
-    "handshake": (T.HANDSHAKE, 1, 0, {"token": "", "client": "cli", "affinity": "rpc"}),
+    "handshake": (T.HANDSHAKE, 1, 0, {"token": "", "client": "cli", "affinity": "rpc", "heartbeat_ms": 5000}),
+    "heartbeat": (T.HEARTBEAT, 0, 0, {}),
     "produce": (T.PRODUCE, 7, 0, {"queue": "orders", "timeout_ms": 0, "payload": b"hi"}),
     "produce_ok": (T.PRODUCE_OK, 7, 0, {"offset": 42}),
     "consume": (T.CONSUME, 8, 0, {"queue": "orders", "group": "default", "timeout_ms": 1000,

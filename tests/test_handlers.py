@@ -46,7 +46,7 @@ class Peer:
         self._dec = FrameDecoder()
         self._ids = itertools.count(1)
         if handshake:
-            f = self.call(T.HANDSHAKE, token=token, client="test", affinity="")
+            f = self.call(T.HANDSHAKE, token=token, client="test", affinity="", heartbeat_ms=0)
             assert f.type == T.HANDSHAKE_ACK, f
 
     def feed(self, data: bytes) -> None:
@@ -110,7 +110,8 @@ def test_the_first_frame_must_be_a_handshake(core: Core) -> None:
     p = Peer(core, handshake=False)
     f = p.call(T.STATS, queue="x")
     assert _status(f) == Status.PROTOCOL_ERROR and p.conn.closed
-    p.feed(frame(T.HANDSHAKE, 9, token="", client="late", affinity=""))  # dropped: it is closed
+    p.feed(frame(T.HANDSHAKE, 9, token="", client="late", affinity="",
+                 heartbeat_ms=0))  # dropped: it is closed
     assert p.frames() == []
 
 
@@ -119,7 +120,7 @@ def test_a_wrong_token_is_refused_and_the_right_one_accepted(instance: str) -> N
     try:
         core = Core(sb, worker_id=1, token="s3cret")
         bad = Peer(core, handshake=False)
-        f = bad.call(T.HANDSHAKE, token="nope", client="t", affinity="")
+        f = bad.call(T.HANDSHAKE, token="nope", client="t", affinity="", heartbeat_ms=0)
         assert f.type == T.HANDSHAKE_NACK and bad.conn.closed
         good = Peer(core, token="s3cret")
         assert good.conn.ready
@@ -140,7 +141,7 @@ def test_a_peer_that_keeps_failing_the_handshake_is_held_off(instance: str) -> N
         def attempt(peer: str, token: str) -> tuple[int, str]:
             p = Peer(core, handshake=False)
             p.conn.peer = peer
-            f = p.call(T.HANDSHAKE, token=token, client="t", affinity="")
+            f = p.call(T.HANDSHAKE, token=token, client="t", affinity="", heartbeat_ms=0)
             reason = decode_body(T.HANDSHAKE_NACK, f.body)["reason"] if f.type == T.HANDSHAKE_NACK else ""
             return f.type, reason
 
@@ -159,7 +160,7 @@ def test_a_peer_that_keeps_failing_the_handshake_is_held_off(instance: str) -> N
 
 def test_a_handshake_answers_with_the_worker_and_the_frame_limit(core: Core) -> None:
     p = Peer(core, handshake=False)
-    d = p.ok(T.HANDSHAKE, T.HANDSHAKE_ACK, token="", client="t", affinity="")
+    d = p.ok(T.HANDSHAKE, T.HANDSHAKE_ACK, token="", client="t", affinity="", heartbeat_ms=0)
     assert d["worker"] == 3 and d["max_frame"] == options.MAX_FRAME and d["server"].startswith("shmq/")
 
 
@@ -172,10 +173,11 @@ def test_a_connection_that_pipelines_after_its_handshake_is_never_moved(core: Co
 
     core.place = place
     p = Peer(core, handshake=False)
-    p.feed(frame(T.HANDSHAKE, 1, token="", client="t", affinity="a") + frame(T.LIST_QUEUES, 2))
+    p.feed(frame(T.HANDSHAKE, 1, token="", client="t", affinity="a", heartbeat_ms=0)
+           + frame(T.LIST_QUEUES, 2))
     assert moved == [] and [f.type for f in p.frames()] == [T.HANDSHAKE_ACK, T.LIST_QUEUES_OK]
     alone = Peer(core, handshake=False)
-    alone.feed(frame(T.HANDSHAKE, 1, token="", client="t", affinity="b"))
+    alone.feed(frame(T.HANDSHAKE, 1, token="", client="t", affinity="b", heartbeat_ms=0))
     assert moved == ["b"] and alone.frames() == []  # handed over: nothing said here
 
 
@@ -450,7 +452,7 @@ class Pair:
 
 def test_the_clients_commands_and_the_handlers_agree(core: Core) -> None:
     p = Pair(core)
-    assert p.run(commands.handshake("", "paired", "")) == (3, SERVER_NAME)
+    assert p.run(commands.handshake("", "paired", "", 0.5)) == (3, SERVER_NAME, 0.5)  # the shorter
     p.run(commands.create_queue("paired", {"max_deliveries": 3}))
     assert [p.run(commands.put(p, b"m%d" % i, True, None)) for i in range(3)] == [0, 1, 2]
     assert p.run(commands.put_many(p, [b"m3", b"m4"], True, None, "prod", 1)) == [3, 4]

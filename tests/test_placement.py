@@ -233,8 +233,9 @@ def test_a_client_that_pipelines_after_its_handshake_stays_where_it_landed(two_w
     try:
         for _ in range(6):
             s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
-            s.sendall(encode_frame(T.HANDSHAKE, 1, encode_body(T.HANDSHAKE, token=srv.token, client="raw",
-                                                                affinity=_key(1 - first.worker, 2)))
+            hello = encode_body(T.HANDSHAKE, token=srv.token, client="raw",
+                                affinity=_key(1 - first.worker, 2), heartbeat_ms=0)
+            s.sendall(encode_frame(T.HANDSHAKE, 1, hello)
                       + encode_frame(T.PRODUCE, 2, encode_body(T.PRODUCE, queue="piped", timeout_ms=0,
                                                                payload=b"p")))
             dec = FrameDecoder()
@@ -307,8 +308,9 @@ def test_the_handshake_answer_names_the_serving_worker(two_workers: Server) -> N
     hold = connect_tcp(srv.url)
     try:
         s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
-        s.sendall(encode_frame(T.HANDSHAKE, 9, encode_body(T.HANDSHAKE, token=srv.token, client="raw",
-                                                            affinity=_key(1 - hold.worker, 2))))
+        hello = encode_body(T.HANDSHAKE, token=srv.token, client="raw", affinity=_key(1 - hold.worker, 2),
+                            heartbeat_ms=0)
+        s.sendall(encode_frame(T.HANDSHAKE, 9, hello))
         dec = FrameDecoder()
         frames: list = []
         while not frames:

@@ -36,7 +36,7 @@ def _raw(server: Server, handshake: bool = True) -> socket.socket:
     s = socket.create_connection(("127.0.0.1", server.port), timeout=10)
     if handshake:
         s.sendall(encode_frame(T.HANDSHAKE, 1, encode_body(T.HANDSHAKE, token=server.token, client="raw",
-                                                            affinity="")))
+                                                            affinity="", heartbeat_ms=0)))
         assert _recv_frame(s).type == T.HANDSHAKE_ACK
     return s
 
