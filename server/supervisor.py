@@ -137,7 +137,8 @@ class Supervisor:
         if not 0 < self.n <= options.MAX_WORKERS:
             raise InvalidArgument(f"--workers must be between 1 and {options.MAX_WORKERS}")
         self.token = token
-        self.unix = os.path.abspath(unix) if unix else None  # a Unix-domain socket beside the TCP port
+        # a Unix-domain socket beside the TCP port: "auto" is tcp-<port>.sock in the runtime folder
+        self.unix = unix if unix in (None, "auto") else os.path.abspath(unix)
         self.unix_sock: socket.socket | None = None
         self.max_connections = max_connections
         if not 0 <= heartbeat <= 3600:
@@ -199,6 +200,9 @@ class Supervisor:
             # reserve it with SO_REUSEPORT for our workers.
             self.port = exclusive_port(self.host, self.port)
             probe = reuseport_socket(self.host, self.port)
+            runtime.sweep()  # what brokers killed before they could clean up left in the runtime folder
+            if self.unix == "auto":
+                self.unix = str(runtime.socket_path(self.port))
             if self.unix:  # one listening socket, inherited by every worker: each accepts on it
                 self.unix_sock = unix_listener(self.unix)
             # queues whose shared memory is gone (a reboot, a stop) come back from their journals
@@ -211,7 +215,6 @@ class Supervisor:
                 if not ready.wait(30):
                     raise ShmqError(f"worker {p.name} did not start")
             if self.generated:  # once the workers listen: a sweep elsewhere sees this broker alive
-                runtime.sweep()  # token files of brokers killed before they could remove them
                 self.token_file = str(runtime.write_token(self.port, self.token))
         except BaseException:
             self._shutdown()

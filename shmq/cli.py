@@ -16,10 +16,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from . import __version__, connect, options
+from . import __version__, connect, options, runtime
 from .api import Broker
 from .cleanup import reclaim, scan
-from .errors import Empty, ShmqError
+from .errors import ConnectionLost, Empty, ShmqError
+from .urls import parse_tcp_url
 
 app = typer.Typer(help="shmq: a message broker for one host.", no_args_is_help=True,
                   add_completion=False, pretty_exceptions_enable=False)
@@ -58,7 +59,20 @@ JsonOpt = typer.Option(False, "--json", help="machine-readable output")
 
 
 def _broker(url: str | None, shm: str | None, token: str | None) -> Broker:
-    return connect(f"shm://{shm}" if shm else (url or DEFAULT_URL), token=token)
+    """The broker handle of a CLI command.  A ``tcp://`` URL on loopback goes over the Unix
+    socket that this user's broker on that port listens on beside it, when it has one
+    (``shmq serve --unix auto``, the default): no TCP stack, and no token needed."""
+    if shm:
+        return connect(f"shm://{shm}", token=token)
+    url = url or DEFAULT_URL
+    if url.startswith("tcp://") and "?" not in url:
+        path = runtime.local_socket(*parse_tcp_url(url))
+        if path is not None:
+            try:
+                return connect(f"unix://{path}", token=token)
+            except ConnectionLost:
+                pass  # left by a broker that is gone: TCP says what is there now
+    return connect(url, token=token)
 
 
 def _fail(e: Exception) -> NoReturn:
@@ -107,8 +121,9 @@ def serve(
                               help=f"auth token clients must present (prefer ${options.TOKEN_ENV} or "
                                    "--token-file: argv is public)"),
     token_file: str = typer.Option("", help="read the auth token from this file's first line"),
-    unix: str = typer.Option("", help="also listen on this Unix-domain socket (unix://PATH): mode 0600, "
-                                      "and a peer of our own uid needs no token"),
+    unix: str = typer.Option("auto", help="also listen on this Unix-domain socket (mode 0600; a peer of "
+                                          "our own uid needs no token): auto = tcp-PORT.sock in this "
+                                          "user's runtime folder, where the CLI finds it; off = none"),
     no_auth: bool = typer.Option(False, "--no-auth", help="accept clients without a token (loopback "
                                  "only; by default a token is made and left for this user's clients)"),
     max_connections: int = typer.Option(options.MAX_CONNECTIONS, help="connections per worker"),
@@ -135,7 +150,7 @@ def serve(
     try:
         sup = Supervisor(instance, host, port, workers, _token(token, token_file) or "", max_connections,
                          keep, data_dir or None, sync_interval, journal_segment_bytes, log_level, log_format,
-                         unix or None, no_auth, heartbeat=heartbeat)
+                         None if unix in ("", "off") else unix, no_auth, heartbeat=heartbeat)
         raise typer.Exit(sup.serve())
     except ShmqError as e:
         _fail(e)

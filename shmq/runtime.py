@@ -58,6 +58,30 @@ def token_path(port: int) -> Path:
     return runtime_dir() / f"tcp-{port}.token"
 
 
+def socket_path(port: int) -> Path:
+    """Where ``shmq serve --unix auto`` (its default) listens beside TCP ``port``; the
+    runtime folder is made (0700) if need be."""
+    folder = _folder(create=True)
+    assert folder is not None
+    return folder / f"tcp-{port}.sock"
+
+
+def local_socket(host: str, port: int) -> str | None:
+    """The Unix socket this user's broker on loopback ``host``:``port`` listens on beside
+    it, if there is one: a socket file of ours in our private runtime folder (None: use TCP)."""
+    if host not in LOOPBACK:
+        return None
+    folder = _folder(create=False)
+    if folder is None:
+        return None
+    path = folder / f"tcp-{port}.sock"
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return str(path) if stat.S_ISSOCK(st.st_mode) and st.st_uid == os.geteuid() else None
+
+
 def write_token(port: int, token: str) -> Path:
     """Write the token of the broker on ``port`` (mode 0600, atomically); its path."""
     folder = _folder(create=True)
@@ -98,19 +122,35 @@ def read_file(path: Path) -> str | None:
 
 
 def sweep() -> list[Path]:
-    """Remove the token files of brokers that are gone (killed before they could remove
-    their own): nothing listens on their loopback port any more.  The files removed."""
+    """Remove what brokers that are gone (killed before they could remove their own)
+    left: token files whose loopback port nobody listens on any more, and sockets
+    nobody listens on.  The files removed."""
     folder = _folder(create=False)
     if folder is None:
         return []
     gone = []
-    for path in folder.glob("tcp-*.token"):
-        port = path.name[len("tcp-"):-len(".token")]
-        if port.isdigit() and not any(_listening(host, int(port)) for host in ("127.0.0.1", "::1")):
+    for path in [*folder.glob("tcp-*.token"), *folder.glob("tcp-*.sock")]:
+        if path.suffix == ".sock":
+            stale = not _unix_listening(path)
+        else:
+            port = path.name[len("tcp-"):-len(".token")]
+            stale = port.isdigit() and not any(_listening(host, int(port)) for host in ("127.0.0.1", "::1"))
+        if stale:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
                 gone.append(path)
     return gone
+
+
+def _unix_listening(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            return False
+        except OSError:
+            return True  # unsure: keep it
+    return True
 
 
 def _listening(host: str, port: int) -> bool:

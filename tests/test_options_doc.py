@@ -74,7 +74,8 @@ DOCUMENTED = [
     ("unacknowledged messages per connection", _count(options.MAX_INFLIGHT_PER_CONNECTION)),
     ("handshake", _seconds(options.HANDSHAKE_TIMEOUT)),
     ("heartbeat interval", _seconds(options.HEARTBEAT)),
-    ("silent intervals before", f"{options.HEARTBEAT_MISSES} ({_seconds(options.HEARTBEAT * options.HEARTBEAT_MISSES)}"),
+    ("silent intervals before",
+     f"{options.HEARTBEAT_MISSES} ({_seconds(options.HEARTBEAT * options.HEARTBEAT_MISSES)}"),
     ("refused tokens from one peer address", f"{options.AUTH_FAILURES_MAX} in "
                                                 f"{_seconds(options.AUTH_FAILURE_WINDOW)}"),
 ]

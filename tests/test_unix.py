@@ -140,3 +140,51 @@ def test_a_stale_socket_file_is_replaced_and_a_live_one_refused(sock_dir: Path) 
 def test_no_socket_there_is_connection_lost(sock_dir: Path) -> None:
     with pytest.raises(ConnectionLost, match="cannot connect to unix://"):
         shmq.connect(f"unix://{sock_dir / 'none.sock'}")
+
+
+def test_by_default_the_broker_listens_in_the_runtime_folder_and_the_cli_goes_there() -> None:
+    """``--unix auto`` (the default): tcp-PORT.sock, 0600, in this user's 0700 runtime
+    folder; the CLI given the loopback TCP URL takes it, and it is gone after the stop."""
+    from shmq import cli, runtime
+
+    srv = Server(workers=1, token=TOKEN)
+    path = runtime.runtime_dir() / f"tcp-{srv.port}.sock"
+    try:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
+        b = cli._broker(srv.url, None, None)  # no token given: the socket needs none from us
+        try:
+            assert b.url == f"unix://{path}"  # type: ignore[attr-defined]
+            b.create_queue("cli-unix").put(b"by the socket")
+        finally:
+            b.close()
+        tcp = shmq.connect(srv.url, token=TOKEN)
+        try:
+            assert tcp.queue("cli-unix").get(timeout=5).payload == b"by the socket"
+        finally:
+            tcp.close()
+    finally:
+        assert srv.stop() == 0
+    assert not path.exists()
+
+
+def test_the_cli_falls_back_to_tcp_past_a_stale_socket_and_a_start_sweeps_it() -> None:
+    from shmq import cli, runtime
+
+    srv = Server(workers=1, extra=["--unix", "off"])
+    stale = runtime.socket_path(srv.port)
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(stale))  # what a killed broker leaves: a socket file nobody listens on
+    dead.close()
+    try:
+        b = cli._broker(srv.url, None, None)
+        try:
+            assert b.url == srv.url and b.list_queues() == []  # type: ignore[attr-defined]
+        finally:
+            b.close()
+        other = Server(workers=1)  # any broker's start sweeps the runtime folder
+        assert other.stop() == 0
+        assert not stale.exists()
+    finally:
+        stale.unlink(missing_ok=True)
+        assert srv.stop() == 0
