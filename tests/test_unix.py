@@ -61,6 +61,8 @@ def test_our_own_uid_needs_no_token_on_the_unix_socket(unix_server: tuple[Server
         b.close()
     with pytest.raises(AuthError):  # the same broker over TCP still wants the token
         shmq.connect(srv.url, token="")
+    with pytest.raises(AuthError):  # and a wrong token is refused even from our own uid
+        shmq.connect(url, token="wrong")
     tcp = shmq.connect(srv.url, token=TOKEN)
     try:  # one broker, one set of queues, whatever the transport
         q = tcp.queue("over-unix")
