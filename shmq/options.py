@@ -68,6 +68,7 @@ DEFAULT_CREDIT = 100  # push-subscribe prefetch window
 DEFAULT_PUBLISH_WINDOW = 256  # a Publisher's puts sent and not yet confirmed (queue.publisher())
 MAX_PUBLISH_WINDOW = 10_000
 HANDSHAKE_TIMEOUT = 5.0  # seconds a new connection has to send its handshake
+TLS_HANDSHAKE_TIMEOUT = 5.0  # seconds a new TLS connection has to finish its TLS handshake (before HANDSHAKE)
 AUTH_FAILURES_MAX = 10  # failed handshakes from one peer address a worker takes per window...
 AUTH_FAILURE_WINDOW = 60.0  # ...of this many seconds; then it refuses that address until the window clears
 WORKER_RESTART_DELAY = 0.1

@@ -13,13 +13,14 @@ and reconnects in the child.
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 from collections import deque
 from collections.abc import Generator, Iterable, Sequence
 from typing import Any, TypeVar
 
 from . import commands as cmd
-from . import options
+from . import options, tls
 from .api import Broker, Message, Payload, Queue, QueueInfo
 from .commands import (  # re-exported: they were this module's before shmq.commands
     Batch,
@@ -32,7 +33,7 @@ from .commands import (  # re-exported: they were this module's before shmq.comm
 from .connection import ClientConnection, Push, Reply, Request
 from .errors import ConnectionLost, ProtocolError, ShmqError
 from .settle import Settle
-from .urls import client_token, parse_tcp_url, unix_path
+from .urls import BrokerUrl, client_settings, parse_tcp_url
 
 RECV_SIZE = 1 << 18  # bytes one read takes at most
 MSG_MORE = getattr(socket, "MSG_MORE", 0)  # Linux: hold a frame for the next send
@@ -46,12 +47,9 @@ class TcpBroker(Broker):
 
     def __init__(self, url: str, token: str | None = None, *, connect_timeout: float = 10.0,
                  client: str = "shmq-python", affinity: str = "") -> None:
-        self.url = url
+        u, self._token = client_settings(url, token)  # refused here: a token in clear text off loopback
+        self.url = url = u.without_token()  # (in errors, logs and pickles: the token travels apart)
         self.affinity = affinity
-        path = unix_path(url)
-        if path is None:
-            self._host, self._port = parse_tcp_url(url)
-        self._token = client_token(url, token)
         self._conn = ClientConnection(url)
         self._lock = threading.Lock()  # one sender at a time: it picks the message id and writes
         self._cond = threading.Condition(threading.Lock())  # guards _reading; wakes the waiters
@@ -60,26 +58,14 @@ class TcpBroker(Broker):
         self._rbuf = bytearray(RECV_SIZE)  # reused by every read: no allocation per recv
         self._rview = memoryview(self._rbuf)
         self.nowait_errors = self._conn.nowait_errors  # the latest errors of unwaited acks
-        try:
-            if path is None:
-                self._sock = socket.create_connection((self._host, self._port), timeout=connect_timeout)
-                self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            else:  # a Unix-domain socket (shmq serve --unix): a peer of the broker's uid needs no token
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                self._sock.settimeout(connect_timeout)
-                try:
-                    self._sock.connect(path)
-                except OSError:
-                    self._sock.close()
-                    raise
-        except OSError as e:
-            raise ConnectionLost(f"cannot connect to {url}: {e.strerror or e} (is `shmq serve` running?)"
-                                 ) from None
+        self._sock = _open_socket(u, connect_timeout)
         try:  # the handshake is bounded by connect_timeout too: a peer that never answers is no broker
             self.worker, self.server = self._execute(cmd.handshake(self._token, client, affinity))
-        except BaseException:
+        except BaseException as e:
             self._conn.lost("the handshake failed")
             self._sock.close()
+            if u.tls and isinstance(e, ConnectionLost):  # closed during TLS: a client certificate?
+                raise tls.handshake_lost(e, u) from None
             raise
         self._sock.settimeout(None)
 
@@ -318,6 +304,52 @@ class TcpQueue(Queue):
         the iterator unsubscribes, and gives the messages received but not handed out
         back to the queue."""
         return self._b._subscription(self, group, credit, visibility_timeout)
+
+
+class _TlsSocket(ssl.SSLSocket):
+    """A TLS socket that takes send flags (``MSG_MORE``) and ignores them: TLS writes
+    whole records, and unwaited acks are sent at once."""
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        super().sendall(data)
+
+
+def _open_socket(u: BrokerUrl, connect_timeout: float) -> socket.socket:
+    """The connected socket of a handle (TLS wrapped and checked for ``tcps://``), with
+    ``connect_timeout`` set; ConnectionLost when it cannot be had."""
+    url = u.without_token()
+    ctx = tls.client_context(u) if u.tls else None  # a file that cannot be used: InvalidArgument
+    if ctx is not None:
+        ctx.sslsocket_class = _TlsSocket
+    try:
+        if u.scheme == "unix":  # (shmq serve --unix): a peer of the broker's uid needs no token
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(connect_timeout)
+            try:
+                sock.connect(u.path)
+            except OSError:
+                sock.close()
+                raise
+            return sock
+        sock = socket.create_connection((u.host, u.port), timeout=connect_timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError as e:
+        raise ConnectionLost(f"cannot connect to {url}: {e.strerror or e} (is `shmq serve` running?)"
+                             ) from None
+    if ctx is None:
+        return sock
+    try:  # the TLS handshake, bounded by connect_timeout too
+        return ctx.wrap_socket(sock, server_hostname=u.host)
+    except ssl.SSLError as e:
+        sock.close()
+        raise ConnectionLost(f"cannot connect to {url}: {tls.describe(e, u)}") from None
+    except TimeoutError:
+        sock.close()
+        raise ConnectionLost(f"cannot connect to {url}: no TLS handshake within {connect_timeout} s "
+                             "(is it a TLS port?)") from None
+    except OSError as e:
+        sock.close()
+        raise ConnectionLost(f"cannot connect to {url}: TLS handshake failed: {e.strerror or e}") from None
 
 
 def _reconnect(url: str, token: str, affinity: str) -> TcpBroker:

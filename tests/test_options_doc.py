@@ -73,6 +73,7 @@ DOCUMENTED = [
     ("connections per worker", _count(options.MAX_CONNECTIONS)),
     ("unacknowledged messages per connection", _count(options.MAX_INFLIGHT_PER_CONNECTION)),
     ("handshake", _seconds(options.HANDSHAKE_TIMEOUT)),
+    ("TLS negotiation", _seconds(options.TLS_HANDSHAKE_TIMEOUT)),
     ("refused tokens from one peer address", f"{options.AUTH_FAILURES_MAX} in "
                                                 f"{_seconds(options.AUTH_FAILURE_WINDOW)}"),
 ]
