@@ -47,6 +47,7 @@ from typing import Any
 from shmq import crashpoints, options, runtime
 from shmq.errors import InvalidArgument, ShmqError
 from shmq.serverqueue import ServerBroker
+from shmq.tls import ServerTls, server_context
 
 from . import logs
 from .brokerlock import AlreadyServed, claim
@@ -115,7 +116,11 @@ class Supervisor:
                  data_dir: str | None = None, sync_interval: float = options.DEFAULT_SYNC_INTERVAL,
                  segment_bytes: int = options.JOURNAL_SEGMENT_BYTES, log_level: str = logs.DEFAULT_LEVEL,
                  log_format: str = logs.DEFAULT_FORMAT, unix: str | None = None,
-                 no_auth: bool = False, *, heartbeat: float = options.HEARTBEAT) -> None:
+                 no_auth: bool = False, tls: ServerTls | None = None, *,
+                 heartbeat: float = options.HEARTBEAT) -> None:
+        if tls is not None:
+            server_context(tls)  # a file that cannot be used is named now, before any worker starts
+        self.tls = tls
         if host not in LOOPBACK and not token:
             raise InvalidArgument(f"binding {host} (not loopback) needs an auth token: "
                                   f"${options.TOKEN_ENV} or --token-file" + (
@@ -161,7 +166,7 @@ class Supervisor:
         p = self.ctx.Process(target=_child, name=f"shmq-worker-{i}", daemon=False,
                              args=(f"worker-{i}", self.log, worker_main, self.instance, self.host,
                                    self.port, i, self.token, ready, self.max_connections, self.counts,
-                                   self.unix_sock, self.heartbeat))
+                                   self.unix_sock, self.tls, self.heartbeat))
         p.start()
         self.procs[i] = (p, ready)
 
@@ -179,6 +184,9 @@ class Supervisor:
         """Run the broker until SIGTERM / SIGINT; the exit status (1: the instance is served
         by another broker already, and nothing was changed)."""
         logs.setup("supervisor", *self.log)
+        if self.tls is None and self.host not in LOOPBACK:
+            log.warning("listening on %s without TLS: tokens and messages cross the network in clear "
+                        "text (shmq serve --tls-cert FILE --tls-key FILE)", self.host)
         # A stop asked for during start-up is honoured once the workers are up.
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
@@ -229,10 +237,12 @@ class Supervisor:
             lock.release()
             raise
         unix = f" and unix://{self.unix}" if self.unix else ""
+        scheme = "tcp" if self.tls is None else "tcps"
+        mtls = " (client certificates required)" if self.tls is not None and self.tls.client_ca else ""
         auth = (f"; token for this user's clients in {self.token_file}" if self.token_file
                 else "" if self.token else "; NO AUTHENTICATION (--no-auth)")
-        announce(f"shmq: instance {self.instance!r} listening on tcp://{self.host}:{self.port}{unix} "
-                 f"with {self.n} workers; journal in {self.data_dir} (pid {self.journal.pid}){auth}")
+        announce(f"shmq: instance {self.instance!r} listening on {scheme}://{self.host}:{self.port}{mtls}"
+                 f"{unix} with {self.n} workers; journal in {self.data_dir} (pid {self.journal.pid}){auth}")
         sys.stdout.flush()
         try:
             self._watch(broker)

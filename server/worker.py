@@ -38,12 +38,14 @@ from shmq.codec import Frame, encode_frame
 from shmq.doorbell import Bell
 from shmq.errors import ShmqError
 from shmq.serverqueue import ServerBroker, ServerQueue
+from shmq.tls import ServerTls, server_context
 
 from .connection import ServerConnection
 from .core import Core
 from .driver import Driver
 from .parking import poke
 from .placement import Counts, Handoff, choose
+from .tls_listener import TlsListener
 
 BIND_TRIES = 20  # x 50 ms: a restarted worker waits for its predecessor's doorbell and handoff sockets to go
 log = logging.getLogger("shmq.worker")
@@ -64,8 +66,10 @@ class Worker:
 
     def __init__(self, instance: str, host: str, port: int, worker_id: int, token: str,
                  max_connections: int = options.MAX_CONNECTIONS, counts: Counts | None = None,
-                 unix_sock: socket.socket | None = None, heartbeat: float = options.HEARTBEAT) -> None:
+                 unix_sock: socket.socket | None = None, tls: ServerTls | None = None,
+                 heartbeat: float = options.HEARTBEAT) -> None:
         self.instance = instance
+        self.tls = tls  # the TCP port speaks TLS (the Unix socket never does)
         self.heartbeat = heartbeat
         self.unix_sock = unix_sock  # the supervisor's Unix-domain listener, shared by every worker
         self.host = host
@@ -105,7 +109,11 @@ class Worker:
         await self._open_bell()
         await self._open_handoff()
         sock = reuseport_socket(self.host, self.port)
-        server = await self.loop.create_server(lambda: Driver(self), sock=sock, backlog=4096)
+        server: asyncio.AbstractServer | TlsListener
+        if self.tls is None:
+            server = await self.loop.create_server(lambda: Driver(self), sock=sock, backlog=4096)
+        else:  # a silent peer is dropped after TLS_HANDSHAKE_TIMEOUT, before it counts as a connection
+            server = TlsListener(self.loop, sock, lambda: Driver(self), server_context(self.tls))
         userver = None
         if self.unix_sock is not None:
             userver = await self.loop.create_unix_server(lambda: Driver(self), sock=self.unix_sock,
@@ -224,9 +232,11 @@ class Worker:
         if target == self.worker_id or counts[target] >= self.max_connections:
             return False  # (a full worker would refuse it: it is served here instead)
         driver = self.drivers.get(conn)
-        sock = driver.transport.get_extra_info("socket") if driver and driver.transport else None
+        if driver is None or driver.transport is None or driver.transport.get_extra_info("sslcontext"):
+            return False  # a TLS session lives in this process: only its socket could move
+        sock = driver.transport.get_extra_info("socket")
         preface = encode_frame(f.type, f.msg_id, f.body)  # the HANDSHAKE as it came
-        if driver is None or sock is None or not self.handoff.send(target, sock.fileno(), preface):
+        if sock is None or not self.handoff.send(target, sock.fileno(), preface):
             return False
         driver.leave()
         return True
@@ -269,10 +279,12 @@ async def _bind(kind: Callable[[int, int], Any], instance_uid: int, worker_id: i
 
 def worker_main(instance: str, host: str, port: int, worker_id: int, token: str, ready: Any,
                 max_connections: int, counts: Counts | None = None,
-                unix_sock: socket.socket | None = None, heartbeat: float = options.HEARTBEAT) -> None:
+                unix_sock: socket.socket | None = None, tls: ServerTls | None = None,
+                heartbeat: float = options.HEARTBEAT) -> None:
     """Entry point of a worker process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides; SIGTERM stops us
     _die_with_parent()
     sys.setswitchinterval(0.0005)  # a woken durable-mark thread gets the GIL in 0.5 ms, not 5 ms
     os.environ.pop(options.TOKEN_ENV, None)
-    Worker(instance, host, port, worker_id, token, max_connections, counts, unix_sock, heartbeat).run(ready)
+    Worker(instance, host, port, worker_id, token, max_connections, counts, unix_sock, tls,
+           heartbeat).run(ready)

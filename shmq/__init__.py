@@ -74,8 +74,9 @@ def connect(url: str = "shm://default", token: str | None = None, **kwargs: Any)
 
     ``shm://NAME`` attaches the shared memory of instance NAME on this host
     (creating it when absent; ``token`` is not needed there).  ``tcp://HOST:PORT``
-    (or ``unix://PATH``) talks to ``shmq serve``, presenting ``token`` (default
-    ``$SHMQ_TOKEN``, else the token a broker on this host left for this user); its other
+    (``tcps://HOST:PORT?ca=FILE`` for TLS, or ``unix://PATH``) talks to ``shmq serve``,
+    presenting ``token`` (default the URL's ``?token=``, else ``$SHMQ_TOKEN``, else the
+    token a broker on this host left for this user; URL parameters: ``shmq.urls``); its other
     keywords are ``connect_timeout`` (seconds for the connect and the handshake: a
     port that is no broker fails within it), ``client`` (a name for the broker's logs) and
     ``affinity`` (connections with the same affinity are served by one broker worker:
@@ -84,7 +85,8 @@ def connect(url: str = "shm://default", token: str | None = None, **kwargs: Any)
     if url.startswith("shm://"):
         from .shm import ShmBroker
         return ShmBroker(url[len("shm://"):] or "default", **kwargs)
-    if url.startswith(("tcp://", "unix://")):
+    if url.startswith(("tcp://", "tcps://", "unix://")):
         from .tcp import TcpBroker
         return TcpBroker(url, token, **kwargs)
-    raise InvalidArgument(f"unsupported url {url!r}: use shm://NAME, tcp://HOST:PORT or unix://PATH")
+    raise InvalidArgument(f"unsupported url {url.partition('?')[0]!r}: use shm://NAME, tcp://HOST:PORT, "
+                          "tcps://HOST:PORT or unix://PATH")

@@ -28,19 +28,20 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from collections.abc import AsyncGenerator, Iterable, Sequence
 from typing import Any, TypeVar
 
 from . import commands as cmd
-from . import options
+from . import options, tls
 from .api import Message, Payload, QueueInfo
 from .codec import HEARTBEAT_FRAME, Frame
 from .commands import Batch, Command, Feed
 from .connection import ClientConnection, Event, Push, Reply, Request
-from .errors import ConnectionLost, InvalidArgument, ProtocolError, ShmqError
+from .errors import ConnectionLost, ProtocolError, ShmqError
 from .names import check_queue_name
 from .settle import Settle
-from .urls import client_token, parse_tcp_url, unix_path
+from .urls import client_settings
 
 __all__ = ["AsyncBroker", "AsyncMessage", "AsyncQueue", "connect"]
 
@@ -51,29 +52,33 @@ Inbox = asyncio.Queue[Frame | ShmqError]  # a subscription's frames, or the erro
 async def connect(url: str, token: str | None = None, *, connect_timeout: float = 10.0,
                   client: str = "shmq-python-asyncio", affinity: str = "",
                   heartbeat: float = options.HEARTBEAT) -> AsyncBroker:
-    """Connect to ``shmq serve`` at ``tcp://HOST:PORT`` (or ``unix://PATH``: ``shmq serve
-    --unix``) and handshake.
+    """Connect to ``shmq serve`` at ``tcp://HOST:PORT``, ``tcps://HOST:PORT`` (TLS) or
+    ``unix://PATH`` (``shmq serve --unix``), with the URL's parameters (``shmq.urls``), and
+    handshake.
 
     ``token`` defaults to ``$SHMQ_TOKEN``, else to the token a broker on this host left
     for this user (``shmq.runtime``).  ``heartbeat``: the seconds between heartbeats
     this end proposes (0: none; the broker may agree to fewer); a broker silent for
     ``options.HEARTBEAT_MISSES`` intervals is taken for dead.  Raises ConnectionLost
     when the broker cannot be reached, AuthError when it refuses the token."""
-    path = unix_path(url)
-    if path is None and not url.startswith("tcp://"):
-        raise InvalidArgument(f"unsupported url {url!r}: shmq.aio speaks tcp://HOST:PORT and unix://PATH")
-    token = client_token(url, token)
+    u, token = client_settings(url, token)  # refused here: a token in clear text off loopback
+    url = u.without_token()  # (in errors and logs)
+    ctx = tls.client_context(u) if u.tls else None
     try:
         async with asyncio.timeout(connect_timeout):
-            if path is None:
-                reader, writer = await asyncio.open_connection(*parse_tcp_url(url))
+            if u.scheme == "unix":
+                reader, writer = await asyncio.open_unix_connection(u.path)
             else:
-                reader, writer = await asyncio.open_unix_connection(path)
+                reader, writer = await asyncio.open_connection(
+                    u.host, u.port, ssl=ctx, server_hostname=u.host if ctx else None,
+                    ssl_handshake_timeout=connect_timeout if ctx else None)
+    except ssl.SSLError as e:
+        raise ConnectionLost(f"cannot connect to {url}: {tls.describe(e, u)}") from None
     except (OSError, TimeoutError) as e:
         reason = getattr(e, "strerror", None) or str(e) or "timed out"
         raise ConnectionLost(f"cannot connect to {url}: {reason}") from None
     sock = writer.get_extra_info("socket")
-    if sock is not None and path is None:
+    if sock is not None and u.scheme != "unix":
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     broker = AsyncBroker(url, reader, writer)
     try:  # the handshake is bounded by connect_timeout too: a peer that never answers is no broker
@@ -84,8 +89,10 @@ async def connect(url: str, token: str | None = None, *, connect_timeout: float 
         await broker._shutdown("the handshake failed")
         raise ConnectionLost(f"connection to {url} did not answer the handshake within {connect_timeout} s: "
                              "is it a shmq broker?") from None
-    except BaseException:
+    except BaseException as e:
         await broker._shutdown("the handshake failed")
+        if u.tls and isinstance(e, ConnectionLost):  # closed during TLS: a client certificate?
+            raise tls.handshake_lost(e, u) from None
         raise
     if broker.heartbeat:
         broker._beating = broker._loop.create_task(broker._beat(broker.heartbeat),

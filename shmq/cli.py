@@ -19,7 +19,7 @@ from rich.table import Table
 from . import __version__, connect, options, runtime
 from .api import Broker
 from .cleanup import reclaim, scan
-from .errors import ConnectionLost, Empty, ShmqError
+from .errors import ConnectionLost, Empty, InvalidArgument, ShmqError
 from .urls import parse_tcp_url
 
 app = typer.Typer(help="shmq: a message broker for one host.", no_args_is_help=True,
@@ -126,6 +126,9 @@ def serve(
                                           "user's runtime folder, where the CLI finds it; off = none"),
     no_auth: bool = typer.Option(False, "--no-auth", help="accept clients without a token (loopback "
                                  "only; by default a token is made and left for this user's clients)"),
+    tls_cert: str = typer.Option("", help="serve TLS (tcps://) on the TCP port with this certificate (PEM)"),
+    tls_key: str = typer.Option("", help="the private key of --tls-cert (PEM)"),
+    tls_client_ca: str = typer.Option("", help="mutual TLS: require client certificates signed by this CA"),
     max_connections: int = typer.Option(options.MAX_CONNECTIONS, help="connections per worker"),
     heartbeat: float = typer.Option(options.HEARTBEAT, help="seconds between heartbeats on each connection, "
                                     f"at most (0: none); a peer silent {options.HEARTBEAT_MISSES} intervals "
@@ -143,14 +146,18 @@ def serve(
 ) -> None:
     """Run the broker: a supervisor and N workers on one SO_REUSEPORT port.
 
-    Example: shmq serve --port 7878 --workers 4
+    Example: shmq serve --port 7878 --workers 4 (TLS: --tls-cert server.pem --tls-key server.key)
     """
     from .server.supervisor import Supervisor
+    from .tls import ServerTls
 
     try:
+        if (tls_cert or tls_client_ca) and not (tls_cert and tls_key):
+            raise InvalidArgument("TLS needs both --tls-cert and --tls-key")
+        tls = ServerTls(tls_cert, tls_key, tls_client_ca) if tls_cert else None
         sup = Supervisor(instance, host, port, workers, _token(token, token_file) or "", max_connections,
                          keep, data_dir or None, sync_interval, journal_segment_bytes, log_level, log_format,
-                         None if unix in ("", "off") else unix, no_auth, heartbeat=heartbeat)
+                         None if unix in ("", "off") else unix, no_auth, tls, heartbeat=heartbeat)
         raise typer.Exit(sup.serve())
     except ShmqError as e:
         _fail(e)

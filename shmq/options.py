@@ -70,6 +70,7 @@ MAX_PUBLISH_WINDOW = 10_000
 HANDSHAKE_TIMEOUT = 5.0  # seconds a new connection has to send its handshake
 HEARTBEAT = 5.0  # s: each end of a TCP/Unix connection sends a HEARTBEAT this often (0: off)...
 HEARTBEAT_MISSES = 3  # ...and closes it after this many intervals without a byte from the other end
+TLS_HANDSHAKE_TIMEOUT = 5.0  # seconds a new TLS connection has to finish its TLS handshake (before HANDSHAKE)
 AUTH_FAILURES_MAX = 10  # failed handshakes from one peer address a worker takes per window...
 AUTH_FAILURE_WINDOW = 60.0  # ...of this many seconds; then it refuses that address until the window clears
 WORKER_RESTART_DELAY = 0.1

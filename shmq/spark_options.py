@@ -113,8 +113,9 @@ def _offset_spec(raw: str | None, name: str, queue: str, default: str) -> str | 
 
 def _common(o: dict[str, str]) -> tuple[str, str | None, str]:
     url = o.get("url", DEFAULT_URL)
-    if not url.startswith(("tcp://", "shm://")):
-        raise InvalidArgument(f"option url must be tcp://HOST:PORT or shm://INSTANCE, not {url!r}")
+    if not url.startswith(("tcp://", "tcps://", "unix://", "shm://")):
+        raise InvalidArgument("option url must be tcp://HOST:PORT, tcps://HOST:PORT, unix://PATH or "
+                              f"shm://INSTANCE, not {url.partition('?')[0]!r}")
     queue = o.get("queue")
     if not queue:
         raise InvalidArgument("option queue is required: .option('queue', 'events')")

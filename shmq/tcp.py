@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import select
 import socket
+import ssl
 import threading
 import weakref
 from collections import deque
@@ -22,7 +23,7 @@ from collections.abc import Generator, Iterable, Sequence
 from typing import Any, TypeVar
 
 from . import commands as cmd
-from . import options
+from . import options, tls
 from .api import Broker, Message, Payload, Queue, QueueInfo
 from .codec import HEARTBEAT_FRAME
 from .commands import (  # re-exported: they were this module's before shmq.commands
@@ -36,7 +37,7 @@ from .commands import (  # re-exported: they were this module's before shmq.comm
 from .connection import ClientConnection, Push, Reply, Request
 from .errors import ConnectionLost, ProtocolError, ShmqError
 from .settle import Settle
-from .urls import client_token, parse_tcp_url, unix_path
+from .urls import BrokerUrl, client_settings, parse_tcp_url
 
 RECV_SIZE = 1 << 18  # bytes one read takes at most
 MSG_MORE = getattr(socket, "MSG_MORE", 0)  # Linux: hold a frame for the next send
@@ -51,13 +52,10 @@ class TcpBroker(Broker):
     def __init__(self, url: str, token: str | None = None, *, connect_timeout: float = 10.0,
                  client: str = "shmq-python", affinity: str = "",
                  heartbeat: float = options.HEARTBEAT) -> None:
-        self.url = url
+        u, self._token = client_settings(url, token)  # refused here: a token in clear text off loopback
+        self.url = url = u.without_token()  # (in errors, logs and pickles: the token travels apart)
         self.affinity = affinity
         self._heartbeat = heartbeat  # what we propose; self.heartbeat is what was agreed
-        path = unix_path(url)
-        if path is None:
-            self._host, self._port = parse_tcp_url(url)
-        self._token = client_token(url, token)
         self._conn = ClientConnection(url)
         self._lock = threading.Lock()  # one sender at a time: it picks the message id and writes
         self._cond = threading.Condition(threading.Lock())  # guards _reading; wakes the waiters
@@ -69,27 +67,15 @@ class TcpBroker(Broker):
         self._seen = 0  # ..._received when the heartbeat thread last looked
         self._stop_beating = threading.Event()
         self.nowait_errors = self._conn.nowait_errors  # the latest errors of unwaited acks
-        try:
-            if path is None:
-                self._sock = socket.create_connection((self._host, self._port), timeout=connect_timeout)
-                self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            else:  # a Unix-domain socket (shmq serve --unix): a peer of the broker's uid needs no token
-                self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                self._sock.settimeout(connect_timeout)
-                try:
-                    self._sock.connect(path)
-                except OSError:
-                    self._sock.close()
-                    raise
-        except OSError as e:
-            raise ConnectionLost(f"cannot connect to {url}: {e.strerror or e} (is `shmq serve` running?)"
-                                 ) from None
+        self._sock = _open_socket(u, connect_timeout)
         try:  # the handshake is bounded by connect_timeout too: a peer that never answers is no broker
             self.worker, self.server, self.heartbeat = self._execute(
                 cmd.handshake(self._token, client, affinity, heartbeat))
-        except BaseException:
+        except BaseException as e:
             self._conn.lost("the handshake failed")
             self._sock.close()
+            if u.tls and isinstance(e, ConnectionLost):  # closed during TLS: a client certificate?
+                raise tls.handshake_lost(e, u) from None
             raise
         self._sock.settimeout(None)
         if self.heartbeat:
@@ -406,6 +392,44 @@ def _beating(ref: weakref.ref[TcpBroker], stop: threading.Event, interval: float
         del broker
         if quiet < 0:
             return
+
+
+def _open_socket(u: BrokerUrl, connect_timeout: float) -> Any:
+    """The connected socket of a handle (TLS wrapped and checked for ``tcps://``), with
+    ``connect_timeout`` set; ConnectionLost when it cannot be had."""
+    url = u.without_token()
+    ctx = tls.client_context(u) if u.tls else None  # a file that cannot be used: InvalidArgument
+    try:
+        if u.scheme == "unix":  # (shmq serve --unix): a peer of the broker's uid needs no token
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(connect_timeout)
+            try:
+                sock.connect(u.path)
+            except OSError:
+                sock.close()
+                raise
+            return sock
+        sock = socket.create_connection((u.host, u.port), timeout=connect_timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError as e:
+        raise ConnectionLost(f"cannot connect to {url}: {e.strerror or e} (is `shmq serve` running?)"
+                             ) from None
+    if ctx is None:
+        return sock
+    stream = tls.TlsStream(ctx, sock, u.host)
+    try:  # the TLS handshake, bounded by connect_timeout too
+        stream.handshake()
+        return stream
+    except ssl.SSLError as e:
+        sock.close()
+        raise ConnectionLost(f"cannot connect to {url}: {tls.describe(e, u)}") from None
+    except TimeoutError:
+        sock.close()
+        raise ConnectionLost(f"cannot connect to {url}: no TLS handshake within {connect_timeout} s "
+                             "(is it a TLS port?)") from None
+    except OSError as e:
+        sock.close()
+        raise ConnectionLost(f"cannot connect to {url}: TLS handshake failed: {e.strerror or e}") from None
 
 
 def _reconnect(url: str, token: str, affinity: str, heartbeat: float = options.HEARTBEAT) -> TcpBroker:

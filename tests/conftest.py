@@ -163,7 +163,7 @@ class Server:
             if sel.select(0.5):
                 line += os.read(self.proc.stdout.fileno(), 4096)  # type: ignore[union-attr]
         sel.close()
-        m = re.search(rb"tcp://[0-9.]+:(\d+)", line)
+        m = re.search(rb"tcps?://[0-9.]+:(\d+)", line)
         assert m, line
         self.port = int(m.group(1))
         self.url = f"tcp://127.0.0.1:{self.port}"

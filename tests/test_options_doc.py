@@ -76,6 +76,7 @@ DOCUMENTED = [
     ("heartbeat interval", _seconds(options.HEARTBEAT)),
     ("silent intervals before",
      f"{options.HEARTBEAT_MISSES} ({_seconds(options.HEARTBEAT * options.HEARTBEAT_MISSES)}"),
+    ("TLS negotiation", _seconds(options.TLS_HANDSHAKE_TIMEOUT)),
     ("refused tokens from one peer address", f"{options.AUTH_FAILURES_MAX} in "
                                                 f"{_seconds(options.AUTH_FAILURE_WINDOW)}"),
 ]
