@@ -26,6 +26,7 @@ if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
 import shmq  # noqa: E402
+from shmq.segment import objects_of  # noqa: E402
 
 try:
     from rich.console import Console
@@ -261,13 +262,8 @@ def terminate(signum: int, _frame: Any) -> NoReturn:
 
 
 def leftovers(instance: str) -> list[str]:
-    """The shared-memory files of shmq ``instance`` still in /dev/shm."""
-    try:
-        names = os.listdir("/dev/shm")
-    except OSError:
-        return []
-    mine = (f"shmq.{instance}.", f"sem.shmq.{instance}.")
-    return sorted(n for n in names if n.startswith(mine))
+    """The shared-memory files of shmq ``instance`` (of this user) still in /dev/shm."""
+    return objects_of(instance)
 
 
 def create_queues(broker: Any, names: Sequence[str]) -> None:

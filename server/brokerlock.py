@@ -4,7 +4,7 @@ Two supervisors on one instance would both own its shared memory, and the first 
 would remove it from under the other (every queue gone, ``QUEUE_NOT_FOUND``).  So the
 supervisor takes, before it changes anything, an exclusive lock that the kernel releases
 when the supervisor dies however it dies: an *open file description* (OFD) write lock on
-byte ``LOCK_BYTE`` of the registry's file ``/dev/shm/shmq.<instance>.reg``.
+byte ``LOCK_BYTE`` of the registry's file ``/dev/shm/shmq.<uid>.<instance>.reg``.
 
 Why this lock and not another:
 

@@ -80,6 +80,7 @@ from .chaos_roles import (
     roles,
 )
 from .errors import Empty, ShmqError
+from .segment import objects_of, registry_name, shm_path
 from .shm import ShmBroker
 
 FINISH_TIMEOUT = 30.0  # s the producers have to stop once asked
@@ -435,10 +436,9 @@ def run_storm(kills: int = 1000, seconds: float = 600.0, seed: int = 0, *, insta
             code = server.stop()
             if code != 0:
                 result.problems.append(f"shmq serve exited with {code}: {server.stderr()}")
-        if os.path.exists(f"/dev/shm/shmq.{instance}.reg"):
+        if os.path.exists(shm_path(registry_name(instance))):
             ShmBroker(instance).destroy()
-        left = sorted(n for n in os.listdir("/dev/shm")
-                      if n.startswith(f"shmq.{instance}.") or n.startswith(f"sem.shmq.{instance}."))
+        left = objects_of(instance)
         if left:
             result.problems.append(f"left in /dev/shm: {left}")
         if data_dir:

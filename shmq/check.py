@@ -28,7 +28,6 @@ What is checked (the invariants are stated where they are kept: ``registry``,
 from __future__ import annotations
 
 import os
-import re
 
 import posix_ipc
 
@@ -37,19 +36,30 @@ from .errors import InstanceError
 from .group import Groups
 from .registry import Registry
 from .ring import Ring
-from .segment import SHM_DIR, Mapping, queue_id_of, queue_segment_name, semaphore_names
+from .segment import (
+    SHM_DIR,
+    Mapping,
+    parse_object_name,
+    queue_id_of,
+    queue_segment_name,
+    registry_name,
+    semaphore_names,
+    shm_path,
+)
 
 _STATES = {L.NEW: "NEW", L.LEASED: "LEASED", L.READY: "READY", L.DONE: "DONE", L.DEADING: "DEADING"}
 
 
 def instances() -> list[str]:
-    """Names of the instances with a registry on this host."""
-    pat = re.compile(r"^shmq\.([A-Za-z0-9_-]+)\.reg$")
+    """Names of our instances (their names carry our effective uid) with a registry on this
+    host.  Other users' are not ours to check, nor an older version's (another layout)."""
+    uid = str(os.geteuid())
     try:
         names = os.listdir(SHM_DIR)
     except FileNotFoundError:
         return []
-    return sorted(m[1] for m in map(pat.match, names) if m)
+    return sorted(m["inst"] for m in map(parse_object_name, names)
+                  if m and m["uid"] == uid and m["reg"] and not m["tmppid"] and not m["sem"])
 
 
 def check_all() -> dict[str, list[str]]:
@@ -59,7 +69,7 @@ def check_all() -> dict[str, list[str]]:
         try:
             out[inst] = check_instance(inst)
         except InstanceError as e:  # destroyed while we looked: nothing to check
-            if os.path.exists(os.path.join(SHM_DIR, f"shmq.{inst}.reg")):
+            if os.path.exists(shm_path(registry_name(inst))):
                 out[inst] = [f"registry: {e}"]
     return out
 

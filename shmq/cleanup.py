@@ -1,15 +1,23 @@
 """Find and reclaim shared memory left behind by dead shmq instances.
 
-An object is ours when its name matches ``shmq.<instance>.(reg|q<id>)...``
-and, for segments, it carries our magic.  An instance is dead when no process
-is attached to it: every attached process (and every child forked from one)
-holds a shared ``flock`` on the registry's file, which the kernel releases when
-the last holder dies, so an exclusive ``flock`` that can be taken is the proof.
-It is held while the instance's objects are removed, and the registry's magic
-is zeroed first, so a process attaching at that moment sees a dead registry and
-makes a new one.  A live instance is never touched, except for objects its own
+An object is ours when its name matches ``shmq.<uid>.<instance>.(reg|q<id>)...``
+with our effective uid (``segment.OBJECT_NAME``), it is owned by us and open to
+nobody else, and, for segments, it carries our magic.  An instance is dead when no
+process is attached to it: every attached process (and every child forked from
+one) holds a shared ``flock`` on the registry's file, which the kernel releases
+when the last holder dies, so an exclusive ``flock`` that can be taken is the
+proof.  It is held while the instance's objects are removed, and the registry's
+magic is zeroed first, so a process attaching at that moment sees a dead registry
+and makes a new one.  A live instance is never touched, except for objects its own
 registry proves orphaned (an id it allocated but neither lists nor is creating),
 which are removed under the registry lock.
+
+Two other kinds of names are reported too.  Names of another uid are another
+user's instance: all its objects are listed in ``foreign`` and never read nor
+removed, even by root (their owner, or root by hand, removes them).  Names without
+a uid (``shmq.<instance>.*``) are leftovers of an older version of shmq: they are
+judged as ours are (live while a process holds their registry's flock) and, once
+dead, those of them that are ours are removed; the others stay in ``foreign``.
 """
 
 from __future__ import annotations
@@ -24,17 +32,25 @@ from dataclasses import dataclass, field
 
 from . import layout as L
 from . import options, process
-from .segment import SHM_DIR, Mapping, not_ours, unlink_semaphore, unlink_shm
+from .segment import (
+    PREFIX,
+    SHM_DIR,
+    Mapping,
+    describe_user,
+    instance_prefix,
+    not_ours,
+    parse_object_name,
+    unlink_semaphore,
+    unlink_shm,
+)
 
-_NAME = re.compile(
-    r"^(?P<sem>sem\.)?shmq\.(?P<inst>[A-Za-z0-9_-]+)\."
-    r"(?:(?P<reg>reg)(?:\.tmp(?P<tmppid>\d+)\.[0-9a-f]+)?|q(?P<qid>\d+)(?:\.(?:ne|nf|j|d))?)$")
+Key = tuple[str, int | None]  # (instance, the uid its names carry: None in an older version's)
 
 
 @dataclass
 class InstanceReport:
     instance: str
-    alive: bool
+    alive: bool  # True also for what is left alone unjudged (another user's instance)
     reason: str
     owner_pid: int = 0
     pids: list[int] = field(default_factory=list)
@@ -42,19 +58,31 @@ class InstanceReport:
     objects: list[str] = field(default_factory=list)  # names in /dev/shm
     orphans: list[str] = field(default_factory=list)  # of a live instance, safe to remove
     foreign: list[str] = field(default_factory=list)  # not ours (another user's, or open to others)
+    uid: int | None = None  # the uid its names carry; None: names of an older version, without one
 
 
-def _objects() -> dict[str, list[re.Match[str]]]:
-    by_inst: dict[str, list[re.Match[str]]] = {}
+def _objects() -> dict[Key, list[re.Match[str]]]:
+    by_key: dict[Key, list[re.Match[str]]] = {}
     try:
         names = os.listdir(SHM_DIR)
     except FileNotFoundError:
         return {}
     for n in names:
-        m = _NAME.match(n)
+        m = parse_object_name(n)
         if m:
-            by_inst.setdefault(m["inst"], []).append(m)
-    return by_inst
+            by_key.setdefault((m["inst"], None if m["uid"] is None else int(m["uid"])), []).append(m)
+    return by_key
+
+
+def _groups(instance: str | None) -> list[tuple[Key, list[re.Match[str]]]]:
+    """The objects in /dev/shm by instance and uid (of ``instance`` only, when given)."""
+    return sorted(((k, v) for k, v in _objects().items() if instance is None or k[0] == instance),
+                  key=lambda kv: (kv[0][0], -1 if kv[0][1] is None else kv[0][1]))
+
+
+def _registry_file(inst: str, uid: int | None) -> str:
+    """The registry's name in /dev/shm: ``shmq.<uid>.<inst>.reg``, or an older version's."""
+    return f"{PREFIX}{inst}.reg" if uid is None else f"{instance_prefix(inst, uid)}reg"
 
 
 def _age(name: str) -> float:
@@ -65,12 +93,7 @@ def _age(name: str) -> float:
 
 
 def scan(instance: str | None = None) -> list[InstanceReport]:
-    reports = []
-    for inst, matches in sorted(_objects().items()):
-        if instance is not None and inst != instance:
-            continue
-        reports.append(_judge(inst, matches))
-    return reports
+    return [_judge(inst, uid, matches) for (inst, uid), matches in _groups(instance)]
 
 
 @contextmanager
@@ -81,6 +104,9 @@ def _exclusive(reg_name: str) -> Iterator[bool]:
         fd = os.open(os.path.join(SHM_DIR, reg_name), os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:
         yield True
+        return
+    except PermissionError:  # not ours (``_judge`` leaves it alone): we cannot tell
+        yield False
         return
     try:
         try:
@@ -101,30 +127,53 @@ def _foreign(name: str) -> str | None:
         return None
 
 
-def _judge(inst: str, matches: list[re.Match[str]], dead: bool | None = None,
+def _judge(inst: str, uid: int | None, matches: list[re.Match[str]], dead: bool | None = None,
            claim: bool = False) -> InstanceReport:
     """``dead``: the caller holds the exclusive flock (True) or knows it is taken (False).
     ``claim``: the caller will remove a dead instance: its registry is marked dead first.
     Objects that are not ours are reported in ``foreign`` and never read or removed; an
-    instance whose registry is not ours is left alone whole."""
+    instance whose registry is not ours, or whose names are another uid's, is left alone
+    whole.  ``uid`` None: the names of an older version (judged, never repaired)."""
+    if uid is not None and uid != os.geteuid():
+        return _judge_theirs(inst, uid, matches)
     foreign = {m.string: why for m in matches if (why := _foreign(m.string)) is not None}
     if not foreign:
-        return _judge_ours(inst, matches, dead, claim)
-    reg_why = foreign.get(f"shmq.{inst}.reg")
-    if reg_why is None:
-        report = _judge_ours(inst, [m for m in matches if m.string not in foreign], dead, claim)
+        report = _judge_ours(inst, uid, matches, dead, claim)
     else:
-        report = InstanceReport(inst, True, f"its registry is {reg_why}: left alone")
-    report.foreign = sorted(foreign)
-    report.reason += f"; {len(foreign)} object(s) not ours, never touched"
+        reg_why = foreign.get(_registry_file(inst, uid))
+        if reg_why is None:
+            report = _judge_ours(inst, uid, [m for m in matches if m.string not in foreign], dead, claim)
+        else:
+            report = InstanceReport(inst, True, f"its registry is {reg_why}: left alone")
+        report.foreign = sorted(foreign)
+        report.reason += f"; {len(foreign)} object(s) not ours, never touched"
+    report.uid = uid
+    if uid is None:  # its orphans would be found under our names: only a dead one is acted on
+        report.orphans = []
+        report.reason = f"names of an older shmq version, without the uid: {report.reason}"
     return report
 
 
-def _judge_ours(inst: str, matches: list[re.Match[str]], dead: bool | None, claim: bool) -> InstanceReport:
+def _judge_theirs(inst: str, uid: int, matches: list[re.Match[str]]) -> InstanceReport:
+    """Another user's instance (its names carry their uid): listed, never opened nor removed."""
+    names = sorted(m.string for m in matches)
+    owners = set()
+    for n in names:
+        try:
+            owners.add(os.stat(os.path.join(SHM_DIR, n)).st_uid)
+        except FileNotFoundError:
+            pass
+    owned = ", ".join(describe_user(o) for o in sorted(owners)) or "nobody (gone)"
+    return InstanceReport(inst, True, f"another user's: names of {describe_user(uid)}, owned by "
+                          f"{owned}; never touched", foreign=names, uid=uid)
+
+
+def _judge_ours(inst: str, uid: int | None, matches: list[re.Match[str]], dead: bool | None,
+                claim: bool) -> InstanceReport:
     """``_judge`` of objects that are all ours."""
     names = [m.string for m in matches]
     tmp_alive = [m for m in matches if m["tmppid"] and process.start_ticks(int(m["tmppid"]))]
-    reg_name = f"shmq.{inst}.reg"
+    reg_name = _registry_file(inst, uid)
     if reg_name not in names:
         young = [n for n in names if _age(n) < options.CREATION_GRACE]
         if tmp_alive or young:
@@ -132,7 +181,7 @@ def _judge_ours(inst: str, matches: list[re.Match[str]], dead: bool | None, clai
         return InstanceReport(inst, False, "no registry: leftovers of a dead run", objects=names)
     if dead is None:
         with _exclusive(reg_name) as free:
-            return _judge_ours(inst, matches, free, claim)
+            return _judge_ours(inst, uid, matches, free, claim)
     try:
         mapping = Mapping.attach("/" + reg_name)
     except Exception as e:  # noqa: BLE001
@@ -183,14 +232,12 @@ def reclaim(instance: str | None = None, dry_run: bool = False) -> list[Instance
     Returns the reports of the instances acted on (or that would be, with ``dry_run``).
     """
     acted = []
-    for inst, matches in sorted(_objects().items()):
-        if instance is not None and inst != instance:
-            continue
-        if dry_run:
-            report = _judge(inst, matches)
+    for (inst, uid), matches in _groups(instance):
+        if dry_run or (uid is not None and uid != os.geteuid()):  # another user's: never opened
+            report = _judge(inst, uid, matches)
         else:
-            with _exclusive(f"shmq.{inst}.reg") as free:  # held while we remove
-                report = _judge(inst, matches, free, claim=True)
+            with _exclusive(_registry_file(inst, uid)) as free:  # held while we remove
+                report = _judge(inst, uid, matches, free, claim=True)
                 if not report.alive:
                     for n in report.objects:
                         _unlink(n)

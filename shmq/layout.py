@@ -10,8 +10,8 @@ such store (the "commit"); everything a commit publishes is written first.
 
 This module imports nothing of ours.
 
-Registry segment  ``/shmq.<instance>.reg``  (one per broker instance)
-=====================================================================
+Registry segment  ``/shmq.<uid>.<instance>.reg``  (one per broker instance)
+===========================================================================
 
 ::
 

@@ -1,7 +1,11 @@
 """Named POSIX shared-memory objects and semaphores: names, create, attach, unlink.
 
-Every object name carries the instance name; on Linux they appear in
-``/dev/shm`` as ``shmq.<instance>.*`` and ``sem.shmq.<instance>.*``.  Python's
+Every object name carries the effective uid of its maker and the instance name; on
+Linux they appear in ``/dev/shm`` as ``shmq.<uid>.<instance>.*`` and
+``sem.shmq.<uid>.<instance>.*``, so two users' instances of the same name never
+meet, and one user cannot block another's by creating its names first.  The uid
+is read at every call, never cached: a process that changes its uid (a forked
+child that drops root) names the objects of its new uid.  Python's
 ``multiprocessing.resource_tracker`` never sees them: posix-ipc owns the life
 cycle, and so do we (see ``reclaim``).
 """
@@ -12,6 +16,7 @@ import mmap
 import os
 import pwd
 import re
+from typing import NoReturn
 
 import posix_ipc
 
@@ -30,17 +35,48 @@ def check_instance_name(name: str) -> str:
     return name
 
 
+# A name in /dev/shm: ``[sem.]shmq.<uid>.<instance>.<what>``; ``uid`` is absent from the
+# names of versions before it was added (``shmq.<instance>.<what>``).  An instance name
+# has no dot, so the count of dots tells the two forms apart: none matches both.
+OBJECT_NAME = re.compile(
+    r"^(?P<sem>sem\.)?shmq\.(?:(?P<uid>\d+)\.)?(?P<inst>[A-Za-z0-9_-]+)\."
+    r"(?:(?P<reg>reg)(?:\.tmp(?P<tmppid>\d+)\.[0-9a-f]+)?|q(?P<qid>\d+)(?:\.(?:ne|nf|j|d))?)$")
+
+
+def parse_object_name(name: str) -> re.Match[str] | None:
+    """The parts of an object's name in /dev/shm (``sem``, ``uid``: None for the names of
+    an older version, ``inst``, ``reg``, ``tmppid``, ``qid``); None for a name not of shmq."""
+    return OBJECT_NAME.match(name)
+
+
+def instance_prefix(instance: str, uid: int | None = None) -> str:
+    """How the names of ``instance``'s objects start in /dev/shm (``shmq.<uid>.<instance>.``):
+    of our effective uid, read now, unless ``uid`` is given."""
+    return f"{PREFIX}{os.geteuid() if uid is None else uid}.{instance}."
+
+
+def objects_of(instance: str) -> list[str]:
+    """The names in /dev/shm of our objects (segments and semaphores) of ``instance``."""
+    prefix = instance_prefix(instance)
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if n.startswith((prefix, "sem." + prefix)))
+
+
 def registry_name(instance: str) -> str:
-    return f"/{PREFIX}{instance}.reg"
+    return f"/{instance_prefix(instance)}reg"
 
 
 def queue_segment_name(instance: str, queue_id: int) -> str:
-    return f"/{PREFIX}{instance}.q{queue_id}"
+    return f"/{instance_prefix(instance)}q{queue_id}"
 
 
 def queue_id_of(instance: str, name: str) -> int | None:
-    """The queue id of a queue segment's name in /dev/shm (``shmq.<instance>.q<id>``)."""
-    prefix = f"{PREFIX}{instance}.q"
+    """The queue id of one of our queue segments' name in /dev/shm
+    (``shmq.<uid>.<instance>.q<id>``)."""
+    prefix = f"{instance_prefix(instance)}q"
     if name.startswith(prefix) and name[len(prefix):].isdigit():
         return int(name[len(prefix):])
     return None
@@ -92,6 +128,8 @@ class Mapping:
             shm = posix_ipc.SharedMemory(name)
         except posix_ipc.ExistentialError:
             raise FileNotFoundError(name) from None
+        except posix_ipc.PermissionsError:  # another user's, closed to us: say whose
+            _refuse_unopenable(name, shm_path(name))
         try:
             check_owned(name, os.fstat(shm.fd))  # before anything of it is read
             if shm.size == 0:
@@ -153,7 +191,10 @@ def open_semaphore(name: str, create: bool) -> posix_ipc.Semaphore:
         pass  # posix_ipc raises ExistentialError below, as callers expect
     else:
         check_owned(name, st)
-    return posix_ipc.Semaphore(name)
+    try:
+        return posix_ipc.Semaphore(name)
+    except posix_ipc.PermissionsError:  # made another user's since the stat
+        _refuse_unopenable(name, semaphore_path(name))
 
 
 def shm_path(name: str) -> str:
@@ -165,7 +206,7 @@ def semaphore_path(name: str) -> str:
     return os.path.join(SHM_DIR, "sem." + name.lstrip("/"))
 
 
-def _user(uid: int) -> str:
+def describe_user(uid: int) -> str:
     try:
         return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:
@@ -176,7 +217,7 @@ def not_ours(st: os.stat_result) -> str | None:
     """Why an object with this status is not ours to use, None when it is: every object
     of ours is owned by our effective uid and open to nobody else (``SHM_MODE``)."""
     if st.st_uid != os.geteuid():
-        return f"owned by {_user(st.st_uid)}, not by {_user(os.geteuid())}"
+        return f"owned by {describe_user(st.st_uid)}, not by {describe_user(os.geteuid())}"
     if st.st_mode & 0o077:
         return f"mode 0o{st.st_mode & 0o777:o}: open to other users (ours are 0o{options.SHM_MODE:o})"
     return None
@@ -189,6 +230,16 @@ def check_owned(name: str, st: os.stat_result) -> None:
     if why is not None:
         raise InstanceError(f"shared memory object {name} is {why}: refused, nothing of it was read "
                             "(`shmq doctor` lists such objects; their owner or root must remove them)")
+
+
+def _refuse_unopenable(name: str, path: str) -> NoReturn:
+    """The ``InstanceError`` for an object we may not even open: whose it is, if we can tell."""
+    try:
+        check_owned(name, os.stat(path))
+    except FileNotFoundError:
+        pass
+    raise InstanceError(f"shared memory object {name}: permission denied, refused "
+                        "(`shmq doctor` lists objects that are not ours)")
 
 
 def unlink_ours(name: str, semaphore: bool, refuse: bool = False) -> None:

@@ -53,6 +53,7 @@ class Attachment:
 
     def __init__(self, instance: str, now_ms: Callable[[], int]) -> None:
         self.instance = instance
+        self.uid = os.geteuid()  # whose names it attached (``_attachments``)
         self.url = f"shm://{instance}"
         self.registry = Registry.open(instance)
         self.now_ms = now_ms
@@ -280,7 +281,9 @@ class Attachment:
         self._slot = None
 
 
-_attachments: dict[str, Attachment] = {}  # the shared one per instance (default clock)
+# the shared one per instance (default clock), and per effective uid: a forked child that
+# became another user names, and attaches, that user's instance, never the one it inherited
+_attachments: dict[tuple[int, str], Attachment] = {}
 _every_attachment: weakref.WeakSet[Attachment] = weakref.WeakSet()  # released at exit
 _attach_lock = threading.Lock()
 
@@ -288,12 +291,13 @@ _attach_lock = threading.Lock()
 def _attach(instance: str, now_ms: Callable[[], int] | None) -> Attachment:
     check_instance_name(instance)
     with _attach_lock:
-        att = _attachments.get(instance)
+        key = (os.geteuid(), instance)
+        att = _attachments.get(key)
         if att is None or now_ms is not None:
             att = Attachment(instance, now_ms or monotonic_ms)
             _every_attachment.add(att)
             if now_ms is None:
-                _attachments[instance] = att
+                _attachments[key] = att
         att.refs += 1
         return att
 
@@ -425,8 +429,8 @@ class ShmBroker(Broker):
             att.refs -= 1
             if att.refs > 0:
                 return
-            if _attachments.get(att.instance) is att:
-                del _attachments[att.instance]
+            if _attachments.get((att.uid, att.instance)) is att:
+                del _attachments[att.uid, att.instance]
         att.release()
 
     def destroy(self) -> None:
@@ -451,8 +455,8 @@ class ShmBroker(Broker):
         unlink_shm(registry_name(self.instance))
         self._closed = True
         with _attach_lock:
-            if _attachments.get(att.instance) is att:
-                del _attachments[att.instance]
+            if _attachments.get((att.uid, att.instance)) is att:
+                del _attachments[att.uid, att.instance]
         att._slot = None  # nothing to unregister: the registry is gone
         for qid in list(att._queues):
             att.forget(qid)

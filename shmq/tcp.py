@@ -412,8 +412,9 @@ def _open_socket(u: BrokerUrl, connect_timeout: float) -> Any:
         sock = socket.create_connection((u.host, u.port), timeout=connect_timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     except OSError as e:
-        raise ConnectionLost(f"cannot connect to {url}: {e.strerror or e} (is `shmq serve` running?)"
-                             ) from None
+        hint = (" (the socket is not this user's to use)" if isinstance(e, PermissionError)
+                else " (is `shmq serve` running?)")
+        raise ConnectionLost(f"cannot connect to {url}: {e.strerror or e}{hint}") from None
     if ctx is None:
         return sock
     stream = tls.TlsStream(ctx, sock, u.host)

@@ -8,10 +8,12 @@ any process this session started is still alive.
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
+from multiprocessing.connection import Connection
 from typing import Any
 
 import psutil
@@ -20,6 +22,7 @@ import pytest
 import shmq
 from shmq import runtime
 from shmq.check import check_instance
+from shmq.segment import parse_object_name, registry_name, shm_path
 from shmq.shm import ShmBroker
 from shmq.tcp import TcpBroker
 
@@ -32,8 +35,20 @@ def unique_instance() -> str:
 
 
 def leftovers(prefix: str = SESSION_PREFIX) -> list[str]:
+    """The objects in /dev/shm of every instance whose name starts with ``prefix``, of any
+    uid (a test's child that became another user names its objects with that user's)."""
     return sorted(n for n in os.listdir("/dev/shm")
-                  if n.startswith(f"shmq.{prefix}") or n.startswith(f"sem.shmq.{prefix}"))
+                  if (m := parse_object_name(n)) and m["inst"].startswith(prefix))
+
+
+def objects(instance: str) -> list[str]:
+    """The objects in /dev/shm of ``instance`` (that name exactly), of any uid."""
+    return [n for n in leftovers(instance) if (m := parse_object_name(n)) and m["inst"] == instance]
+
+
+def reg_path(instance: str) -> str:
+    """The file of our ``instance``'s registry in /dev/shm."""
+    return shm_path(registry_name(instance))
 
 
 def _mp_helper(p: psutil.Process) -> bool:
@@ -63,14 +78,14 @@ def instance() -> Iterator[str]:
     checker (``shmq doctor --check``) and is removed."""
     name = unique_instance()
     yield name
-    if os.path.exists(f"/dev/shm/shmq.{name}.reg"):
+    if os.path.exists(reg_path(name)):
         try:
             violations = check_instance(name)
         except shmq.InstanceError:  # destroyed by the test itself
             violations = []
         ShmBroker(name).destroy()
         assert violations == [], f"shmq doctor --check after the test: {violations}"
-    mine = [n for n in leftovers(name) if n.split(".")[1 if n.startswith("shmq.") else 2] == name]
+    mine = objects(name)
     assert not mine, f"this test left shared memory behind: {mine}"
 
 
@@ -125,7 +140,91 @@ def connect_tcp(url: str, token: str | None = None, **kwargs: Any) -> TcpBroker:
     return b
 
 
-__all__ = ["FakeClock", "connect_shm", "connect_tcp", "shmq", "unique_instance", "wait_until", "leftovers"]
+# ---------------------------------------------------------------- another user
+NOBODY = 65534  # the second uid (and gid) the tests become: a forked child drops root to it
+importlib.import_module("encodings.idna")  # a TCP connect imports it; a child of another uid can't
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="becoming another uid needs root (CI is root)")
+
+
+def _nobody_main(conn: Connection, target: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    os.setgroups([])
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+    try:
+        got = target(*args)
+        if not isinstance(got, Generator):
+            conn.send(got)
+            return
+        try:
+            step = next(got)
+            while True:  # each value it yields goes to the parent; the parent's reply is sent in
+                conn.send(step)
+                step = got.send(conn.recv())
+        except StopIteration as done:
+            conn.send(done.value)  # and what it returns, at the end
+    except Exception as e:  # noqa: BLE001 - the parent reports it
+        conn.send(f"raised {type(e).__name__}: {e}")
+
+
+class AsNobody:
+    """``target(*args)`` in a forked child that became uid and gid ``NOBODY``.  Its return
+    value comes back through a pipe (``result``); so does each value a generator yields,
+    and ``reply`` resumes it (with a value) until it returns.  An exception comes back as
+    ``"raised Type: message"``."""
+
+    def __init__(self, target: Callable[..., Any], *args: Any) -> None:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("fork")
+        self._conn, theirs = ctx.Pipe()
+        self.proc = ctx.Process(target=_nobody_main, args=(theirs, target, args))
+        self.proc.start()
+        theirs.close()
+
+    def result(self, timeout: float = 60) -> Any:
+        assert self._conn.poll(timeout), "the child of another uid did not answer in time"
+        return self._conn.recv()
+
+    def reply(self, value: Any = None) -> None:
+        self._conn.send(value)
+
+    def close(self) -> int | None:
+        """Wait for the child (killed if it hangs); its exit code."""
+        self.proc.join(60)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+        self._conn.close()
+        return self.proc.exitcode
+
+    def __enter__(self) -> AsNobody:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        code = self.close()
+        assert exc[0] is not None or code == 0, f"the child of another uid exited with {code}"
+
+
+def as_nobody(target: Callable[..., Any], *args: Any) -> Any:
+    """What ``target(*args)`` returns (or ``"raised Type: message"``) run as ``NOBODY``."""
+    with AsNobody(target, *args) as child:
+        return child.result()
+
+
+def try_connect(url: str, token: str | None) -> str:
+    """Connect and list the queues: ``"admitted"``, ``"refused"`` (``AuthError``), or the error."""
+    try:
+        with shmq.connect(url, token=token, connect_timeout=5) as b:
+            b.list_queues()
+        return "admitted"
+    except shmq.AuthError:
+        return "refused"
+    except Exception as e:  # noqa: BLE001 - the caller reports it
+        return f"{type(e).__name__}: {e}"
+
+
+__all__ = ["FakeClock", "connect_shm", "connect_tcp", "shmq", "unique_instance", "wait_until", "leftovers",
+           "objects", "reg_path", "NOBODY", "as_root", "AsNobody", "as_nobody", "try_connect"]
 
 
 # ---------------------------------------------------------------- the broker server
@@ -209,7 +308,7 @@ class Server:
             for stream in (self.proc.stdout, self.proc.stderr):
                 if stream:
                     stream.close()
-            if not self.keep and os.path.exists(f"/dev/shm/shmq.{self.instance}.reg"):
+            if not self.keep and os.path.exists(reg_path(self.instance)):
                 ShmBroker(self.instance).destroy()  # only if the broker failed to clean up
             if getattr(self, "token", ""):
                 runtime.remove_token(self.port, self.token)  # a killed broker's, if it left it

@@ -7,7 +7,6 @@ Anyone else needs the token. ``--no-auth`` opts out, on loopback only."""
 from __future__ import annotations
 
 import asyncio
-import multiprocessing as mp
 import os
 import socket
 import stat
@@ -20,9 +19,7 @@ import shmq
 from shmq import aio, runtime
 from shmq.codec import FrameDecoder, T, encode_body, encode_frame
 
-from .conftest import Server
-
-NOBODY = 65534
+from .conftest import Server, as_nobody, as_root
 
 
 def _raw_handshake(port: int, token: str) -> int:
@@ -91,26 +88,19 @@ def test_no_auth_opts_out_on_loopback_only() -> None:
     assert out.returncode == 1 and b"--no-auth is for loopback only" in out.stderr
 
 
-def _read_as_nobody(path: str, out: mp.Queue[str]) -> None:
-    os.setgid(NOBODY)
-    os.setuid(NOBODY)
+def _read(path: str) -> str:
     try:
         with open(path) as f:
-            out.put(f"read: {f.read()!r}")
+            return f"read: {f.read()!r}"
     except OSError as e:
-        out.put(type(e).__name__)
+        return type(e).__name__
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="becoming another uid needs root (CI is root)")
+@as_root
 def test_another_user_cannot_read_the_token() -> None:
     srv = Server(workers=1)
     try:
-        ctx = mp.get_context("fork")
-        out: mp.Queue[str] = ctx.Queue()
-        p = ctx.Process(target=_read_as_nobody, args=(str(runtime.token_path(srv.port)), out))
-        p.start()
-        assert out.get(timeout=30) == "PermissionError"
-        p.join(30)
+        assert as_nobody(_read, str(runtime.token_path(srv.port))) == "PermissionError"
     finally:
         assert srv.stop() == 0
 

@@ -16,9 +16,10 @@ import pytest
 import shmq
 from shmq import layout as L
 from shmq import process
+from shmq.segment import instance_prefix, queue_segment_name, shm_path
 from shmq.shm import ShmBroker
 
-from .conftest import connect_shm, unique_instance, wait_until
+from .conftest import connect_shm, objects, reg_path, unique_instance, wait_until
 
 pytestmark = pytest.mark.crash
 
@@ -224,15 +225,14 @@ def test_reclaim_takes_dead_instances_and_never_live_ones(shm_broker: ShmBroker)
     assert {r.instance: r.alive for r in shmq.scan()}[dead_name] is True
     assert shmq.reclaim(dead_name) == []
     _kill(p)
-    foreign = Path(f"/dev/shm/shmq.{dead_name}.notes")  # not a name of ours: never touched
+    foreign = Path(shm_path(instance_prefix(dead_name) + "notes"))  # not a name of ours: never touched
     foreign.write_bytes(b"someone else's")
     try:
         reports = shmq.reclaim(dead_name, dry_run=True)
         assert [r.instance for r in reports] == [dead_name] and not reports[0].alive
-        assert os.path.exists(f"/dev/shm/shmq.{dead_name}.reg")  # dry run
+        assert os.path.exists(reg_path(dead_name))  # dry run
         shmq.reclaim(dead_name)
-        assert not [n for n in os.listdir("/dev/shm") if f"shmq.{dead_name}." in n
-                    and not n.endswith(".notes")]
+        assert not objects(dead_name)
         assert foreign.exists()
         assert shmq.reclaim(shm_broker.instance) == []  # the live one is left alone
         assert live.get(timeout=1).payload == b"mine"
@@ -248,7 +248,7 @@ def test_pid_reuse_is_not_mistaken_for_life() -> None:
 
 
 def test_leftover_segment_of_an_earlier_run_is_replaced(instance: str) -> None:
-    stale = posix_ipc.SharedMemory(f"/shmq.{instance}.q1", posix_ipc.O_CREX, size=4096)
+    stale = posix_ipc.SharedMemory(queue_segment_name(instance, 1), posix_ipc.O_CREX, size=4096)
     stale.close_fd()
     b = ShmBroker(instance)
     q = b.create_queue("fresh")  # gets id 1: the leftover is reclaimed, not an error
@@ -273,7 +273,7 @@ def test_doctor_cli_lists_and_cleans(instance: str) -> None:
     assert out.exit_code == 0 and '"alive": false' in out.output
     out = runner.invoke(app, ["doctor", "--clean", "--instance", dead])
     assert out.exit_code == 0
-    wait_until(lambda: not [n for n in os.listdir("/dev/shm") if f"shmq.{dead}." in n], 2)
+    wait_until(lambda: not objects(dead), 2)
 
 
 def _die_between_floor_and_free(url: str) -> None:

@@ -24,7 +24,7 @@ from shmq import process
 from shmq.lock import EBUSY, trylock, unlock
 from shmq.shm import ShmBroker
 
-from .conftest import FakeClock, connect_shm, wait_until
+from .conftest import FakeClock, connect_shm, objects, reg_path, wait_until
 
 pytestmark = pytest.mark.crash
 
@@ -53,14 +53,14 @@ def test_a_live_producer_only_process_keeps_its_instance(instance: str) -> None:
         assert producer.stdout is not None and producer.stdout.readline() == "ready\n"
         assert [r.alive for r in shmq.scan(instance)] == [True]
         assert shmq.reclaim(instance) == []  # live: nothing is touched
-        assert os.path.exists(f"/dev/shm/shmq.{instance}.reg")
+        assert os.path.exists(reg_path(instance))
     finally:
         producer.communicate("")
     assert producer.returncode == 0
     # the producer is gone and nobody else is attached: now it is dead, and reclaimed
     reports = shmq.reclaim(instance)
     assert [(r.instance, r.alive) for r in reports] == [(instance, False)]
-    assert not [n for n in os.listdir("/dev/shm") if f"shmq.{instance}." in n]
+    assert not objects(instance)
 
 
 # ---------------------------------------------------------------- bug 3: a blocked get and its group

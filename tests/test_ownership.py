@@ -1,10 +1,12 @@
 """Shared memory is ours or refused: an object another user made first (a squatter), or
 one whose mode lets others in, is never attached, read, used or removed.
 
-The names are predictable (``/dev/shm/shmq.default.reg``), so another local user could
-create an instance's objects first and have the broker work inside memory they read and
+The names are predictable (``/dev/shm/shmq.<uid>.default.reg``), so another local user
+could create an instance's objects first (a squatter: now only root can make an object
+of another uid under our names) and have the broker work inside memory they read and
 write.  Every attach checks owner and mode before it reads a byte; a queue's creation
 refuses a squatted name; ``shmq doctor`` lists such objects and never removes them.
+``tests/test_second_uid.py`` runs as the other user.
 
 Objects of another uid need root to make (CI runs as root); the widened-mode cases run
 everywhere."""
@@ -20,6 +22,7 @@ import posix_ipc
 import pytest
 
 import shmq
+from shmq import check
 from shmq import layout as L
 from shmq.errors import InstanceError
 from shmq.segment import (
@@ -33,10 +36,7 @@ from shmq.segment import (
 )
 from shmq.shm import ShmBroker
 
-from .conftest import unique_instance
-
-NOBODY = 65534
-as_root = pytest.mark.skipif(os.geteuid() != 0, reason="making another uid's object needs root (CI is root)")
+from .conftest import NOBODY, as_root, objects, unique_instance
 
 
 def _make_instance(name: str) -> None:
@@ -67,13 +67,24 @@ def _give_away(path: str) -> None:
     os.chown(path, NOBODY, NOBODY)
 
 
-@pytest.mark.parametrize("take", [_widen, pytest.param(_give_away, marks=as_root)], ids=["mode", "owner"])
+def _squatter(path: str) -> None:
+    """What another user would make first, if our names were not ours alone: theirs, 0666."""
+    _give_away(path)
+    _widen(path)
+
+
+TAKE = [_widen, pytest.param(_give_away, marks=as_root), pytest.param(_squatter, marks=as_root)]
+TAKE_IDS = ["mode", "owner", "squatter"]
+
+
+@pytest.mark.parametrize("take", TAKE, ids=TAKE_IDS)
 def test_a_registry_that_is_not_ours_is_refused_unread(other_instance: str, take: object) -> None:
-    path = shm_path(registry_name(other_instance))
+    path = shm_path(registry_name(other_instance))  # a valid registry, with its magic
+    assert os.path.basename(path).startswith(f"shmq.{os.geteuid()}.{other_instance}.")
     take(path)  # type: ignore[operator]
     with pytest.raises(InstanceError, match="refused, nothing of it was read") as info:
         ShmBroker(other_instance)
-    assert path in str(info.value) or registry_name(other_instance) in str(info.value)
+    assert registry_name(other_instance) in str(info.value)
     assert ("0o666" if take is _widen else f"uid {NOBODY}") in str(info.value)
 
 
@@ -90,7 +101,7 @@ def _squat(name: str, semaphore: bool, take: object) -> str:
 
 
 @pytest.mark.parametrize("semaphore", [False, True], ids=["segment", "semaphore"])
-@pytest.mark.parametrize("take", [_widen, pytest.param(_give_away, marks=as_root)], ids=["mode", "owner"])
+@pytest.mark.parametrize("take", TAKE, ids=TAKE_IDS)
 def test_a_squatted_queue_name_is_refused_and_left_alone(shm_broker: ShmBroker, semaphore: bool,
                                                           take: object) -> None:
     qid = shm_broker._att.registry.w[L.R_NEXT_QUEUE_ID]  # the id the next queue gets
@@ -111,7 +122,7 @@ def test_a_squatted_queue_name_is_refused_and_left_alone(shm_broker: ShmBroker, 
     assert q.get(timeout=1).payload == b"ok"
 
 
-@pytest.mark.parametrize("take", [_widen, pytest.param(_give_away, marks=as_root)], ids=["mode", "owner"])
+@pytest.mark.parametrize("take", TAKE, ids=TAKE_IDS)
 def test_doctor_reports_objects_that_are_not_ours_and_never_removes_them(take: object) -> None:
     inst = unique_instance()
     name = queue_segment_name(inst, 3)
@@ -125,3 +136,30 @@ def test_doctor_reports_objects_that_are_not_ours_and_never_removes_them(take: o
         assert os.path.exists(path)  # reclaim left it
     finally:
         unlink_shm(name)
+
+
+@pytest.mark.parametrize("take", TAKE, ids=TAKE_IDS)
+def test_an_older_versions_names_are_leftovers_removed_only_if_ours(take: object) -> None:
+    """Names without the uid (``shmq.<instance>.*``, made by a version before it was added)
+    are an older version's leftovers: ``shmq doctor --clean`` removes them once nobody is
+    attached, those that are ours only."""
+    inst = unique_instance()
+    old = f"/shmq.{inst}."
+    for name in (old + "reg", old + "q1"):
+        posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=L.WORD * 64).close_fd()
+    posix_ipc.Semaphore(old + "q1.ne", posix_ipc.O_CREX, mode=0o600, initial_value=0).close()
+    theirs = os.path.basename(_squat(old + "q2", False, take))
+    ours = {f"shmq.{inst}.reg", f"shmq.{inst}.q1", f"sem.shmq.{inst}.q1.ne"}
+    try:
+        (report,) = shmq.scan(inst)
+        assert (report.uid, report.alive, report.foreign) == (None, False, [theirs])
+        assert set(report.objects) == ours
+        assert report.reason.startswith("names of an older shmq version")
+        assert inst not in check.instances()  # another layout: not checked as ours
+        (acted,) = shmq.reclaim(inst)
+        assert acted.uid is None and set(acted.objects) == ours
+        assert objects(inst) == [theirs]  # ours went; the other user's stays
+    finally:
+        for name in (old + "reg", old + "q1", old + "q2"):
+            unlink_shm(name)
+        unlink_semaphore(old + "q1.ne")

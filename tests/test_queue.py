@@ -16,7 +16,7 @@ from shmq.doorbell import Bell
 from shmq.serverqueue import ServerQueue
 from shmq.shm import ShmBroker
 
-from .conftest import FakeClock
+from .conftest import FakeClock, objects
 
 CTX = mp.get_context("fork")
 
@@ -584,10 +584,12 @@ def test_handles_cross_into_children(broker: shmq.Broker, method: str) -> None:
     assert q.stats()["retained"] == 0
 
 
-def test_objects_are_private_and_named_for_the_instance(shm_broker: ShmBroker) -> None:
+def test_objects_are_private_and_named_for_the_user_and_the_instance(shm_broker: ShmBroker) -> None:
     shm_broker.create_queue("private")
-    names = [n for n in os.listdir("/dev/shm") if f"shmq.{shm_broker.instance}." in n]
+    names = objects(shm_broker.instance)
     assert len(names) == 6  # registry, queue segment, four semaphores
+    mine = f"shmq.{os.geteuid()}.{shm_broker.instance}."
+    assert all(n.startswith((mine, "sem." + mine)) for n in names), names
     for n in names:
         assert os.stat(f"/dev/shm/{n}").st_mode & 0o777 == 0o600, n
 

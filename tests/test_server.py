@@ -27,7 +27,7 @@ from shmq.errors import Status
 from shmq.shm import ShmBroker
 from shmq.tcp import TcpQueue
 
-from .conftest import Server, connect_tcp, wait_until
+from .conftest import Server, connect_tcp, objects, wait_until
 
 CTX = mp.get_context("fork")
 
@@ -321,7 +321,7 @@ def test_shutdown_removes_the_shared_memory_and_the_processes() -> None:
     srv = Server(workers=2)
     pids = [p.pid for p in srv.workers()]
     assert srv.stop() == 0
-    assert not [n for n in os.listdir("/dev/shm") if f"shmq.{srv.instance}." in n]
+    assert not objects(srv.instance)
     assert not [pid for pid in pids if psutil.pid_exists(pid) and
                 psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
 
@@ -660,7 +660,7 @@ def test_a_taken_port_is_refused(server: Server) -> None:
     out = subprocess.run([sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port",
                           str(server.port), "--instance", "taken"], capture_output=True, timeout=60)
     assert out.returncode == 1 and b"in use" in out.stderr.lower()
-    assert not [n for n in os.listdir("/dev/shm") if "shmq.taken." in n]
+    assert not objects("taken")
 
 
 def test_read_reply_never_outgrows_a_frame(server: Server) -> None:

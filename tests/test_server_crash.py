@@ -31,9 +31,10 @@ import pytest
 import shmq
 from shmq import crashpoints
 from shmq import layout as L
+from shmq.segment import objects_of, queue_id_of
 from shmq.shm import ShmBroker
 
-from .conftest import Server, _mp_helper, leftovers, unique_instance, wait_until
+from .conftest import Server, _mp_helper, leftovers, objects, reg_path, unique_instance, wait_until
 
 pytestmark = pytest.mark.crash
 
@@ -134,13 +135,13 @@ def drain(q: shmq.Queue) -> list[shmq.Message]:
 
 def registry_owner(instance: str) -> int:
     """The owner pid recorded in the instance's registry, read without attaching to it."""
-    with open(f"/dev/shm/shmq.{instance}.reg", "rb") as f:
+    with open(reg_path(instance), "rb") as f:
         return int(struct.unpack_from("<Q", f.read(L.R_HEADER_SIZE), L.R_OWNER_PID * L.WORD)[0])
 
 
 def queue_segments(instance: str) -> list[str]:
     """The queue segments of an instance in /dev/shm (read without attaching)."""
-    return [n for n in os.listdir("/dev/shm") if re.fullmatch(rf"shmq\.{instance}\.q\d+", n)]
+    return [n for n in objects_of(instance) if queue_id_of(instance, n) is not None]
 
 
 def still_serves(b: shmq.Broker) -> None:
@@ -250,7 +251,7 @@ def test_a_sigkilled_supervisor_is_taken_over_at_once(tmp_path: Path) -> None:
         if again is not None:
             assert again.stop() == 0
         close_streams(srv)
-        if os.path.exists(f"/dev/shm/shmq.{srv.instance}.reg"):
+        if os.path.exists(reg_path(srv.instance)):
             ShmBroker(srv.instance).destroy()
 
 
@@ -285,7 +286,7 @@ def test_two_serves_racing_for_a_fresh_instance_one_wins(tmp_path: Path) -> None
             for s in (p.stdout, p.stderr):
                 if s:
                     s.close()
-    assert not os.path.exists(f"/dev/shm/shmq.{instance}.reg")
+    assert not os.path.exists(reg_path(instance))
 
 
 # ---------------------------------------------------------------- worker crash points
@@ -436,7 +437,7 @@ def test_journal_process_dies_in_a_round(monkeypatch: pytest.MonkeyPatch, tmp_pa
         b.close()
         assert err.read().count(RESTARTED) == 1  # its replacement journaled b and c, disarmed
         assert srv.stop() == 0  # the shared memory goes; the journal stays
-        assert not [n for n in os.listdir("/dev/shm") if f"shmq.{srv.instance}." in n]
+        assert not objects(srv.instance)
         again = Server(workers=1, instance=srv.instance, data_dir=data)
         with shmq.connect(again.url) as b:
             got = take(b.queue("j"), 2)
@@ -478,7 +479,7 @@ def test_supervisor_dies_in_recovery_after_one_queue(tmp_path: Path) -> None:
     finally:
         if again is not None:
             assert again.stop() == 0
-        if os.path.exists(f"/dev/shm/shmq.{srv.instance}.reg"):
+        if os.path.exists(reg_path(srv.instance)):
             ShmBroker(srv.instance).destroy()
 
 

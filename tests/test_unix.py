@@ -6,7 +6,6 @@ SO_PEERCRED) needs no token; any other peer, let in by a wider mode, must presen
 from __future__ import annotations
 
 import asyncio
-import multiprocessing as mp
 import os
 import socket
 import stat
@@ -20,9 +19,8 @@ import shmq
 from shmq import aio
 from shmq.errors import AuthError, ConnectionLost
 
-from .conftest import Server
+from .conftest import Server, as_nobody, as_root, try_connect
 
-NOBODY = 65534
 TOKEN = "s3cret"
 
 
@@ -92,33 +90,14 @@ def test_the_asyncio_client_speaks_unix_too(unix_server: tuple[Server, str]) -> 
     asyncio.run(main())
 
 
-def _as_nobody(url: str, token: str, out: mp.Queue[str]) -> None:
-    os.setgid(NOBODY)
-    os.setuid(NOBODY)
-    try:
-        b = shmq.connect(url, token=token, connect_timeout=5)
-        b.list_queues()
-        b.close()
-        out.put("admitted")
-    except AuthError:
-        out.put("refused")
-    except Exception as e:  # noqa: BLE001 - the parent reports it
-        out.put(f"{type(e).__name__}: {e}")
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="becoming another uid needs root (CI is root)")
+@as_root
 def test_another_uid_needs_the_token_where_the_socket_lets_it_in(unix_server: tuple[Server, str]) -> None:
     _, url = unix_server
     path = Path(url[len("unix://"):])
     path.parent.chmod(0o755)  # let the other uid reach the socket at all
     path.chmod(0o666)
-    ctx = mp.get_context("fork")
     for token, expected in (("", "refused"), ("wrong", "refused"), (TOKEN, "admitted")):
-        out: mp.Queue[str] = ctx.Queue()
-        p = ctx.Process(target=_as_nobody, args=(url, token, out))
-        p.start()
-        got = out.get(timeout=30)
-        p.join(30)
+        got = as_nobody(try_connect, url, token)
         assert got == expected, (token, got)
 
 
