@@ -90,7 +90,7 @@ def write_token(port: int, token: str) -> Path:
     tmp = folder / f".tcp-{port}.token.{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
-        os.write(fd, token.encode() + b"\n")
+        os.write(fd, f"{token}\n{os.getpid()}\n".encode())  # the token, then whose it is
     finally:
         os.close(fd)
     os.replace(tmp, path)
@@ -133,13 +133,32 @@ def sweep() -> list[Path]:
         if path.suffix == ".sock":
             stale = not _unix_listening(path)
         else:
-            port = path.name[len("tcp-"):-len(".token")]
-            stale = port.isdigit() and not any(_listening(host, int(port)) for host in ("127.0.0.1", "::1"))
+            stale = not _broker_alive(path)
         if stale:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
                 gone.append(path)
     return gone
+
+
+def _broker_alive(path: Path) -> bool:
+    """Is the broker that wrote this token file alive?  Its second line is its pid (a
+    file without one: does anything listen on its loopback port?).  Not "does anything
+    listen now": a broker restarting its only worker listens on nothing for a moment."""
+    try:
+        lines = path.read_text().split("\n")
+    except OSError:
+        return True  # unsure: keep it
+    if len(lines) > 1 and lines[1].strip().isdigit():
+        try:
+            os.kill(int(lines[1]), 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    port = path.name[len("tcp-"):-len(".token")]
+    return not port.isdigit() or any(_listening(host, int(port)) for host in ("127.0.0.1", "::1"))
 
 
 def _unix_listening(path: Path) -> bool:

@@ -43,8 +43,8 @@ def test_a_broker_without_a_token_makes_one_for_its_own_user() -> None:
         st, folder = os.stat(path), os.stat(path.parent)
         assert st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o600
         assert folder.st_uid == os.geteuid() and stat.S_IMODE(folder.st_mode) == 0o700
-        token = path.read_text().strip()
-        assert len(token) >= 32 and srv.token == token
+        token, pid = path.read_text().split("\n")[:2]  # the token, then whose it is
+        assert len(token) >= 32 and srv.token == token and int(pid) == srv.proc.pid
         assert _raw_handshake(srv.port, "") == T.HANDSHAKE_NACK  # anyone without it is refused
         assert _raw_handshake(srv.port, token) == T.HANDSHAKE_ACK
         b = shmq.connect(srv.url)  # this user's client: no token given, none needed
@@ -127,13 +127,22 @@ def test_a_runtime_folder_that_is_not_ours_is_never_read(tmp_path: os.PathLike[s
 
 
 def test_a_killed_brokers_token_file_is_swept_by_the_next_start() -> None:
-    with socket.socket() as held:  # bound, never listening: nobody can take the port meanwhile
+    """A token file names its broker's pid: a dead broker's goes at the next start, a live
+    one's stays even while nothing listens on its port (its only worker restarting)."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that was a process and is no more
+    with socket.socket() as held, socket.socket() as quiet:  # bound, never listening
         held.bind(("127.0.0.1", 0))
-        port = held.getsockname()[1]
+        quiet.bind(("127.0.0.1", 0))
+        port, live_port = held.getsockname()[1], quiet.getsockname()[1]
         runtime.write_token(port, "left by a broker that was SIGKILLed")
+        runtime.token_path(port).write_text(f"left by a broker that was SIGKILLed\n{dead.pid}\n")
+        runtime.write_token(live_port, "ours, alive, listening nowhere right now")
         srv = Server(workers=1)
         try:
-            assert not runtime.token_path(port).exists()  # swept: nothing listens there
+            assert not runtime.token_path(port).exists()  # swept: its broker is dead
+            assert runtime.token_for("127.0.0.1", live_port) == "ours, alive, listening nowhere right now"
             assert runtime.token_path(srv.port).exists()  # its own, kept
         finally:
+            runtime.remove_token(live_port, "ours, alive, listening nowhere right now")
             assert srv.stop() == 0
