@@ -227,6 +227,21 @@ __all__ = ["FakeClock", "connect_shm", "connect_tcp", "shmq", "unique_instance",
            "objects", "reg_path", "NOBODY", "as_root", "AsNobody", "as_nobody", "try_connect"]
 
 
+async def aio_round_trip(url: str, token: str, name: str) -> None:
+    """One message through a new queue ``name`` with the asyncio client, and the queue gone."""
+    from shmq import aio
+    b = await aio.connect(url, token=token)
+    try:
+        q = await b.create_queue(name)
+        assert await q.put(b"hello") == 0
+        m = await q.get(timeout=5)
+        assert m.payload == b"hello"
+        await m.ack()
+        await b.delete_queue(name)
+    finally:
+        await b.close()
+
+
 # ---------------------------------------------------------------- the broker server
 class Server:
     """``shmq serve`` as a real subprocess on an ephemeral port."""

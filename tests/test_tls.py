@@ -26,7 +26,7 @@ from shmq import aio
 from shmq.errors import AuthError, ConnectionLost, InvalidArgument
 from shmq.urls import client_settings, parse_url
 
-from .conftest import Server, connect_tcp
+from .conftest import Server, aio_round_trip, connect_tcp
 
 TOKEN = "tls-s3cret"
 
@@ -158,19 +158,7 @@ def test_threads_share_one_tls_handle_while_it_beats(tls_server: tuple[Server, s
 def test_the_asyncio_client_speaks_tls(tls_server: tuple[Server, str]) -> None:
     _, url = tls_server
 
-    async def main() -> None:
-        b = await aio.connect(url, token=TOKEN)
-        try:
-            q = await b.create_queue("tls-aio")
-            assert await q.put(b"hello") == 0
-            m = await q.get(timeout=5)
-            assert m.payload == b"hello"
-            await m.ack()
-            await b.delete_queue("tls-aio")
-        finally:
-            await b.close()
-
-    asyncio.run(main())
+    asyncio.run(aio_round_trip(url, TOKEN, "tls-aio"))
 
 
 def test_the_token_can_be_in_the_url(tls_server: tuple[Server, str]) -> None:

@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 
 import shmq
-from shmq import aio
 from shmq.errors import AuthError, ConnectionLost
 
-from .conftest import Server, as_nobody, as_root, try_connect
+from .conftest import Server, aio_round_trip, as_nobody, as_root, try_connect
 
 TOKEN = "s3cret"
 
@@ -75,19 +74,7 @@ def test_our_own_uid_needs_no_token_on_the_unix_socket(unix_server: tuple[Server
 def test_the_asyncio_client_speaks_unix_too(unix_server: tuple[Server, str]) -> None:
     _, url = unix_server
 
-    async def main() -> None:
-        b = await aio.connect(url, token="")
-        try:
-            q = await b.create_queue("aio-unix")
-            assert await q.put(b"hello") == 0
-            m = await q.get(timeout=5)
-            assert m.payload == b"hello"
-            await m.ack()
-            await b.delete_queue("aio-unix")
-        finally:
-            await b.close()
-
-    asyncio.run(main())
+    asyncio.run(aio_round_trip(url, "", "aio-unix"))
 
 
 @as_root
