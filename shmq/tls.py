@@ -92,7 +92,10 @@ def handshake_lost(e: ConnectionLost, u: BrokerUrl) -> ConnectionLost:
     handshake, without a word: what a broker that wants client certificates does (it
     drops the connection during TLS, and with TLS 1.3 the client learns it only then)."""
     msg = str(e)
-    if not msg.endswith("closed by the broker"):
+    low = msg.lower()
+    # the broker's alert, a close, or -- when our request crossed its alert -- a reset
+    said = "alert" in low and "certificate" in low
+    if not (said or msg.endswith("closed by the broker") or "reset by peer" in low):
         return e
     given = ("its CA did not sign the one given (cert=)" if u.params.get("cert")
              else "none was given: add &cert=FILE&key=FILE to the URL")
