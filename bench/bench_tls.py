@@ -18,7 +18,6 @@ batch throughput.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import signal
@@ -27,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 
-from transport import batch, ping_pong
+from transport import arguments, batch, ping_pong
 
 import shmq
 
@@ -62,11 +61,7 @@ def start(tmp: str, name: str, extra: list[str]) -> tuple[subprocess.Popen[bytes
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--pings", type=int, default=3000)
-    ap.add_argument("--n", type=int, default=100_000)
-    args = ap.parse_args()
+    args = arguments(__doc__)
     procs = []
     with tempfile.TemporaryDirectory(prefix="shmq-bench-tls-") as tmp:
         make_certs(tmp)

@@ -15,7 +15,6 @@ Medians over the rounds, and UNIX / TCP.
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import signal
@@ -24,17 +23,13 @@ import subprocess
 import sys
 import tempfile
 
-from transport import batch, ping_pong
+from transport import arguments, batch, ping_pong
 
 import shmq
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--pings", type=int, default=3000)
-    ap.add_argument("--n", type=int, default=100_000)
-    args = ap.parse_args()
+    args = arguments(__doc__)
     with tempfile.TemporaryDirectory(prefix="shmq-bench-unix-") as tmp:
         path = os.path.join(tmp, "broker.sock")
         instance = f"bunix{os.getpid()}"

@@ -3,6 +3,7 @@ ping-pong round trip and batches of 100, each against one broker URL."""
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing as mp
 import time
 from typing import Any
@@ -72,3 +73,12 @@ def batch(url: str, n: int, size: int = 100) -> float:
     p.join(30)
     b.close()
     return rate
+
+
+def arguments(doc: str | None) -> argparse.Namespace:
+    """The command line both transport benches take: --rounds, --pings, --n."""
+    ap = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--pings", type=int, default=3000)
+    ap.add_argument("--n", type=int, default=100_000)
+    return ap.parse_args()
