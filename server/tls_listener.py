@@ -8,8 +8,9 @@ a shmq frame's magic is answered, in plain shmq, by an ERROR naming ``tcps://``;
 else goes to TLS, with ``TLS_HANDSHAKE_TIMEOUT`` for the peek and the TLS handshake each
 (a silent peer cannot hold a slot).
 
-A TLS connection is served by the worker that accepted it: its session lives in that
-process, so it is never handed to another worker (``server.placement``).
+A TLS session lives in the process that made it, so a connection is balanced across the
+workers as it arrives, before its TLS handshake (``place``: by count; its affinity is
+inside the TLS, so it is not honoured), and never handed on afterwards.
 """
 
 from __future__ import annotations
@@ -36,11 +37,13 @@ class TlsListener:
     a protocol from ``factory``; :meth:`close` stops accepting."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket,
-                 factory: Callable[[], asyncio.Protocol], ctx: ssl.SSLContext, backlog: int = 4096) -> None:
+                 factory: Callable[[], asyncio.Protocol], ctx: ssl.SSLContext, backlog: int = 4096,
+                 place: Callable[[socket.socket], bool] | None = None) -> None:
         self.loop = loop
         self.sock = sock
         self.factory = factory
         self.ctx = ctx
+        self.place = place  # hands a connection, before TLS, to the worker that should serve it
         sock.listen(backlog)
         sock.setblocking(False)
         self._pending: set[asyncio.Task[None]] = set()
@@ -54,11 +57,16 @@ class TlsListener:
                 log.warning("accept failed: %s", e)
                 await asyncio.sleep(options.WORKER_TICK)
                 continue
-            task = self.loop.create_task(self._start(conn))
-            self._pending.add(task)
-            task.add_done_callback(self._pending.discard)
+            self.adopt(conn, placed=False)
 
-    async def _start(self, conn: socket.socket) -> None:
+    def adopt(self, conn: socket.socket, placed: bool = True) -> None:
+        """Serve ``conn`` over TLS: one accepted here, or (``placed``) handed to this worker
+        by another before its TLS handshake."""
+        task = self.loop.create_task(self._start(conn, placed))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _start(self, conn: socket.socket, placed: bool) -> None:
         conn.setblocking(False)
         try:
             first = await asyncio.wait_for(self._peek(conn), options.TLS_HANDSHAKE_TIMEOUT)
@@ -71,6 +79,9 @@ class TlsListener:
                 conn.send(encode_frame(T.ERROR, 0, body, int(Status.PROTOCOL_ERROR)))
                 conn.shutdown(socket.SHUT_WR)
                 conn.close()
+                return
+            if not placed and self.place is not None and self.place(conn):
+                conn.close()  # (ours: the other worker holds a duplicate)
                 return
             await self.loop.connect_accepted_socket(self.factory, conn, ssl=self.ctx,
                                                     ssl_handshake_timeout=options.TLS_HANDSHAKE_TIMEOUT)

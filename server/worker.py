@@ -70,6 +70,7 @@ class Worker:
                  heartbeat: float = options.HEARTBEAT) -> None:
         self.instance = instance
         self.tls = tls  # the TCP port speaks TLS (the Unix socket never does)
+        self.tls_listener: TlsListener | None = None
         self.heartbeat = heartbeat
         self.unix_sock = unix_sock  # the supervisor's Unix-domain listener, shared by every worker
         self.host = host
@@ -113,7 +114,8 @@ class Worker:
         if self.tls is None:
             server = await self.loop.create_server(lambda: Driver(self), sock=sock, backlog=4096)
         else:  # a silent peer is dropped after TLS_HANDSHAKE_TIMEOUT, before it counts as a connection
-            server = TlsListener(self.loop, sock, lambda: Driver(self), server_context(self.tls))
+            server = self.tls_listener = TlsListener(self.loop, sock, lambda: Driver(self),
+                                                     server_context(self.tls), place=self.place_tls)
         userver = None
         if self.unix_sock is not None:
             userver = await self.loop.create_unix_server(lambda: Driver(self), sock=self.unix_sock,
@@ -222,15 +224,25 @@ class Worker:
         if self.counts is not None:
             self.counts.set(self.worker_id, len(self.drivers))
 
-    def place(self, conn: ServerConnection, f: Frame, affinity: str) -> bool:
-        """Hand ``conn``, which has sent its HANDSHAKE ``f`` and nothing else, to the worker
-        that should serve it (``server.placement``).  True when it went."""
+    def _target(self, affinity: str, uncounted: int = 0) -> int | None:
+        """The other worker a new connection should go to (``server.placement``), None: this
+        one.  ``uncounted``: 1 for a connection not in this worker's count yet."""
         if self.handoff is None or self.counts is None or self.stopping or self.counts.workers < 2:
-            return False
+            return None
         counts = self.counts.snapshot()
+        counts[self.worker_id] += uncounted
         target = choose(counts, self.worker_id, affinity)
         if target == self.worker_id or counts[target] >= self.max_connections:
-            return False  # (a full worker would refuse it: it is served here instead)
+            return None  # (a full worker would refuse it: it is served here instead)
+        return target
+
+    def place(self, conn: ServerConnection, f: Frame, affinity: str) -> bool:
+        """Hand ``conn``, which has sent its HANDSHAKE ``f`` and nothing else, to the worker
+        that should serve it.  True when it went."""
+        target = self._target(affinity)
+        if target is None:
+            return False
+        assert self.handoff is not None
         driver = self.drivers.get(conn)
         if driver is None or driver.transport is None or driver.transport.get_extra_info("sslcontext"):
             return False  # a TLS session lives in this process: only its socket could move
@@ -241,12 +253,27 @@ class Worker:
         driver.leave()
         return True
 
+    def place_tls(self, sock: socket.socket) -> bool:
+        """Hand a new TLS connection, before its TLS handshake, to the worker with the fewest
+        connections (with an empty preface: the TLS is still to come).  True when it went."""
+        target = self._target("", uncounted=1)
+        if target is None:
+            return False
+        assert self.handoff is not None
+        return self.handoff.send(target, sock.fileno(), b"")
+
     def _on_handoff(self) -> None:
         assert self.handoff is not None
         for sock, preface in self.handoff.receive():
             self.loop.create_task(self._adopt(sock, preface))
 
     async def _adopt(self, sock: socket.socket, preface: bytes) -> None:
+        if not preface:  # a TLS connection, handed over before its TLS handshake
+            if self.tls_listener is None:
+                sock.close()
+            else:
+                self.tls_listener.adopt(sock)
+            return
         try:
             await self.loop.connect_accepted_socket(lambda: Driver(self, preface), sock)
         except (OSError, ValueError):  # the client went meanwhile, or it is no stream socket

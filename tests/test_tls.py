@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,6 +84,27 @@ def mtls_server(certs: Path) -> Iterator[tuple[Server, str]]:
     try:
         yield srv, f"tcps://localhost:{srv.port}?ca={certs / 'ca.pem'}"
     finally:
+        assert srv.stop() == 0
+
+
+def test_tls_connections_are_balanced_across_workers_before_their_tls(certs: Path) -> None:
+    """A TLS session cannot move between processes, so a new connection is handed to the
+    worker with the fewest connections as it arrives, before its TLS handshake."""
+    srv = Server(workers=2, token=TOKEN, extra=_tls_args(certs))
+    url = f"tcps://127.0.0.1:{srv.port}?ca={certs / 'ca.pem'}"
+    brokers: list[Any] = []
+    try:
+        brokers = [connect_tcp(url, token=TOKEN) for _ in range(6)]
+        assert sorted(b.worker for b in brokers) == [0, 0, 0, 1, 1, 1]
+        q = brokers[0].create_queue("spread-tls")
+        for i, b in enumerate(brokers):  # served wherever they landed: one set of queues
+            b.queue("spread-tls").put(b"m%d" % i)
+        got = q.get_many(10, timeout=5)
+        assert sorted(m.payload for m in got) == [b"m%d" % i for i in range(6)]
+        q.ack_many(got)
+    finally:
+        for b in brokers:
+            b.close()
         assert srv.stop() == 0
 
 
