@@ -46,9 +46,10 @@ def make_certs(d: str) -> None:
             "-out", "server.pem", "-days", "1", "-extfile", "san.ext")
 
 
-def start(tmp: str, name: str, extra: list[str]) -> tuple[subprocess.Popen[bytes], int]:
-    proc = subprocess.Popen([sys.executable, "-c", "from shmq.cli import app; app()", "serve",
-                             "--port", "0", "--workers", "2", "--instance", f"btls{name}{os.getpid()}",
+def start(tmp: str, name: str, extra: list[str], workers: int = 2
+          ) -> tuple[subprocess.Popen[bytes], int]:
+    proc = subprocess.Popen([sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
+                             "--workers", str(workers), "--instance", f"btls{name}{os.getpid()}",
                              "--data-dir", os.path.join(tmp, f"data-{name}"), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None
@@ -66,10 +67,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="shmq-bench-tls-") as tmp:
         make_certs(tmp)
         try:
-            plain, pport = start(tmp, "plain", [])
+            plain, pport = start(tmp, "plain", [], args.workers)
             procs.append(plain)
             tls, tport = start(tmp, "tls", ["--tls-cert", os.path.join(tmp, "server.pem"),
-                                            "--tls-key", os.path.join(tmp, "server.key")])
+                                            "--tls-key", os.path.join(tmp, "server.key")], args.workers)
             procs.append(tls)
             urls = {"tcp": f"tcp://127.0.0.1:{pport}", "tls": f"tcps://127.0.0.1:{tport}?ca={tmp}/ca.pem"}
             for url in urls.values():
@@ -94,8 +95,8 @@ def main() -> None:
                 p.send_signal(signal.SIGTERM)
                 p.wait(60)
     med = {t: {k: statistics.median(v) for k, v in d.items()} for t, d in res.items()}
-    print(f"shmq over tcps:// vs tcp://127.0.0.1, two brokers (2 workers each), {args.rounds} interleaved "
-          "rounds, medians")
+    print(f"shmq over tcps:// vs tcp://127.0.0.1, two brokers (workers: {args.workers} each), "
+          f"{args.rounds} interleaved rounds, medians")
     for k, label, unit in [("p50", "ping-pong p50", "us"), ("p99", "ping-pong p99", "us"),
                            *((f"batch{s}", f"batch 100x{s} B", "msgs/s") for s in SIZES)]:
         a, b_ = med["tcp"][k], med["tls"][k]

@@ -34,7 +34,8 @@ def main() -> None:
         path = os.path.join(tmp, "broker.sock")
         instance = f"bunix{os.getpid()}"
         proc = subprocess.Popen([sys.executable, "-c", "from shmq.cli import app; app()", "serve",
-                                 "--port", "0", "--workers", "2", "--instance", instance, "--unix", path,
+                                 "--port", "0", "--workers", str(args.workers), "--instance", instance,
+                                 "--unix", path,
                                  "--data-dir", os.path.join(tmp, "data")],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
@@ -62,8 +63,8 @@ def main() -> None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)
     med = {t: {k: statistics.median(v) for k, v in d.items()} for t, d in res.items()}
-    print(f"shmq over unix:// vs tcp://127.0.0.1, one broker (2 workers), {args.rounds} interleaved rounds, "
-          "medians")
+    print(f"shmq over unix:// vs tcp://127.0.0.1, one broker (workers: {args.workers}), "
+          f"{args.rounds} interleaved rounds, medians")
     print(f"  ping-pong p50   tcp {med['tcp']['p50']:8.1f} us   unix {med['unix']['p50']:8.1f} us   "
           f"unix/tcp {med['unix']['p50'] / med['tcp']['p50']:.2f}")
     print(f"  ping-pong p99   tcp {med['tcp']['p99']:8.1f} us   unix {med['unix']['p99']:8.1f} us   "

@@ -81,4 +81,5 @@ def arguments(doc: str | None) -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--pings", type=int, default=3000)
     ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--workers", type=int, default=2, help="worker processes of each broker")
     return ap.parse_args()
