@@ -1,35 +1,54 @@
-# make run  - install, then start the broker on its defaults
-# make test - install, then lint, type-check and run the whole test suite (what CI runs)
+# make run  - install what the broker needs, then start it on its defaults
+# make test - install everything (tests, benchmarks, Spark), then lint, type-check and run the whole suite (CI)
 # make check - the inner loop: lint, type-check and the tests not marked slow, spark or crash
+# make bench - the benchmarks; figures to bench/results/, plots to docs/img/
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-STAMP := $(VENV)/.installed
+BASE := $(VENV)/.installed-base
+FULL := $(VENV)/.installed-full
 
-.PHONY: run test check install lint bench clean
+.PHONY: run test check install install-all java lint bench clean
 
-$(STAMP): pyproject.toml
+$(VENV)/bin/python:
 	python3 -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
+
+# the broker alone: posix-ipc, typer, rich, psutil, prometheus-client
+$(BASE): pyproject.toml | $(VENV)/bin/python
+	$(PIP) install --quiet -e .
+	touch $(BASE)
+
+# everything: the broker, the test tools, the benchmarks' peers and plots, PySpark
+$(FULL): pyproject.toml | $(VENV)/bin/python
 	$(PIP) install --quiet -e '.[test,bench,spark]'
-	touch $(STAMP)
+	touch $(FULL) $(BASE)
 
-install: $(STAMP)
+install: $(BASE)
+install-all: $(FULL)
 
-run: $(STAMP)
+run: $(BASE)
 	$(VENV)/bin/shmq serve
 
-lint: $(STAMP)
+# PySpark runs on a JVM: stop at once, in one line, rather than fail the Spark tests a minute in
+java:
+	@v=$$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1); \
+	if [ -z "$$v" ] || [ "$$v" -lt 17 ]; then \
+	  echo "make test: the Spark tests need Java 17 or newer (found: $${v:-none}); install a JDK, e.g. apt-get install openjdk-17-jre-headless" >&2; \
+	  exit 1; \
+	fi
+
+lint: $(FULL)
 	$(VENV)/bin/ruff check shmq server tests bench
 	$(VENV)/bin/mypy shmq server tests bench
 
-test: lint
+test: java lint
 	$(VENV)/bin/pytest -n 2 tests
 
 check: lint
 	$(VENV)/bin/pytest -n 2 -m "not slow and not spark and not crash" tests
 
-bench: $(STAMP)
+bench: $(FULL)
 	$(PY) bench/bench_local.py
 	$(PY) bench/bench_tcp.py
 	$(PY) bench/bench_durability.py

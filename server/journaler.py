@@ -29,6 +29,7 @@ with its messages at their offsets and its groups as last journaled.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -287,9 +288,15 @@ def remove_retired(root: Path) -> None:
 
 
 def check_data_dir(root: Path) -> None:
-    """Create the data dir (0700) if needed and prove it writable: a clear error at start."""
+    """Prove the data dir usable at start, for a clear error then rather than at the first
+    durable queue: an existing one must take a file; a missing one is left missing (the
+    first durable queue makes it), and its nearest existing parent must let us make it."""
     try:
-        root.mkdir(mode=options.JOURNAL_DIR_MODE, parents=True, exist_ok=True)
+        if not root.exists():
+            parent = next(p for p in root.parents if p.exists())
+            if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+                raise OSError(errno.EACCES, f"cannot create it in {parent}")
+            return
         probe = root / f".probe-{os.getpid()}"
         fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:

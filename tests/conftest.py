@@ -30,6 +30,18 @@ _counter = itertools.count()
 SESSION_PREFIX = f"t{os.getpid()}x"
 
 
+_tmp_root: list[str] = []  # this session's folder for brokers' data dirs, made on first use
+
+
+def session_tmp(prefix: str) -> str:
+    """A new folder for this session's temporary files: under one folder that the session
+    removes at its end, so a test that stops no broker (or kills one) leaves nothing in /tmp."""
+    import tempfile
+    if not _tmp_root:
+        _tmp_root.append(tempfile.mkdtemp(prefix=f"shmq-{SESSION_PREFIX}-"))
+    return tempfile.mkdtemp(prefix=prefix, dir=_tmp_root[0])
+
+
 def unique_instance() -> str:
     return f"{SESSION_PREFIX}{next(_counter)}"
 
@@ -66,6 +78,9 @@ def no_leaks() -> Iterator[None]:
     children = [p for p in psutil.Process().children(recursive=True) if not _mp_helper(p)]
     gone, alive = psutil.wait_procs(children, timeout=5)
     left = leftovers()
+    if _tmp_root:
+        import shutil
+        shutil.rmtree(_tmp_root[0], ignore_errors=True)
     for p in alive:
         p.kill()
     assert not alive, f"processes started by the tests are still running: {alive}"
@@ -252,12 +267,11 @@ class Server:
         import selectors
         import subprocess
         import sys
-        import tempfile
 
         self.instance = instance or unique_instance()
         self.keep = "--keep" in (extra or [])
         self.own_data_dir = data_dir is None
-        self.data_dir = data_dir or tempfile.mkdtemp(prefix=f"shmq-{self.instance}-")
+        self.data_dir = data_dir or session_tmp(f"{self.instance}-")
         args = [sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
                 "--workers", str(workers), "--instance", self.instance, "--data-dir", self.data_dir,
                 *(extra or [])]

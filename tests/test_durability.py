@@ -384,6 +384,20 @@ def test_unwritable_data_dir_is_a_clear_error_at_start(tmp_path: Path) -> None:
         Server(workers=1, data_dir=str(f / "data"))
 
 
+def test_data_dir_is_made_by_the_first_durable_queue_only(tmp_path: Path) -> None:
+    data = tmp_path / "not-yet" / "data"
+    srv = Server(workers=1, data_dir=str(data))
+    try:
+        with shmq.connect(srv.url, token=srv.token) as b:
+            b.create_queue("mem").put(b"x")
+            assert not data.parent.exists()  # memory-only queues write nothing to disk
+            b.create_queue("disk", durability="interval").put(b"y")
+            assert (data / "q-disk").is_dir()
+    finally:
+        assert srv.stop() == 0
+    assert data.is_dir()  # the journaled queue's files stay for the next start
+
+
 def _mount_tmpfs(path: Path, size: str) -> bool:
     path.mkdir()
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(path)],

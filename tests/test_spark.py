@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,7 +29,6 @@ from .conftest import Server, leftovers, unique_instance, wait_until
 pytestmark = [
     pytest.mark.spark,
     pytest.mark.timeout(300),  # the first test also waits for the JVM: slow on a busy machine
-    pytest.mark.filterwarnings("ignore:PySpark does not yet fully support pandas:FutureWarning"),
     pytest.mark.filterwarnings("ignore:Cannot infer the eval type from type hints:UserWarning"),
 ]
 
@@ -43,6 +43,8 @@ def srv() -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    if shutil.which("java") is None:  # rather than py4j's JAVA_GATEWAY_EXITED a minute in
+        pytest.fail("Spark needs Java 17 or newer on PATH (e.g. apt-get install openjdk-17-jre-headless)")
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     from pyspark import SparkContext

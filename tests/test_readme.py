@@ -1,0 +1,67 @@
+"""The README's promises: its quick start and Python section run as written, and every test
+its guarantee table names exists."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import Server
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+
+def _blocks(lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```", README, re.M | re.S)
+
+
+def test_every_test_the_readme_names_exists() -> None:
+    named = re.findall(r"`(tests/test_\w+\.py)(?:::(\w+))?`", README)
+    assert len(named) >= 10, named
+    for path, name in named:
+        f = ROOT / path
+        assert f.is_file(), f"README names {path}, which does not exist"
+        if name:
+            tree = ast.parse(f.read_text())
+            tests = {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+            assert name in tests, f"README names {path}::{name}, which does not exist"
+
+
+def test_the_readme_names_only_the_two_set_up_commands() -> None:
+    first = _blocks("")[0]
+    assert [line.split()[:2] for line in first.splitlines()] == [["make", "run"], ["make", "test"]]
+
+
+@pytest.mark.slow
+def test_the_quick_start_then_the_python_section_run_as_written(tmp_path: Path) -> None:
+    quick = _blocks("")[1]
+    python = [b for b in _blocks("python") if "shmq.connect" in b][0]
+    assert quick.count(".venv/bin/shmq") == 4
+    srv = Server(workers=2)
+    try:
+        # the quick start's commands, as typed in the repository: .venv/bin/shmq is this venv's
+        venv_bin = tmp_path / ".venv" / "bin"
+        venv_bin.mkdir(parents=True)
+        (venv_bin / "shmq").symlink_to(Path(sys.executable).parent / "shmq")
+        env = {**os.environ, "SHMQ_URL": srv.url}
+        r = subprocess.run(["bash", "-euo", "pipefail", "-c", quick], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        # consume -n 3 printed the three messages with their offsets; stats counted them
+        assert re.findall(r"^\[(\d+)\] (\d)$", r.stdout, re.M) == [("0", "1"), ("1", "2"), ("2", "3")], r.stdout
+        assert "3 produced" in r.stdout
+        code = python.replace("tcp://127.0.0.1:7878", srv.url)
+        assert code != python
+        r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines() == ["b'order #42'", "[b'order #42', b'a', b'b']", "1000"], r.stdout
+    finally:
+        assert srv.stop() == 0
