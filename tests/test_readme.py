@@ -55,7 +55,8 @@ def test_the_quick_start_then_the_python_section_run_as_written(tmp_path: Path) 
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         # consume -n 3 printed the three messages with their offsets; stats counted them
-        assert re.findall(r"^\[(\d+)\] (\d)$", r.stdout, re.M) == [("0", "1"), ("1", "2"), ("2", "3")], r.stdout
+        printed = re.findall(r"^\[(\d+)\] (\d)$", r.stdout, re.M)
+        assert printed == [("0", "1"), ("1", "2"), ("2", "3")], r.stdout
         assert "3 produced" in r.stdout
         code = python.replace("tcp://127.0.0.1:7878", srv.url)
         assert code != python
