@@ -52,6 +52,7 @@ LOCK_BYTE = 1  # the byte of the registry file whose write lock means "served"
 CLAIM_TRIES = 20  # attaches in a row that found the registry replaced meanwhile
 OWNER_WAIT = 2.0  # s a refused supervisor waits for the lock holder to name itself
 _F_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", 37)
+_F_OFD_GETLK = getattr(fcntl, "F_OFD_GETLK", 36)
 _FLOCK = "hhqqi4x"  # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks), padding
 
 _held: set[int] = set()  # descriptors holding a broker lock in this process
@@ -121,6 +122,20 @@ def claim(instance: str) -> tuple[ServerBroker, BrokerLock]:
         broker.close()  # the registry we attached was removed meanwhile: attach the one there now
     raise InstanceError(f"instance {instance!r} kept being removed and created while `shmq serve` "
                         "tried to take it over")
+
+
+def is_served(instance: str) -> bool:
+    """Does a live ``shmq serve`` hold this instance's broker lock now?  (The kernel says so;
+    nothing is attached or created: False when the instance does not exist.)"""
+    try:
+        fd = os.open(shm_path(registry_name(instance)), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:  # F_OFD_GETLK: the lock that would stop ours (F_UNLCK when none would)
+        got = fcntl.fcntl(fd, _F_OFD_GETLK, struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, LOCK_BYTE, 1, 0))
+    finally:
+        os.close(fd)
+    return bool(struct.unpack(_FLOCK, got)[0] != fcntl.F_UNLCK)
 
 
 def _try_lock(instance: str, reg: Registry) -> BrokerLock | None:

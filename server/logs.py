@@ -17,10 +17,12 @@ import logging
 import sys
 import time
 
-LEVELS = ("debug", "info", "warning", "error")
-FORMATS = ("text", "json")
-DEFAULT_LEVEL = "info"
-DEFAULT_FORMAT = "text"
+from shmq import options
+
+LEVELS = options.LOG_LEVELS
+FORMATS = options.LOG_FORMATS
+DEFAULT_LEVEL = options.DEFAULT_LOG_LEVEL
+DEFAULT_FORMAT = options.DEFAULT_LOG_FORMAT
 
 
 class _Json(logging.Formatter):

@@ -41,15 +41,17 @@ import socket
 import stat
 import sys
 import time
+from collections.abc import Sequence
 from multiprocessing.connection import wait
 from typing import Any
 
 from shmq import crashpoints, options, runtime
+from shmq.config import Effective, QueueDecl
 from shmq.errors import InvalidArgument, ShmqError
 from shmq.serverqueue import ServerBroker
 from shmq.tls import ServerTls, server_context
 
-from . import logs
+from . import declarations, logs
 from .brokerlock import AlreadyServed, claim
 from .journaler import data_dir_for, journal_main, recover
 from .placement import Counts
@@ -117,7 +119,7 @@ class Supervisor:
                  segment_bytes: int = options.JOURNAL_SEGMENT_BYTES, log_level: str = logs.DEFAULT_LEVEL,
                  log_format: str = logs.DEFAULT_FORMAT, unix: str | None = None,
                  no_auth: bool = False, tls: ServerTls | None = None, *,
-                 heartbeat: float = options.HEARTBEAT) -> None:
+                 heartbeat: float = options.HEARTBEAT, queues: Sequence[QueueDecl] = ()) -> None:
         if tls is not None:
             server_context(tls)  # a file that cannot be used is named now, before any worker starts
         self.tls = tls
@@ -155,11 +157,26 @@ class Supervisor:
         self.data_dir = data_dir_for(instance, data_dir)
         self.sync_interval = sync_interval
         self.segment_bytes = segment_bytes
+        self.queues = tuple(queues)  # declared in the config file: checked, else created, at start
         self.journal: Any = None
         self.counts = Counts(self.n)  # connections per worker, shared with the workers we fork
         self.ctx = mp.get_context("fork")
         self.procs: dict[int, Any] = {}
         self._stop = False
+
+    @classmethod
+    def from_settings(cls, eff: Effective, token: str) -> Supervisor:
+        """The broker of ``shmq serve``'s settings (``shmq.config``); ``token``: the one in effect
+        (``token`` or the first line of ``token_file``)."""
+        v = eff.values
+        if (v["tls_cert"] or v["tls_client_ca"]) and not (v["tls_cert"] and v["tls_key"]):
+            raise InvalidArgument("TLS needs both --tls-cert and --tls-key")
+        tls = ServerTls(v["tls_cert"], v["tls_key"], v["tls_client_ca"]) if v["tls_cert"] else None
+        extra = {"metrics": v["metrics"]} if v["metrics"] else {}  # off unless asked for
+        return cls(v["instance"], v["host"], v["port"], v["workers"], token, v["max_connections"], v["keep"],
+                   v["data_dir"] or None, v["sync_interval"], v["journal_segment_bytes"], v["log_level"],
+                   v["log_format"], None if v["unix"] in ("", "off") else v["unix"], v["no_auth"], tls,
+                   heartbeat=v["heartbeat"], queues=eff.queues, **extra)
 
     def _start(self, i: int) -> None:
         ready = self.ctx.Event()
@@ -216,7 +233,9 @@ class Supervisor:
             # queues whose shared memory is gone (a reboot, a stop) come back from their journals
             for line in recover(broker, self.data_dir):
                 log.info("%s", line)
+            declarations.check(broker, self.queues, self.data_dir)  # the recovered ones too
             self._start_journal()
+            declarations.create(broker, self.queues)  # before any worker accepts a client
             for i in range(self.n):
                 self._start(i)
             for p, ready in self.procs.values():
@@ -242,7 +261,8 @@ class Supervisor:
         auth = (f"; token for this user's clients in {self.token_file}" if self.token_file
                 else "" if self.token else "; NO AUTHENTICATION (--no-auth)")
         announce(f"shmq: instance {self.instance!r} listening on {scheme}://{self.host}:{self.port}{mtls}"
-                 f"{unix} with {self.n} workers; journal in {self.data_dir} (pid {self.journal.pid}){auth}")
+                 f"{unix} with {self.n} workers; journal in {self.data_dir} (writer pid {self.journal.pid})"
+                 f"{auth}; supervisor pid {os.getpid()} (SIGTERM stops it)")
         sys.stdout.flush()
         try:
             self._watch(broker)
@@ -251,12 +271,30 @@ class Supervisor:
             self._close_unix()
             self._remove_token()
             probe.close()
+            what = self._survivors(broker)
             if self.keep:
                 broker.close()
             else:
                 broker.destroy()
             lock.release()  # after the removal: a newcomer must not attach what we remove
+        announce(f"shmq: stopped (pid {os.getpid()}): {what}")
+        sys.stdout.flush()
         return 0
+
+    def _survivors(self, broker: ServerBroker) -> str:
+        """What stopping removes and what it keeps, in words (the workers are gone)."""
+        def n(count: int, what: str) -> str:
+            return f"{count} {what}{'' if count == 1 else 's'}"
+
+        try:
+            infos = broker.list_queues()
+        except ShmqError as e:
+            return f"queues unknown ({e})"
+        if self.keep:
+            return f"{n(len(infos), 'queue')} kept in shared memory (--keep)"
+        durable = sum(1 for i in infos if i.config.durability != "memory")
+        return (f"{n(len(infos) - durable, 'memory queue')} removed; "
+                f"{n(durable, 'durable queue')} kept in {self.data_dir}")
 
     def _remove_token(self) -> None:
         if self.token_file is not None:

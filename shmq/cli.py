@@ -17,9 +17,10 @@ from rich.console import Console
 from rich.table import Table
 
 from . import __version__, connect, options, runtime
+from . import config as cfg
 from .api import Broker
 from .cleanup import reclaim, scan
-from .errors import ConnectionLost, Empty, InvalidArgument, ShmqError
+from .errors import ConnectionLost, Empty, ShmqError
 from .urls import parse_tcp_url
 
 app = typer.Typer(help="shmq: a message broker for one host.", no_args_is_help=True,
@@ -112,57 +113,56 @@ def version() -> None:
 
 
 @app.command()
+@cfg.with_settings(token={"callback": _warn_argv_token})  # one option per row of shmq.config.SETTINGS
 def serve(
-    host: str = typer.Option(options.DEFAULT_HOST, help="address to bind (non-loopback needs a token)"),
-    port: int = typer.Option(options.DEFAULT_PORT, help="TCP port (0: any free port)"),
-    workers: int = typer.Option(0, help="worker processes (default: CPU count)"),
-    instance: str = typer.Option(options.DEFAULT_INSTANCE, help="shared-memory instance name"),
-    token: str = typer.Option("", envvar=options.TOKEN_ENV, callback=_warn_argv_token,
-                              help=f"auth token clients must present (prefer ${options.TOKEN_ENV} or "
-                                   "--token-file: argv is public)"),
-    token_file: str = typer.Option("", help="read the auth token from this file's first line"),
-    unix: str = typer.Option("auto", help="also listen on this Unix-domain socket (mode 0600; a peer of "
-                                          "our own uid needs no token): auto = tcp-PORT.sock in this "
-                                          "user's runtime folder, where the CLI finds it; off = none"),
-    no_auth: bool = typer.Option(False, "--no-auth", help="accept clients without a token (loopback "
-                                 "only; by default a token is made and left for this user's clients)"),
-    tls_cert: str = typer.Option("", help="serve TLS (tcps://) on the TCP port with this certificate (PEM)"),
-    tls_key: str = typer.Option("", help="the private key of --tls-cert (PEM)"),
-    tls_client_ca: str = typer.Option("", help="mutual TLS: require client certificates signed by this CA"),
-    max_connections: int = typer.Option(options.MAX_CONNECTIONS, help="connections per worker"),
-    heartbeat: float = typer.Option(options.HEARTBEAT, help="seconds between heartbeats on each connection, "
-                                    f"at most (0: none); a peer silent {options.HEARTBEAT_MISSES} intervals "
-                                    "is closed"),
-    keep: bool = typer.Option(False, help="keep the shared memory when stopping"),
-    data_dir: str = typer.Option("", envvar=options.DATA_DIR_ENV,
-                                 help="journal of durable queues (default: ~/.local/share/shmq/INSTANCE)"),
-    sync_interval: float = typer.Option(options.DEFAULT_SYNC_INTERVAL,
-                                        help="longest time an `interval` queue goes without fsync (s)"),
-    journal_segment_bytes: int = typer.Option(options.JOURNAL_SEGMENT_BYTES,
-                                              help="journal segment file size before it rolls"),
-    log_level: str = typer.Option("info", help="debug, info, warning or error"),
-    log_format: str = typer.Option("text", help="text (one line each, naming process role and pid) "
-                                                "or json (one object a line)"),
+    ctx: typer.Context,
+    config_file: str = typer.Option("", "--config", "-c", envvar=options.CONFIG_ENV, show_default="none",
+                                    help="read settings, and queues to declare, from this TOML file "
+                                         "(flags and $SHMQ_<NAME> variables override it)"),
+    print_config: bool = typer.Option(False, "--print-config", help="print the settings in effect and "
+                                      "where each comes from, then exit without starting anything"),
+    as_json: bool = typer.Option(False, "--json", help="with --print-config: as JSON"),
+    **settings: Any,
 ) -> None:
     """Run the broker: a supervisor and N workers on one SO_REUSEPORT port.
 
-    Example: shmq serve --port 7878 --workers 4 (TLS: --tls-cert server.pem --tls-key server.key)
+    Example: shmq serve --port 7878 --workers 4 (TLS: --tls-cert server.pem --tls-key server.key;
+    from a file: --config shmq.toml, checked with --print-config)
     """
-    from .server.supervisor import Supervisor
-    from .tls import ServerTls
-
     try:
-        if (tls_cert or tls_client_ca) and not (tls_cert and tls_key):
-            raise InvalidArgument("TLS needs both --tls-cert and --tls-key")
-        tls = ServerTls(tls_cert, tls_key, tls_client_ca) if tls_cert else None
-        sup = Supervisor(instance, host, port, workers, _token(token, token_file) or "", max_connections,
-                         keep, data_dir or None, sync_interval, journal_segment_bytes, log_level, log_format,
-                         None if unix in ("", "off") else unix, no_auth, tls, heartbeat=heartbeat)
-        raise typer.Exit(sup.serve())
-    except ShmqError as e:
+        if as_json and not print_config:
+            raise cfg.ConfigError("--json goes with --print-config")
+        eff = cfg.resolve(settings, cfg.sources(ctx), config_file or None)
+    except cfg.ConfigError as e:
+        from rich.markup import escape
+        err.print(f"[red]error[/red]: {escape(str(e))}", markup=True, highlight=False)
+        raise typer.Exit(2) from None
+    if print_config:
+        print(cfg.render(eff, as_json))
+        return
+    from .server.supervisor import Supervisor
+    try:
+        raise typer.Exit(Supervisor.from_settings(eff, _token(eff["token"], eff["token_file"]) or "").serve())
+    except (ShmqError, OSError) as e:
         _fail(e)
-    except OSError as e:
-        _fail(e)
+
+
+@app.command()
+def status(url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
+           token_file: str | None = TokenFileOpt,
+           timeout: float = typer.Option(options.STATUS_TIMEOUT, min=0.01, max=3600,
+                                         help="seconds to wait for the broker's answer")) -> None:
+    """Is the broker up?  `ready` (exit 0) once it answers a handshake and a request, else
+    `not ready: REASON` (exit 1), within --timeout: a health check.
+
+    Example: shmq status --url tcp://127.0.0.1:7878 --timeout 2
+    """
+    from .health import check
+
+    token = _token(token, token_file)
+    reason = check(lambda: _broker(url, shm, token), shm, timeout)
+    print(f"not ready: {reason}" if reason else "ready")
+    raise typer.Exit(1 if reason else 0)
 
 
 @app.command()

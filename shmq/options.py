@@ -78,6 +78,16 @@ WORKER_TICK = 0.05  # s: a worker retries its parked requests this often, doorbe
 WORKER_FLAG_GRACE = 1.0  # s a worker's bell flag stays set after its last waiter (no set/clear per request)
 SHUTDOWN_GRACE = 5.0  # seconds a worker has to finish requests in progress at shutdown
 TOKEN_ENV = "SHMQ_TOKEN"
+DEFAULT_UNIX_SOCKET = "auto"  # shmq serve --unix: tcp-PORT.sock in the runtime folder ("off": none)
+LOG_LEVELS = ("debug", "info", "warning", "error")
+DEFAULT_LOG_LEVEL = "info"
+LOG_FORMATS = ("text", "json")
+DEFAULT_LOG_FORMAT = "text"
+STATUS_TIMEOUT = 2.0  # s `shmq status` waits for the broker's answer before it says "not ready"
+
+# --- shmq serve's settings (shmq/config.py): flag > $SHMQ_<NAME> > config file > default ---
+ENV_PREFIX = "SHMQ_"  # each setting's environment variable: SHMQ_PORT, SHMQ_WORKERS, ...
+CONFIG_ENV = "SHMQ_CONFIG"  # the config file, when no --config is given
 
 # --- journal (durable queues: one directory of segment files per queue, shmq/journal.py) ---
 JOURNAL_SEGMENT_BYTES = 64 * 1024 * 1024  # a segment file rolls once the next record would take it past this

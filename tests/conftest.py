@@ -277,6 +277,7 @@ class Server:
                 *(extra or [])]
         env = {**os.environ, "SHMQ_TOKEN": token}  # as users should: not in argv, where ps shows it
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        self.stdout_at_stop = ""
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ)  # type: ignore[arg-type]
         line = b""
@@ -291,24 +292,29 @@ class Server:
             if sel.select(0.5):
                 line += os.read(self.proc.stdout.fileno(), 4096)  # type: ignore[union-attr]
         sel.close()
+        self.start_line = line.decode(errors="replace")
         m = re.search(rb"tcps?://[0-9.]+:(\d+)", line)
         assert m, line
         self.port = int(m.group(1))
         self.url = f"tcp://127.0.0.1:{self.port}"
         # with no token given, the broker made one and left it for this user's clients
         self.token = token or (runtime.token_for("127.0.0.1", self.port) or "")
-        m = re.search(rb"\(pid (\d+)\)", line)
+        m = re.search(rb"\(writer pid (\d+)\)", line)  # the journal process's: not a worker
         assert m, line
         self.journal_pid = int(m.group(1))
 
     def stderr_so_far(self) -> str:
         """What the broker wrote to stderr until now (without waiting for more)."""
+        return self._so_far(self.proc.stderr)
+
+    @staticmethod
+    def _so_far(stream: Any) -> str:
         import selectors
         out = b""
         with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stderr, selectors.EVENT_READ)  # type: ignore[arg-type]
+            sel.register(stream, selectors.EVENT_READ)
             while sel.select(0):
-                chunk = os.read(self.proc.stderr.fileno(), 65536)  # type: ignore[union-attr]
+                chunk = os.read(stream.fileno(), 65536)
                 if not chunk:
                     break
                 out += chunk
@@ -334,6 +340,8 @@ class Server:
             self.proc.wait()
             raise
         finally:
+            if self.proc.stdout and not self.proc.stdout.closed:
+                self.stdout_at_stop = self._so_far(self.proc.stdout)  # its stop line, for instance
             for stream in (self.proc.stdout, self.proc.stderr):
                 if stream:
                     stream.close()
