@@ -143,6 +143,9 @@ def serve(
     log_level: str = typer.Option("info", help="debug, info, warning or error"),
     log_format: str = typer.Option("text", help="text (one line each, naming process role and pid) "
                                                 "or json (one object a line)"),
+    metrics: str = typer.Option("", help="serve Prometheus metrics on HOST:PORT (:PORT = loopback; off "
+                                         "loopback the broker's token is required, and TLS is used with "
+                                         "--tls-cert); default off"),
 ) -> None:
     """Run the broker: a supervisor and N workers on one SO_REUSEPORT port.
 
@@ -157,7 +160,8 @@ def serve(
         tls = ServerTls(tls_cert, tls_key, tls_client_ca) if tls_cert else None
         sup = Supervisor(instance, host, port, workers, _token(token, token_file) or "", max_connections,
                          keep, data_dir or None, sync_interval, journal_segment_bytes, log_level, log_format,
-                         None if unix in ("", "off") else unix, no_auth, tls, heartbeat=heartbeat)
+                         None if unix in ("", "off") else unix, no_auth, tls, heartbeat=heartbeat,
+                         metrics=metrics or None)
         raise typer.Exit(sup.serve())
     except ShmqError as e:
         _fail(e)
