@@ -49,15 +49,15 @@ def handle_frames(core: Core, conn: ServerConnection, frames: list[Frame]) -> No
     """Handle the frames of one read, in order, until the connection closes.  PRODUCE
     frames in a row are stored together when they can be (``parking.produce_run``).  With
     ``--metrics``, each step is counted and timed (``Core.meter``: the requests of a run
-    each took the run's time)."""
+    each took the run's time; one clock read per step: a step starts when the last ended)."""
     i = 0
     meter = core.meter
+    t0 = perf_counter_ns() if meter is not None else 0
     while i < len(frames):
         if conn.closed:
             return
         f = frames[i]
         conn.busy = True
-        t0 = perf_counter_ns() if meter is not None else 0
         start = i
         try:
             if f.type == T.PRODUCE and conn.ready and i + 1 < len(frames):
@@ -74,7 +74,9 @@ def handle_frames(core: Core, conn: ServerConnection, frames: list[Frame]) -> No
         finally:
             conn.busy = False
         if meter is not None:
-            meter.record(f.type, i - start, perf_counter_ns() - t0)
+            t1 = perf_counter_ns()
+            meter.record(f.type, i - start, t1 - t0)
+            t0 = t1
 
 
 def handle(core: Core, conn: ServerConnection, f: Frame) -> None:
