@@ -34,6 +34,7 @@ from shmq.serverqueue import ServerBroker, ServerQueue
 
 from .connection import ServerConnection, Subscription
 from .marks import HeldReplies, Post
+from .scoreboard import WorkerMeter
 
 SERVER_NAME = "shmq/0.1"
 _CRASH = crashpoints.watch(__name__)
@@ -65,8 +66,10 @@ class Core:
     def __init__(self, broker: ServerBroker, worker_id: int = 0, token: str = "", *,
                  post: Post | None = None, flag: Callable[[str], None] = _noop,
                  place: Callable[[ServerConnection, Frame, str], bool] | None = None,
-                 clock: Callable[[], float] = time.monotonic, heartbeat: float = options.HEARTBEAT) -> None:
+                 clock: Callable[[], float] = time.monotonic, heartbeat: float = options.HEARTBEAT,
+                 meter: WorkerMeter | None = None) -> None:
         self.broker = broker
+        self.meter = meter  # --metrics: requests and their time, counted per operation (server.scoreboard)
         self.heartbeat = heartbeat  # s: the longest heartbeat interval this worker agrees to (0: none)
         self.worker_id = worker_id
         self.token = token

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from time import perf_counter_ns
 from typing import Any
 
 from shmq import crashpoints, options
@@ -46,13 +47,18 @@ def receive(core: Core, conn: ServerConnection, data: bytes) -> None:
 
 def handle_frames(core: Core, conn: ServerConnection, frames: list[Frame]) -> None:
     """Handle the frames of one read, in order, until the connection closes.  PRODUCE
-    frames in a row are stored together when they can be (``parking.produce_run``)."""
+    frames in a row are stored together when they can be (``parking.produce_run``).  With
+    ``--metrics``, each step is counted and timed (``Core.meter``: the requests of a run
+    each took the run's time; one clock read per step: a step starts when the last ended)."""
     i = 0
+    meter = core.meter
+    t0 = perf_counter_ns() if meter is not None else 0
     while i < len(frames):
         if conn.closed:
             return
         f = frames[i]
         conn.busy = True
+        start = i
         try:
             if f.type == T.PRODUCE and conn.ready and i + 1 < len(frames):
                 j, stored = produce_run(core, conn, frames, i)
@@ -67,6 +73,10 @@ def handle_frames(core: Core, conn: ServerConnection, frames: list[Frame]) -> No
                 i += 1
         finally:
             conn.busy = False
+        if meter is not None:
+            t1 = perf_counter_ns()
+            meter.record(f.type, i - start, t1 - t0)
+            t0 = t1
 
 
 def handle(core: Core, conn: ServerConnection, f: Frame) -> None:

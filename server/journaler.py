@@ -50,6 +50,8 @@ from shmq.journal import Journal, JournalError, list_queues
 from shmq.recovery import restore_fill
 from shmq.serverqueue import ServerBroker, ServerQueue
 
+from .scoreboard import JournalMeter, Scoreboard
+
 log = logging.getLogger("shmq.journal")
 # round points: the journal process only; the recovery point: the supervisor, before it forks
 _CRASH = crashpoints.watch(__name__)
@@ -72,9 +74,11 @@ class QueueWriter(threading.Thread):
     """The journal of one queue, written by one thread."""
 
     def __init__(self, q: ServerQueue, root: Path, interval: float,
-                 segment_bytes: int = options.JOURNAL_SEGMENT_BYTES) -> None:
+                 segment_bytes: int = options.JOURNAL_SEGMENT_BYTES,
+                 meter: JournalMeter | None = None) -> None:
         super().__init__(name=f"journal-{q.name}", daemon=True)
         self.q = q
+        self.meter = meter  # --metrics: fsync times and failures (server.scoreboard)
         self.d: Durability = q.durability  # the writer's side of the marks
         self.root = root
         self.interval = interval
@@ -157,7 +161,10 @@ class QueueWriter(threading.Thread):
         state = json.dumps({"groups": snap.groups, "producers": snap.producers, "next": nxt},
                            separators=(",", ":")).encode()
         self.journal.append(items, state)  # both or neither
+        t0 = time.perf_counter_ns()
         self.journal.sync()
+        if self.meter is not None:
+            self.meter.fsync(time.perf_counter_ns() - t0)
         if _CRASH and items:  # (rounds of new messages only: a test can count them)
             crashpoints.hit("journal.round.appended")
         self.next = nxt
@@ -178,6 +185,8 @@ class QueueWriter(threading.Thread):
     def _failed(self, e: BaseException) -> None:
         q = self.q
         err = getattr(e, "errno", None) or 5  # EIO when unknown
+        if self.meter is not None:
+            self.meter.failed()
         if self.d.fail(err):  # mark waiters raise StorageError
             log.error("journal of %r cannot be written: %s; produce is refused until it can", q.name, e)
         self.error_at = time.monotonic()
@@ -195,8 +204,9 @@ class JournalService:
     """Every journaled queue of an instance, each with its writer thread."""
 
     def __init__(self, instance: str, root: Path, interval: float,
-                 segment_bytes: int = options.JOURNAL_SEGMENT_BYTES) -> None:
+                 segment_bytes: int = options.JOURNAL_SEGMENT_BYTES, board: Scoreboard | None = None) -> None:
         self.segment_bytes = segment_bytes
+        self.meter = None if board is None else board.journal()
         self.broker = ServerBroker(instance)
         self.root = root
         self.interval = interval
@@ -218,7 +228,7 @@ class JournalService:
             if qid in self.writers or not q.durability.journaled:
                 continue
             try:
-                wr = QueueWriter(q, self.root, self.interval, self.segment_bytes)
+                wr = QueueWriter(q, self.root, self.interval, self.segment_bytes, self.meter)
             except (JournalError, OSError) as e:
                 log.error("cannot open the journal of %r: %s", q.name, e)
                 q.durability.fail(getattr(e, "errno", None) or 5)
@@ -256,9 +266,10 @@ class JournalService:
         self.broker.close()
 
 
-def journal_main(instance: str, root: str, interval: float, segment_bytes: int, ready: Any) -> None:
+def journal_main(instance: str, root: str, interval: float, segment_bytes: int, ready: Any,
+                 board: Scoreboard | None = None) -> None:
     """The journal process (forked by the supervisor)."""
-    svc = JournalService(instance, Path(root), interval, segment_bytes)
+    svc = JournalService(instance, Path(root), interval, segment_bytes, board)
     signal.signal(signal.SIGTERM, lambda *_: svc.stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
     try:

@@ -54,7 +54,9 @@ from shmq.tls import ServerTls, server_context
 from . import declarations, logs
 from .brokerlock import AlreadyServed, claim
 from .journaler import data_dir_for, journal_main, recover
+from .metrics import is_loopback, listen, metrics_main, parse_address
 from .placement import Counts
+from .scoreboard import Scoreboard
 from .worker import reuseport_socket, worker_main
 
 LOOPBACK = runtime.LOOPBACK
@@ -119,7 +121,8 @@ class Supervisor:
                  segment_bytes: int = options.JOURNAL_SEGMENT_BYTES, log_level: str = logs.DEFAULT_LEVEL,
                  log_format: str = logs.DEFAULT_FORMAT, unix: str | None = None,
                  no_auth: bool = False, tls: ServerTls | None = None, *,
-                 heartbeat: float = options.HEARTBEAT, queues: Sequence[QueueDecl] = ()) -> None:
+                 heartbeat: float = options.HEARTBEAT, queues: Sequence[QueueDecl] = (),
+                 metrics: str | None = None) -> None:
         if tls is not None:
             server_context(tls)  # a file that cannot be used is named now, before any worker starts
         self.tls = tls
@@ -133,6 +136,13 @@ class Supervisor:
         if self.generated:
             token = secrets.token_urlsafe(32)
         self.token_file: str | None = None
+        # --metrics HOST:PORT: an endpoint served by a process of its own (server.metrics)
+        self.metrics = parse_address(metrics) if metrics else None
+        if self.metrics and not is_loopback(self.metrics[0]) and not token:
+            raise InvalidArgument(f"--metrics on {self.metrics[0]} (not loopback) needs the broker's token "
+                                  "for its scrapers; --no-auth is for loopback only")
+        self.metrics_sock: socket.socket | None = None
+        self.metrics_proc: Any = None
         if log_level not in logs.LEVELS or log_format not in logs.FORMATS:
             raise InvalidArgument(f"--log-level must be one of {', '.join(logs.LEVELS)} and --log-format "
                                   f"one of {', '.join(logs.FORMATS)}")
@@ -160,6 +170,7 @@ class Supervisor:
         self.queues = tuple(queues)  # declared in the config file: checked, else created, at start
         self.journal: Any = None
         self.counts = Counts(self.n)  # connections per worker, shared with the workers we fork
+        self.board = Scoreboard(self.n) if self.metrics else None  # what only one process knows
         self.ctx = mp.get_context("fork")
         self.procs: dict[int, Any] = {}
         self._stop = False
@@ -183,7 +194,7 @@ class Supervisor:
         p = self.ctx.Process(target=_child, name=f"shmq-worker-{i}", daemon=False,
                              args=(f"worker-{i}", self.log, worker_main, self.instance, self.host,
                                    self.port, i, self.token, ready, self.max_connections, self.counts,
-                                   self.unix_sock, self.tls, self.heartbeat))
+                                   self.unix_sock, self.tls, self.heartbeat, self.board))
         p.start()
         self.procs[i] = (p, ready)
 
@@ -191,11 +202,32 @@ class Supervisor:
         ready = self.ctx.Event()
         p = self.ctx.Process(target=_child, name="shmq-journal", daemon=False,
                              args=("journal", self.log, journal_main, self.instance, str(self.data_dir),
-                                   self.sync_interval, self.segment_bytes, ready))
+                                   self.sync_interval, self.segment_bytes, ready, self.board))
         p.start()
         if not ready.wait(30):
             raise ShmqError("the journal process did not start")
         self.journal = p
+
+    def _start_metrics(self) -> None:
+        """The metrics process (``server.metrics``): serves the socket bound at start.  Off
+        loopback it wants the token, and speaks TLS when the broker does."""
+        assert self.metrics is not None and self.metrics_sock is not None
+        open_ = is_loopback(self.metrics[0])
+        tls = None if open_ or self.tls is None else server_context(self.tls)
+        ready = self.ctx.Event()
+        p = self.ctx.Process(target=_child, name="shmq-metrics", daemon=False,
+                             args=("metrics", self.log, metrics_main, self.instance, self.metrics_sock,
+                                   "" if open_ else self.token, tls, self.board, self.counts, ready))
+        p.start()
+        if not ready.wait(30):
+            raise ShmqError("the metrics process did not start")
+        self.metrics_proc = p
+
+    def _metrics_url(self) -> str:
+        assert self.metrics is not None and self.metrics_sock is not None
+        host, port = self.metrics[0], self.metrics_sock.getsockname()[1]
+        scheme = "https" if self.tls is not None and not is_loopback(host) else "http"
+        return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}{options.METRICS_PATH}"
 
     def serve(self, announce: Any = print) -> int:
         """Run the broker until SIGTERM / SIGINT; the exit status (1: the instance is served
@@ -225,6 +257,11 @@ class Supervisor:
             # reserve it with SO_REUSEPORT for our workers.
             self.port = exclusive_port(self.host, self.port)
             probe = reuseport_socket(self.host, self.port)
+            if self.metrics is not None:  # a bad address or a port in use: an error before anything runs
+                self.metrics_sock = listen(*self.metrics)
+                if self.tls is None and not is_loopback(self.metrics[0]):
+                    log.warning("metrics on %s without TLS: the token crosses the network in clear text",
+                                self.metrics[0])
             runtime.sweep()  # what brokers killed before they could clean up left in the runtime folder
             if self.unix == "auto":
                 self.unix = str(runtime.socket_path(self.port))
@@ -241,11 +278,14 @@ class Supervisor:
             for p, ready in self.procs.values():
                 if not ready.wait(30):
                     raise ShmqError(f"worker {p.name} did not start")
+            if self.metrics is not None:
+                self._start_metrics()
             if self.generated:  # once the workers listen: a sweep elsewhere sees this broker alive
                 self.token_file = str(runtime.write_token(self.port, self.token))
         except BaseException:
             self._shutdown()
             self._close_unix()
+            self._close_metrics()
             self._remove_token()
             if probe is not None:
                 probe.close()
@@ -260,15 +300,19 @@ class Supervisor:
         mtls = " (client certificates required)" if self.tls is not None and self.tls.client_ca else ""
         auth = (f"; token for this user's clients in {self.token_file}" if self.token_file
                 else "" if self.token else "; NO AUTHENTICATION (--no-auth)")
+        metrics = (f"; metrics on {self._metrics_url()} (pid {self.metrics_proc.pid})"
+                   if self.metrics_proc is not None else "")
         announce(f"shmq: instance {self.instance!r} listening on {scheme}://{self.host}:{self.port}{mtls}"
-                 f"{unix} with {self.n} workers; journal in {self.data_dir} (writer pid {self.journal.pid})"
-                 f"{auth}; supervisor pid {os.getpid()} (SIGTERM stops it)")
+                 f"{unix} with {self.n} worker{'' if self.n == 1 else 's'}; journal in {self.data_dir} "
+                 f"(writer pid {self.journal.pid}){metrics}{auth}; supervisor pid {os.getpid()} "
+                 "(SIGTERM stops it)")
         sys.stdout.flush()
         try:
             self._watch(broker)
         finally:
             self._shutdown()
             self._close_unix()
+            self._close_metrics()
             self._remove_token()
             probe.close()
             what = self._survivors(broker)
@@ -309,6 +353,11 @@ class Supervisor:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.unix)  # type: ignore[arg-type]
 
+    def _close_metrics(self) -> None:
+        if self.metrics_sock is not None:
+            self.metrics_sock.close()
+            self.metrics_sock = None
+
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self._stop = True
 
@@ -318,9 +367,20 @@ class Supervisor:
             sentinels = {p.sentinel: i for i, (p, _) in self.procs.items()}
             if self.journal is not None:
                 sentinels[self.journal.sentinel] = -1
+            if self.metrics_proc is not None:
+                sentinels[self.metrics_proc.sentinel] = -2
             for s in wait(list(sentinels), timeout=0.05):
                 i = sentinels[s]  # type: ignore[index]
                 crashpoints.disarm()  # its replacement (forked from us) starts disarmed
+                if i == -2:
+                    self.metrics_proc.join()
+                    if not self._stop:
+                        log.warning("the metrics process exited with %s; restarting",
+                                    self.metrics_proc.exitcode)
+                        self._start_metrics()
+                    continue
+                if self.board is not None and not self._stop:
+                    self.board.restarted(i)  # (-1: the journal process)
                 if i == -1:
                     self.journal.join()
                     if not self._stop:
@@ -343,6 +403,13 @@ class Supervisor:
                     log.error("maintenance failed: %r", e)
 
     def _shutdown(self) -> None:
+        m, self.metrics_proc = self.metrics_proc, None
+        if m is not None and m.is_alive():
+            m.terminate()
+            m.join(options.SHUTDOWN_GRACE)
+            if m.is_alive():
+                m.kill()
+                m.join()
         for p, _ in self.procs.values():
             if p.is_alive():
                 p.terminate()  # SIGTERM: graceful in the worker

@@ -45,6 +45,7 @@ from .core import Core
 from .driver import Driver
 from .parking import poke
 from .placement import Counts, Handoff, choose
+from .scoreboard import Scoreboard
 from .tls_listener import TlsListener
 
 BIND_TRIES = 20  # x 50 ms: a restarted worker waits for its predecessor's doorbell and handoff sockets to go
@@ -67,8 +68,9 @@ class Worker:
     def __init__(self, instance: str, host: str, port: int, worker_id: int, token: str,
                  max_connections: int = options.MAX_CONNECTIONS, counts: Counts | None = None,
                  unix_sock: socket.socket | None = None, tls: ServerTls | None = None,
-                 heartbeat: float = options.HEARTBEAT) -> None:
+                 heartbeat: float = options.HEARTBEAT, board: Scoreboard | None = None) -> None:
         self.instance = instance
+        self.board = board  # --metrics: this worker's requests are counted in its row
         self.tls = tls  # the TCP port speaks TLS (the Unix socket never does)
         self.tls_listener: TlsListener | None = None
         self.heartbeat = heartbeat
@@ -106,7 +108,8 @@ class Worker:
     async def _main(self, ready: Any) -> None:
         self.loop = asyncio.get_running_loop()
         self.core = Core(self.broker, self.worker_id, self.token, post=self.loop.call_soon_threadsafe,
-                         flag=self._flag, place=self.place, heartbeat=self.heartbeat)
+                         flag=self._flag, place=self.place, heartbeat=self.heartbeat,
+                         meter=None if self.board is None else self.board.worker(self.worker_id))
         await self._open_bell()
         await self._open_handoff()
         sock = reuseport_socket(self.host, self.port)
@@ -307,11 +310,11 @@ async def _bind(kind: Callable[[int, int], Any], instance_uid: int, worker_id: i
 def worker_main(instance: str, host: str, port: int, worker_id: int, token: str, ready: Any,
                 max_connections: int, counts: Counts | None = None,
                 unix_sock: socket.socket | None = None, tls: ServerTls | None = None,
-                heartbeat: float = options.HEARTBEAT) -> None:
+                heartbeat: float = options.HEARTBEAT, board: Scoreboard | None = None) -> None:
     """Entry point of a worker process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides; SIGTERM stops us
     _die_with_parent()
     sys.setswitchinterval(0.0005)  # a woken durable-mark thread gets the GIL in 0.5 ms, not 5 ms
     os.environ.pop(options.TOKEN_ENV, None)
     Worker(instance, host, port, worker_id, token, max_connections, counts, unix_sock, tls,
-           heartbeat).run(ready)
+           heartbeat, board).run(ready)

@@ -108,7 +108,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("log_format", str, options.DEFAULT_LOG_FORMAT,
             "text (one line each, naming process role and pid) or json (one object a line)",
             choices=options.LOG_FORMATS),
-    Setting("metrics", str, "", "serve Prometheus metrics on HOST:PORT", shown="off"),
+    Setting("metrics", str, "", "serve Prometheus metrics on HOST:PORT (:PORT = loopback; off loopback "
+            "the broker's token is required, and TLS is used with --tls-cert)", shown="off"),
 )
 SETTING = {s.name: s for s in SETTINGS}
 assert SETTING["token"].env == options.TOKEN_ENV and SETTING["data_dir"].env == options.DATA_DIR_ENV

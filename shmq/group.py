@@ -47,6 +47,7 @@ from .layout import (
     G_CREATED_NS,
     G_CURSOR,
     G_DEAD_LETTERED,
+    G_DELIVERED,
     G_EXPIRED,
     G_FLOOR,
     G_NACKED,
@@ -93,7 +94,7 @@ class Groups(Delivery):
         ring.clock.on_recover = self.repair
 
     # ------------------------------------------------------------ journal snapshot
-    _COUNTERS = (G_ACKED, G_NACKED, G_REDELIVERED, G_DEAD_LETTERED, G_EXPIRED, G_CREATED_NS)
+    _COUNTERS = (G_ACKED, G_NACKED, G_REDELIVERED, G_DEAD_LETTERED, G_EXPIRED, G_CREATED_NS, G_DELIVERED)
 
     def snapshot(self) -> list[dict[str, Any]]:
         """Every active group's state, for the journal; call under the consumer lock.

@@ -23,6 +23,7 @@ from .layout import (
     DC_MASK,
     DC_SHIFT,
     G_CURSOR,
+    G_DELIVERED,
     G_FLOOR,
     G_NEXT_EXPIRY,
     G_NEXT_READY,
@@ -89,7 +90,7 @@ class Delivery(Settlement):
                 return  # the byte budget is spent: new messages wait behind the redeliveries
         cur = w[g + G_CURSOR]
         tail = w[self.tail_word]  # Q_NEXT_OFFSET, or Q_DURABLE_OFFSET of an `always` queue
-        got = len(out)
+        got = first = len(out)
         if cur >= tail or got >= max_n:
             return
         used = sum(len(m[-3]) + len(m[-2]) for m in out) if max_bytes else 0
@@ -146,6 +147,7 @@ class Delivery(Settlement):
         if _CRASH:
             crashpoints.hit("deliver.run.leased")
         w[g + G_CURSOR] = cur
+        w[g + G_DELIVERED] += got - first
         if _CRASH:
             crashpoints.hit("deliver.cursor")
         if not ne or deadline < ne:
@@ -171,6 +173,7 @@ class Delivery(Settlement):
         if _CRASH:
             crashpoints.hit("deliver.one.leased")
         w[g + G_CURSOR] = cur + 1
+        w[g + G_DELIVERED] += 1
         deadline = word >> TIME_SHIFT
         if not ne or deadline < ne:
             w[g + G_NEXT_EXPIRY] = deadline
@@ -227,6 +230,7 @@ class Delivery(Settlement):
         if _CRASH:
             crashpoints.hit("deliver.block.leased")
         w[g + G_CURSOR] = cur + k
+        w[g + G_DELIVERED] += k
         if not ne or deadline < ne:
             w[g + G_NEXT_EXPIRY] = deadline
         return cur, w[b0 + S_TIMESTAMP:end:sw].tolist(), lens, mm[data + start:data + start + span]

@@ -311,6 +311,8 @@ class QueueHandle:
             if identity is not None and not self._att.registry.holds(client, *identity):
                 return 0  # reaped and reused already: the leases are a live process's
             n = self._groups.reap_owner(client, owner, now, dead)
+            if identity is not None and n:  # a dead process's, not our own given back at exit
+                self._w[L.Q_LEASES_REAPED] += n
         if dead:
             self._dead_letter(dead)
         if n:

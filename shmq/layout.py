@@ -194,6 +194,9 @@ Q_CLOCK_RECOVERIES = 37  # times a consumer died holding clock
 Q_NAME_LEN = 38
 Q_DURABLE_SETTLE = 39  # journal writer: group state up to this Q_SETTLE_SEQ is on disk
 Q_NAME = 40  # 26 words
+# consumer side (clock), counters for the broker's metrics (server/collector.py)
+Q_LEASES_REAPED = 66  # leases of dead processes given back by a reaper
+Q_LEASES_RETURNED = 67  # leases of closed broker connections given back by their worker
 Q_LOCK_P = 768  # byte offsets
 Q_LOCK_C = 832
 Q_BELLS = 896  # byte offset of the doorbell flags: one byte per worker
@@ -220,6 +223,7 @@ G_CREATED_NS = 12
 G_NAME_LEN = 13
 G_NAME = 14  # 8 words = 64 bytes
 G_SERIAL = 22  # Q_GROUP_GEN when this group was created, 0 while free: see group_ref
+G_DELIVERED = 23  # first deliveries (G_REDELIVERED counts the others)
 G_WORDS = 32
 GS_FREE = 0
 GS_ACTIVE = 1

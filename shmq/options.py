@@ -100,3 +100,12 @@ JOURNAL_DIR_MODE = 0o700  # the data directory (when we create it) and every que
 JOURNAL_FILE_MODE = 0o600  # every journal file
 JOURNAL_RETRY_INTERVAL = 0.5  # s between attempts while a queue's journal cannot be written
 JOURNAL_DROP_INTERVAL = 1.0  # s between looks for segment files every group has passed
+
+# --- metrics (shmq serve --metrics HOST:PORT; docs/operations.md "Metrics") ------------
+METRICS_PATH = "/metrics"  # what Prometheus scrapes (any other path answers 404)
+METRICS_REQUEST_TIMEOUT = 5.0  # s a scrape connection has to send its request (and finish TLS)
+# histogram bucket bounds, seconds (+Inf is added): fixed, so the workers' stores are plain counts
+REQUEST_LATENCY_BUCKETS = (0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+                           0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+FSYNC_LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                         0.25, 0.5, 1.0, 2.5)

@@ -32,6 +32,7 @@ from .errors import Empty, GroupNotFound, QueueNotFound, ShmqError
 from .group import NACK, OK, TO_DLQ, DeadItem
 from .handle import _ms
 from .queue import ShmQueue
+from .readings import QueueReading, read_queue
 from .registry import Registry
 from .ring import Ring
 from .settle import Settle
@@ -199,6 +200,7 @@ class ServerQueue:
         for i in range(0, len(offsets), step):  # others may take the lock in between
             with q._ring.clock:
                 now = q._now()
+                before = n + len(dead)
                 for o, dc in zip(offsets[i:i + step], deliveries[i:i + step], strict=True):
                     result = settle(ref, o, dc, NACK, owner, now)
                     if result == OK:
@@ -207,6 +209,7 @@ class ServerQueue:
                         dead.append((ref & L.GI_MASK, o, dc, "nack"))
                     if _CRASH:
                         crashpoints.hit("give_back.chunk")
+                self._w[L.Q_LEASES_RETURNED] += n + len(dead) - before
         if self._journaled and (n or dead):
             self.durability.poke()
         if dead:
@@ -236,6 +239,10 @@ class ServerQueue:
 
     def stats(self) -> dict[str, Any]:
         return self._q.stats()
+
+    def reading(self) -> QueueReading:
+        """Its figures now, read without a lock (``shmq.readings``, for the broker's metrics)."""
+        return read_queue(self._q)
 
     def meta(self) -> dict[str, Any]:
         """What a journal records of its queue, to rebuild it."""

@@ -258,6 +258,13 @@ async def aio_round_trip(url: str, token: str, name: str) -> None:
 
 
 # ---------------------------------------------------------------- the broker server
+def _name(p: psutil.Process) -> str:
+    try:
+        return str(p.name())
+    except psutil.Error:
+        return ""
+
+
 class Server:
     """``shmq serve`` as a real subprocess on an ephemeral port."""
 
@@ -302,6 +309,10 @@ class Server:
         m = re.search(rb"\(writer pid (\d+)\)", line)  # the journal process's: not a worker
         assert m, line
         self.journal_pid = int(m.group(1))
+        # --metrics: "metrics on http(s)://HOST:PORT/metrics (pid N)", reached through 127.0.0.1
+        m = re.search(rb"metrics on (https?)://\S+?:(\d+)/metrics \(pid (\d+)\)", line)
+        self.metrics_url = f"{m.group(1).decode()}://127.0.0.1:{int(m.group(2))}/metrics" if m else ""
+        self.metrics_pid = int(m.group(3)) if m else 0
 
     def stderr_so_far(self) -> str:
         """What the broker wrote to stderr until now (without waiting for more)."""
@@ -321,9 +332,10 @@ class Server:
         return out.decode(errors="replace")
 
     def workers(self) -> list[psutil.Process]:
-        """The worker processes (not the journal process)."""
+        """The worker processes (not the journal process, nor the metrics process, which
+        names itself ``shmq-metrics`` and may have been restarted since the start line)."""
         return [p for p in psutil.Process(self.proc.pid).children()
-                if p.is_running() and p.pid != self.journal_pid]
+                if p.is_running() and p.pid != self.journal_pid and _name(p) != "shmq-metrics"]
 
     def stop(self, timeout: float = 20) -> int:
         import signal

@@ -37,6 +37,10 @@ def _seconds(s: float) -> str:
     return f"{s:g} s"
 
 
+def _buckets(bounds: tuple[float, ...]) -> str:
+    return f"{bounds[0] * 1e6:g} µs … {bounds[-1]:g} s, {len(bounds)} bounds"
+
+
 # (the words that pick the row, the number as the doc writes it)
 DOCUMENTED = [
     ("queues per instance", _count(options.MAX_QUEUES)),
@@ -79,6 +83,9 @@ DOCUMENTED = [
     ("TLS negotiation", _seconds(options.TLS_HANDSHAKE_TIMEOUT)),
     ("refused tokens from one peer address", f"{options.AUTH_FAILURES_MAX} in "
                                                 f"{_seconds(options.AUTH_FAILURE_WINDOW)}"),
+    ("a scrape connection's request", _seconds(options.METRICS_REQUEST_TIMEOUT)),
+    ("request-duration buckets", _buckets(options.REQUEST_LATENCY_BUCKETS)),
+    ("fsync-duration buckets", _buckets(options.FSYNC_LATENCY_BUCKETS)),
 ]
 
 
