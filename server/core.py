@@ -34,6 +34,7 @@ from shmq.serverqueue import ServerBroker, ServerQueue
 
 from .connection import ServerConnection, Subscription
 from .marks import HeldReplies, Post
+from .placement import Counts
 
 SERVER_NAME = "shmq/0.1"
 _CRASH = crashpoints.watch(__name__)
@@ -60,13 +61,16 @@ class Core:
     released there); ``flag(queue)`` asks to be rung when a message arrives in a
     queue something waits on (``shmq.doorbell``); ``place(conn, frame, affinity)``
     may hand a new connection to another worker (True when it went); ``clock``
-    is monotonic seconds, for the deadlines of parked requests."""
+    is monotonic seconds, for the deadlines of parked requests; ``counts`` is every
+    worker's connection count (``placement.Counts``; None: not known, as in tests)."""
 
     def __init__(self, broker: ServerBroker, worker_id: int = 0, token: str = "", *,
                  post: Post | None = None, flag: Callable[[str], None] = _noop,
                  place: Callable[[ServerConnection, Frame, str], bool] | None = None,
-                 clock: Callable[[], float] = time.monotonic, heartbeat: float = options.HEARTBEAT) -> None:
+                 clock: Callable[[], float] = time.monotonic, heartbeat: float = options.HEARTBEAT,
+                 counts: Counts | None = None) -> None:
         self.broker = broker
+        self.counts = counts
         self.heartbeat = heartbeat  # s: the longest heartbeat interval this worker agrees to (0: none)
         self.worker_id = worker_id
         self.token = token

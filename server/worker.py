@@ -106,7 +106,7 @@ class Worker:
     async def _main(self, ready: Any) -> None:
         self.loop = asyncio.get_running_loop()
         self.core = Core(self.broker, self.worker_id, self.token, post=self.loop.call_soon_threadsafe,
-                         flag=self._flag, place=self.place, heartbeat=self.heartbeat)
+                         flag=self._flag, place=self.place, heartbeat=self.heartbeat, counts=self.counts)
         await self._open_bell()
         await self._open_handoff()
         sock = reuseport_socket(self.host, self.port)
