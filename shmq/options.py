@@ -79,6 +79,12 @@ WORKER_FLAG_GRACE = 1.0  # s a worker's bell flag stays set after its last waite
 SHUTDOWN_GRACE = 5.0  # seconds a worker has to finish requests in progress at shutdown
 TOKEN_ENV = "SHMQ_TOKEN"
 
+# --- shmq top (the live dashboard, shmq/top.py) ---------------------------------
+TOP_INTERVAL = 1.0  # s between two refreshes (--interval)...
+TOP_MIN_INTERVAL = 0.1  # ...at least this...
+TOP_MAX_INTERVAL = 3600.0  # ...and at most this
+TOP_HISTORY = 20  # depth readings a queue's sparkline shows
+
 # --- journal (durable queues: one directory of segment files per queue, shmq/journal.py) ---
 JOURNAL_SEGMENT_BYTES = 64 * 1024 * 1024  # a segment file rolls once the next record would take it past this
 JOURNAL_MAX_RECORD_BYTES = 256 << 20  # one record's body: a bigger batch is split, a bigger payload refused

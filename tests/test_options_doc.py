@@ -79,6 +79,9 @@ DOCUMENTED = [
     ("TLS negotiation", _seconds(options.TLS_HANDSHAKE_TIMEOUT)),
     ("refused tokens from one peer address", f"{options.AUTH_FAILURES_MAX} in "
                                                 f"{_seconds(options.AUTH_FAILURE_WINDOW)}"),
+    ("`shmq top --interval`", f"| {_seconds(options.TOP_INTERVAL)} (`TOP_INTERVAL`) |"),
+    ("`shmq top --interval`", f"{_seconds(options.TOP_MIN_INTERVAL)} – {_seconds(options.TOP_MAX_INTERVAL)}"),
+    ("`shmq top` depth history", f"| {options.TOP_HISTORY} (`TOP_HISTORY`) |"),
 ]
 
 
