@@ -34,6 +34,7 @@ from shmq.serverqueue import ServerBroker, ServerQueue
 
 from .connection import ServerConnection, Subscription
 from .marks import HeldReplies, Post
+from .placement import Counts
 from .scoreboard import WorkerMeter
 
 SERVER_NAME = "shmq/0.1"
@@ -61,15 +62,17 @@ class Core:
     released there); ``flag(queue)`` asks to be rung when a message arrives in a
     queue something waits on (``shmq.doorbell``); ``place(conn, frame, affinity)``
     may hand a new connection to another worker (True when it went); ``clock``
-    is monotonic seconds, for the deadlines of parked requests."""
+    is monotonic seconds, for the deadlines of parked requests; ``counts`` is every
+    worker's connection count (``placement.Counts``; None: not known, as in tests)."""
 
     def __init__(self, broker: ServerBroker, worker_id: int = 0, token: str = "", *,
                  post: Post | None = None, flag: Callable[[str], None] = _noop,
                  place: Callable[[ServerConnection, Frame, str], bool] | None = None,
                  clock: Callable[[], float] = time.monotonic, heartbeat: float = options.HEARTBEAT,
-                 meter: WorkerMeter | None = None) -> None:
+                 meter: WorkerMeter | None = None, counts: Counts | None = None) -> None:
         self.broker = broker
         self.meter = meter  # --metrics: requests and their time, counted per operation (server.scoreboard)
+        self.counts = counts  # every worker's connections (INFO)
         self.heartbeat = heartbeat  # s: the longest heartbeat interval this worker agrees to (0: none)
         self.worker_id = worker_id
         self.token = token

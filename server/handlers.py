@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import asdict, replace
 from time import perf_counter_ns
 from typing import Any
 
@@ -285,6 +286,15 @@ def purge(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> No
     core.answer(conn, f.msg_id, frame(T.PURGE_OK, f.msg_id, purged=n), mark)
 
 
+def info(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    """INFO: what the instance says of itself (``ServerBroker.info``), with the workers'
+    connection counts (``placement.Counts``: every worker's, as this one sees them now)."""
+    counts = core.counts.snapshot() if core.counts is not None else None
+    about = replace(core.broker.info(), worker=core.worker_id, connections=counts,
+                    workers=None if counts is None else len(counts))
+    conn.reply(f, T.INFO_OK, info=asdict(about))
+
+
 def disconnect(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
     """The client leaves: its leases go back now, then DISCONNECT_OK, then the close."""
     touched = core.give_back(conn)
@@ -331,7 +341,7 @@ HANDLERS: dict[int, Handler] = {
     T.NACK: nack, T.TOUCH: touch, T.DEAD_LETTER: dead_letter,
     T.CREATE_QUEUE: create_queue, T.DELETE_QUEUE: delete_queue, T.LIST_QUEUES: list_queues,
     T.GROUP_JOIN: group_join, T.GROUP_COMMIT: group_commit, T.GROUP_DELETE: group_delete,
-    T.GROUP_LIST: group_list, T.READ: read, T.STATS: stats, T.PURGE: purge,
+    T.GROUP_LIST: group_list, T.READ: read, T.STATS: stats, T.PURGE: purge, T.INFO: info,
     T.DISCONNECT: disconnect, T.SUBSCRIBE: subscribe, T.CREDIT: credit, T.UNSUBSCRIBE: unsubscribe,
     T.HEARTBEAT: heartbeat,
 }

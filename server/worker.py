@@ -108,7 +108,7 @@ class Worker:
     async def _main(self, ready: Any) -> None:
         self.loop = asyncio.get_running_loop()
         self.core = Core(self.broker, self.worker_id, self.token, post=self.loop.call_soon_threadsafe,
-                         flag=self._flag, place=self.place, heartbeat=self.heartbeat,
+                         flag=self._flag, place=self.place, heartbeat=self.heartbeat, counts=self.counts,
                          meter=None if self.board is None else self.board.worker(self.worker_id))
         await self._open_bell()
         await self._open_handoff()

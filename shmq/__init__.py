@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .api import Broker, Message, Origin, Queue, QueueConfig, QueueInfo
+from .api import Broker, BrokerInfo, Message, Origin, Queue, QueueConfig, QueueInfo
 from .errors import (
     AuthError,
     ConnectionLost,
@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 __all__ = [
-    "AuthError", "Broker", "ConnectionLost", "Duplicate", "Empty", "Full", "GroupNotFound", "InstanceError",
-    "InstanceReport", "InvalidArgument",
+    "AuthError", "Broker", "BrokerInfo", "ConnectionLost", "Duplicate", "Empty", "Full", "GroupNotFound",
+    "InstanceError", "InstanceReport", "InvalidArgument",
     "InvalidName", "LimitExceeded", "Message", "MessageTooLarge", "Origin", "ProtocolError", "Queue",
     "QueueConfig", "QueueExists", "QueueInfo", "QueueNotFound", "ShmqError", "StaleAck", "Status",
     "StorageError", "Timeout", "connect", "reclaim", "scan",

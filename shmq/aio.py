@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 from . import commands as cmd
 from . import options, tls
-from .api import Message, Payload, QueueInfo
+from .api import BrokerInfo, Message, Payload, QueueInfo
 from .codec import HEARTBEAT_FRAME, Frame
 from .commands import Batch, Command, Feed
 from .connection import ClientConnection, Event, Push, Reply, Request
@@ -313,6 +313,10 @@ class AsyncBroker:
 
     async def delete_queue(self, name: str) -> None:
         await self._execute(cmd.delete_queue(name))
+
+    async def info(self) -> BrokerInfo:
+        """The broker's version, owner, uptime, workers and connections per worker."""
+        return await self._execute(cmd.info())
 
     async def close(self, timeout: float = 5.0) -> None:
         """DISCONNECT (the broker gives this connection's leases back) and close.

@@ -11,7 +11,7 @@ import json
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from operator import itemgetter
 from typing import Any
 
@@ -61,6 +61,34 @@ class QueueInfo:
     name: str
     is_dlq: bool
     config: QueueConfig
+
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    """What ``broker.info()`` says about the broker (an INFO request over the wire).
+
+    ``pid`` and ``uptime`` are the instance's owner's: ``shmq serve``'s supervisor when a
+    broker serves it, else the process that created it; None when that process is gone.
+    ``clients`` are the pids in the instance's client table: the live processes that
+    have leased or maintained a queue there (consumers over ``shm://``, a broker's
+    workers and supervisor); a process that only produces has none.  ``workers``,
+    ``connections`` (served by each
+    worker now) and ``worker`` (the one that answered) are None over ``shm://``: there is
+    no worker pool there."""
+
+    version: str
+    instance: str
+    pid: int | None
+    uptime: float | None  # seconds
+    clients: list[int]
+    workers: int | None = None
+    connections: list[int] | None = None
+    worker: int | None = None
+
+    @classmethod
+    def of(cls, d: dict[str, Any]) -> BrokerInfo:
+        """From an INFO_OK's object (fields a newer broker adds are left out)."""
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
 
 @dataclass(frozen=True)
@@ -347,6 +375,9 @@ class Broker(ABC):
 
     @abstractmethod
     def delete_queue(self, name: str) -> None: ...
+
+    @abstractmethod
+    def info(self) -> BrokerInfo: ...
 
     @abstractmethod
     def close(self) -> None: ...

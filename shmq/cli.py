@@ -21,6 +21,7 @@ from . import config as cfg
 from .api import Broker
 from .cleanup import reclaim, scan
 from .errors import ConnectionLost, Empty, ShmqError
+from .top_cli import register_top
 from .urls import parse_tcp_url
 
 app = typer.Typer(help="shmq: a message broker for one host.", no_args_is_help=True,
@@ -494,3 +495,4 @@ def bench(
     console.print(table)
 
 
+register_top(app, _Session, _token, console, UrlOpt, ShmOpt, TokenOpt, TokenFileOpt)  # shmq top

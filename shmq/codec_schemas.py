@@ -63,6 +63,8 @@ class T(IntEnum):
     STATS_OK = 0x74
     PURGE = 0x75
     PURGE_OK = 0x76
+    INFO = 0x77
+    INFO_OK = 0x78
     SUBSCRIBE = 0x81
     SUBSCRIBE_OK = 0x82
     CREDIT = 0x83
@@ -132,6 +134,8 @@ SCHEMAS: dict[T, Schema] = {
     T.STATS_OK: (("stats", "json"),),
     T.PURGE: (("queue", "str"),),
     T.PURGE_OK: (("purged", "u64"),),
+    T.INFO: _EMPTY,
+    T.INFO_OK: (("info", "json"),),
     T.SUBSCRIBE: _QG + (("credit", "u32"), ("visibility_ms", "u32")),
     T.SUBSCRIBE_OK: _EMPTY,
     T.CREDIT: (("subscription", "u32"), ("credit", "u32")),

@@ -29,7 +29,7 @@ from operator import itemgetter
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from . import options
-from .api import Message, Payload, QueueConfig, QueueInfo, as_bytes, check_producer, own_leases
+from .api import BrokerInfo, Message, Payload, QueueConfig, QueueInfo, as_bytes, check_producer, own_leases
 from .codec import (
     NO_REPLY_ID,
     WAIT_FOREVER,
@@ -273,6 +273,18 @@ def delete_queue(name: str) -> Request[None]:
     return _call(T.DELETE_QUEUE, T.DELETE_QUEUE_OK, queue=name)
 
 
+def info() -> Request[BrokerInfo]:
+    """The broker's version, owner, uptime, workers and connections per worker."""
+    return Request(_fields_frame, (T.INFO, {}), _broker_info)
+
+
+def _broker_info(f: Frame, _: Any) -> BrokerInfo:
+    about = _fields(f, T.INFO_OK)["info"]
+    if not isinstance(about, dict):
+        raise ShmqError(f"INFO_OK carries {type(about).__name__}, not an object")
+    return BrokerInfo.of(about)
+
+
 # ---------------------------------------------------------------- a queue's commands
 _OFFSET = (T.PRODUCE_OK, "offset")
 _ACKED = (T.ACK_OK, None)
@@ -482,6 +494,6 @@ class Feed(Generic[M]):
 
 __all__ = ["Batch", "Command", "Feed", "Handle", "ack_batch_nowait_frames", "ack_many", "ack_nowait_frame",
            "batch_acks", "batch_payloads", "commit", "create_group", "create_queue", "delete_group",
-           "delete_queue", "disconnect", "get", "get_many", "give_back", "groups", "handshake",
+           "delete_queue", "disconnect", "get", "get_many", "give_back", "groups", "handshake", "info",
            "list_queues", "produce_request", "purge", "pushed_records", "put", "put_many",
            "read", "settle", "settles_by_group", "stats", "unclaimed", "unsubscribe"]

@@ -89,6 +89,12 @@ STATUS_TIMEOUT = 2.0  # s `shmq status` waits for the broker's answer before it 
 ENV_PREFIX = "SHMQ_"  # each setting's environment variable: SHMQ_PORT, SHMQ_WORKERS, ...
 CONFIG_ENV = "SHMQ_CONFIG"  # the config file, when no --config is given
 
+# --- shmq top (the live dashboard, shmq/top.py) ---------------------------------
+TOP_INTERVAL = 1.0  # s between two refreshes (--interval)...
+TOP_MIN_INTERVAL = 0.1  # ...at least this...
+TOP_MAX_INTERVAL = 3600.0  # ...and at most this
+TOP_HISTORY = 20  # depth readings a queue's sparkline shows
+
 # --- journal (durable queues: one directory of segment files per queue, shmq/journal.py) ---
 JOURNAL_SEGMENT_BYTES = 64 * 1024 * 1024  # a segment file rolls once the next record would take it past this
 JOURNAL_MAX_RECORD_BYTES = 256 << 20  # one record's body: a bigger batch is split, a bigger payload refused

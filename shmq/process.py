@@ -60,3 +60,10 @@ def is_alive(pid: int, start: int) -> bool:
     except PermissionError:
         return True
     return st is not None and st[1] == start and st[0] != "Z"
+
+
+def age(start: int) -> float:
+    """Seconds since a process that started ``start`` clock ticks after boot started."""
+    with open(f"{_PROC}/uptime", "rb") as f:
+        since_boot = float(f.read().split()[0])
+    return max(0.0, since_boot - start / os.sysconf("SC_CLK_TCK"))

@@ -169,6 +169,14 @@ class Registry:
     def owner(self) -> tuple[int, int]:
         return self.w[L.R_OWNER_PID], self.w[L.R_OWNER_START]
 
+    def live_owner(self) -> tuple[int, float] | None:
+        """(pid, seconds since it started) of the instance's owner (``shmq serve``'s
+        supervisor, else the process that created the instance); None when it is gone."""
+        pid, start = self.owner
+        if not process.is_alive(pid, start):
+            return None
+        return pid, process.age(start)
+
     def take_ownership(self) -> None:
         pid, start = process.me()
         with self.lock:
@@ -245,6 +253,11 @@ class Registry:
             if w[c + L.C_STATE] == L.C_LIVE:
                 out.append(ClientEntry(slot, w[c + L.C_PID], w[c + L.C_START]))
         return out
+
+    def attached(self) -> list[int]:
+        """The pids of the live processes in the client table now (those that have leased or
+        maintained a queue: a process that only produces takes no slot)."""
+        return [e.pid for e in self.clients() if process.is_alive(e.pid, e.start)]
 
     def client_alive(self, entry: ClientEntry) -> bool:
         key = (entry.pid, entry.start)

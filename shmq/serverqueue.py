@@ -26,7 +26,7 @@ from typing import Any
 
 from . import crashpoints, options
 from . import layout as L
-from .api import Message, Payload, QueueConfig, QueueInfo
+from .api import BrokerInfo, Message, Payload, QueueConfig, QueueInfo
 from .durability import Durability, Mark
 from .errors import Empty, GroupNotFound, QueueNotFound, ShmqError
 from .group import NACK, OK, TO_DLQ, DeadItem
@@ -363,6 +363,10 @@ class ServerBroker:
 
     def list_queues(self) -> list[QueueInfo]:
         return self._b.list_queues()
+
+    def info(self) -> BrokerInfo:
+        """The instance's owner and attached processes (``ShmBroker.info``)."""
+        return self._b.info()
 
     def close(self) -> None:
         """Detach (the instance stays)."""

@@ -22,9 +22,9 @@ from typing import Any
 
 import posix_ipc
 
-from . import crashpoints, options
+from . import __version__, crashpoints, options
 from . import layout as L
-from .api import Broker, QueueConfig, QueueInfo
+from .api import Broker, BrokerInfo, QueueConfig, QueueInfo
 from .errors import InstanceError, InvalidArgument, QueueExists, QueueNotFound
 from .handle import QueueHandle, monotonic_ms
 from .journal_files import retire_journal
@@ -415,6 +415,14 @@ class ShmBroker(Broker):
     def delete_queue(self, name: str) -> None:
         check_queue_name(name) if not is_dlq_name(name) else None
         self._att.delete_queue(name)
+
+    def info(self) -> BrokerInfo:
+        """The instance's owner and the processes attached (no worker pool over ``shm://``)."""
+        reg = self._att.registry
+        if not reg.live:
+            raise InstanceError(f"instance {self.instance!r} was removed (its broker stopped?)")
+        pid, uptime = reg.live_owner() or (None, None)
+        return BrokerInfo(__version__, self.instance, pid, uptime, reg.attached())
 
     def reap(self) -> int:
         """Give back the leases of dead processes now; the number returned."""

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 from . import commands as cmd
 from . import options, tls
-from .api import Broker, Message, Payload, Queue, QueueInfo
+from .api import Broker, BrokerInfo, Message, Payload, Queue, QueueInfo
 from .codec import HEARTBEAT_FRAME
 from .commands import (  # re-exported: they were this module's before shmq.commands
     Batch,
@@ -288,6 +288,9 @@ class TcpBroker(Broker):
 
     def delete_queue(self, name: str) -> None:
         self._execute(cmd.delete_queue(name))
+
+    def info(self) -> BrokerInfo:
+        return self._execute(cmd.info())
 
     def close(self) -> None:
         self._stop_beating.set()

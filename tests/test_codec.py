@@ -85,6 +85,8 @@ VECTORS: dict[str, tuple[T, int, int, dict[str, Any]]] = {
                                        "deliveries": 1}),
     "ack_range_no_reply": (T.ACK_RANGE_NO_REPLY, 0xFFFFFFFF, 0, {"queue": "q", "group": "default", "first": 1,
                                                                  "count": 100, "deliveries": 1}),
+    "info": (T.INFO, 16, 0, {}),
+    "info_ok": (T.INFO_OK, 16, 0, {"info": {"workers": 2, "connections": [1, 0]}}),
 }
 
 # Sample values per field kind: "full" exercises every byte, "min" the empty and zero cases.

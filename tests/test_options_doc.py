@@ -86,6 +86,9 @@ DOCUMENTED = [
     ("a scrape connection's request", _seconds(options.METRICS_REQUEST_TIMEOUT)),
     ("request-duration buckets", _buckets(options.REQUEST_LATENCY_BUCKETS)),
     ("fsync-duration buckets", _buckets(options.FSYNC_LATENCY_BUCKETS)),
+    ("`shmq top --interval`", f"| {_seconds(options.TOP_INTERVAL)} (`TOP_INTERVAL`) |"),
+    ("`shmq top --interval`", f"{_seconds(options.TOP_MIN_INTERVAL)} – {_seconds(options.TOP_MAX_INTERVAL)}"),
+    ("`shmq top` depth history", f"| {options.TOP_HISTORY} (`TOP_HISTORY`) |"),
 ]
 
 
