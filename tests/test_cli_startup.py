@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-HEAVY = ["rich", "pydantic", "pyspark", "pyarrow", "posix_ipc", "shmq.api", "shmq.tcp", "shmq.shm",
+HEAVY = ["rich", "pydantic", "pyspark", "pyarrow", "ssl", "posix_ipc", "shmq.api", "shmq.tcp", "shmq.shm",
          "shmq.cleanup", "shmq.progress", "shmq.runtime", "shmq.urls", "shmq.server"]
 
 
@@ -34,10 +34,12 @@ def test_importing_the_cli_loads_nothing_heavy() -> None:
     (("--version",), []), (("version",), []),
     (("create", "q", "--shm", "no-such-instance-here"), ["posix_ipc", "shmq.api", "shmq.shm"]),
     (("consume", "q", "-n", "nope"), ["rich"]),  # typer draws a usage error's box with rich
+    (("produce", "q", "x", "--url", "tcp://127.0.0.1:1"), ["shmq.api", "shmq.tcp", "shmq.progress",
+                                                        "shmq.runtime", "shmq.urls"]),  # no ssl: no TLS
 ])
 def test_a_command_loads_only_what_it_uses(args: tuple[str, ...], allowed: list[str]) -> None:
     """``--version`` loads nothing heavy; a missing instance is told without rich or a
-    transport of the network; a bad value without pydantic."""
+    transport of the network; a bad value without pydantic; a plain TCP client without ssl."""
     assert set(loaded_after(run_cli(*args))) <= set(allowed)
 
 
