@@ -242,7 +242,11 @@ def peek(queue: str = QueueArg,
     with session(url, shm, token, token_file) as b:
         q = b.queue(queue)
         start = q.stats()["first_offset"] if offset is None else offset
-        _list(_read(q, start, n), raw, as_json)
+        found = _read(q, start, n)
+    if found or as_json:
+        _list(found, raw, as_json)
+    else:
+        note(f"no message retained in {queue} from offset {start}")
 
 
 def dlq(queue: str = typer.Argument(..., metavar="QUEUE", help="the source queue (or its QUEUE.dlq)"),

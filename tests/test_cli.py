@@ -331,3 +331,16 @@ def test_a_signal_handled_during_a_shared_memory_wait_is_not_an_error(shm_broker
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     assert len(seen) >= 5
+
+
+def test_peek_and_list_say_when_there_is_nothing(inst: tuple[str, ShmBroker]) -> None:
+    name, b = inst
+    out = cli("peek", "q", "--shm", name)
+    assert out.exit_code == 0 and out.stdout == "" and "no message retained in q" in out.stderr
+    assert json.loads(cli("peek", "q", "--json", "--shm", name).stdout) == []
+    b.queue("q").put_many([b"a", b"b"])
+    assert [m["payload"] for m in json.loads(cli("peek", "q", "--json", "--shm", name).stdout)] == ["a", "b"]
+    b.delete_queue("q")
+    out = cli("list", "--shm", name)
+    assert out.exit_code == 0 and out.stdout == "" and "no queues" in out.stderr
+    assert json.loads(cli("list", "--json", "--shm", name).stdout) == []
