@@ -47,6 +47,7 @@ from typing import Any
 from shmq import crashpoints, options, runtime
 from shmq.errors import InvalidArgument, ShmqError
 from shmq.serverqueue import ServerBroker
+from shmq.text import plural
 from shmq.tls import ServerTls, server_context
 
 from . import logs
@@ -242,7 +243,8 @@ class Supervisor:
         auth = (f"; token for this user's clients in {self.token_file}" if self.token_file
                 else "" if self.token else "; NO AUTHENTICATION (--no-auth)")
         announce(f"shmq: instance {self.instance!r} listening on {scheme}://{self.host}:{self.port}{mtls}"
-                 f"{unix} with {self.n} workers; journal in {self.data_dir} (pid {self.journal.pid}){auth}")
+                 f"{unix} with {plural(self.n, 'worker')}; journal in {self.data_dir} "
+                 f"(pid {self.journal.pid}){auth}")
         sys.stdout.flush()
         try:
             self._watch(broker)

@@ -277,6 +277,7 @@ class Server:
             if sel.select(0.5):
                 line += os.read(self.proc.stdout.fileno(), 4096)  # type: ignore[union-attr]
         sel.close()
+        self.start_line = line.decode(errors="replace")
         m = re.search(rb"tcps?://[0-9.]+:(\d+)", line)
         assert m, line
         self.port = int(m.group(1))

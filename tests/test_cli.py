@@ -344,3 +344,11 @@ def test_peek_and_list_say_when_there_is_nothing(inst: tuple[str, ShmBroker]) ->
     out = cli("list", "--shm", name)
     assert out.exit_code == 0 and out.stdout == "" and "no queues" in out.stderr
     assert json.loads(cli("list", "--json", "--shm", name).stdout) == []
+
+
+def test_the_start_line_counts_workers_in_words() -> None:
+    srv = Server(workers=1)
+    try:
+        assert srv.start_line.count(" with 1 worker;") == 1
+    finally:
+        assert srv.stop() == 0
