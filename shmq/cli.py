@@ -30,11 +30,11 @@ from .cli_session import (
     TokenFileOpt,
     TokenOpt,
     UrlOpt,
-    fail,
     note,
     session,
 )
 from .cli_session import Session as _Session
+from .cli_session import fail as _fail
 from .cli_session import token as _token
 from .cli_session import warn_argv_token as _warn_argv_token
 from .errors import InvalidArgument, ShmqError
@@ -43,7 +43,6 @@ from .text import plural
 _plain_params()
 app = typer.Typer(no_args_is_help=True,
                   pretty_exceptions_enable=False, context_settings={"help_option_names": ["-h", "--help"]})
-_fail = fail
 
 DEFAULT_URL = options.DEFAULT_URL
 
