@@ -37,6 +37,7 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -47,8 +48,11 @@ from shmq.api import QueueConfig
 from shmq.durability import Durability
 from shmq.errors import ShmqError, StorageError
 from shmq.journal import Journal, JournalError, list_queues
+from shmq.journal_files import journal_bytes
+from shmq.progress import Progress
 from shmq.recovery import restore_fill
 from shmq.serverqueue import ServerBroker, ServerQueue
+from shmq.text import plural
 
 from .scoreboard import JournalMeter, Scoreboard
 
@@ -321,35 +325,40 @@ def check_data_dir(root: Path) -> None:
 
 
 def recover(broker: ServerBroker, root: Path) -> list[str]:
-    """Rebuild every journaled queue whose shared memory is gone; lines for the log."""
+    """Rebuild every journaled queue whose shared memory is gone; lines for the log.
+    Its progress (journal bytes read) is a bar on a terminal, else a log line every
+    ``options.PROGRESS_INTERVAL`` (``shmq.progress``)."""
     report = []
     check_data_dir(root)
     remove_retired(root)
-    for name in list_queues(root):
-        j = Journal(root, name, log=log)
-        try:
-            meta = j.read_meta()
-            if meta is None:
-                report.append(f"{name}: no meta file; left alone")
-                continue
-            existing = broker.find(name)
-            if existing is not None:
-                if existing.durability.created_ns == meta.get("created_ns"):
-                    continue  # the shared memory survived: the writer resumes
-                report.append(f"{name}: a different queue of that name exists; journal left alone")
-                continue
-            report.append(_rebuild(broker, j, meta))
-            if _CRASH:
-                crashpoints.hit("recovery.rebuilt")
-        finally:
-            j.close()
+    names = list_queues(root)
+    sizes = {name: journal_bytes(root, name) for name in names}
+    with Progress("journal recovery: read", "bytes", sum(sizes.values()), emit=log.info) as progress:
+        for name in names:
+            j = Journal(root, name, log=log)
+            try:
+                meta = j.read_meta()
+                existing = None if meta is None else broker.find(name)
+                if meta is None:
+                    report.append(f"{name}: no meta file; left alone")
+                elif existing is None:
+                    report.append(_rebuild(broker, j, meta, progress.advance))
+                    if _CRASH:
+                        crashpoints.hit("recovery.rebuilt")
+                    continue
+                elif existing.durability.created_ns != meta.get("created_ns"):
+                    report.append(f"{name}: a different queue of that name exists; journal left alone")
+                # else the shared memory survived: the writer resumes
+                progress.advance(sizes[name])  # not read
+            finally:
+                j.close()
     return report
 
 
-def _rebuild(broker: ServerBroker, j: Journal, meta: dict[str, Any]) -> str:
+def _rebuild(broker: ServerBroker, j: Journal, meta: dict[str, Any], progress: Callable[[int], None]) -> str:
     name = meta["name"]
     config = QueueConfig(**meta["config"])
-    rec = j.recover()
+    rec = j.recover(progress=progress)
     for p in rec.problems:
         log.error("journal of %r: %s", name, p)
     state = json.loads(rec.state) if rec.state else {"groups": [], "producers": []}
@@ -380,5 +389,6 @@ def _rebuild(broker: ServerBroker, j: Journal, meta: dict[str, Any]) -> str:
     fill = partial(restore_fill, records, groups, producers, first, tail, int(meta["created_ns"]))
     broker.restore_queue(name, config, bool(meta.get("is_dlq")), fill)
     live = sum(1 for o in records if o >= first)
-    return (f"{name}: rebuilt from the journal: offsets {first}..{tail - 1}, {live} messages retained, "
-            f"{len(groups)} groups" + (f", {len(rec.problems)} problems (see above)" if rec.problems else ""))
+    return (f"{name}: rebuilt from the journal: offsets {first}..{tail - 1}, "
+            f"{plural(live, 'message')} retained, {plural(len(groups), 'group')}"
+            + (f", {plural(len(rec.problems), 'problem')} (see above)" if rec.problems else ""))

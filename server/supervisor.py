@@ -49,6 +49,7 @@ from shmq import crashpoints, options, runtime
 from shmq.config import Effective, QueueDecl
 from shmq.errors import InvalidArgument, ShmqError
 from shmq.serverqueue import ServerBroker
+from shmq.text import plural
 from shmq.tls import ServerTls, server_context
 
 from . import declarations, logs
@@ -303,7 +304,7 @@ class Supervisor:
         metrics = (f"; metrics on {self._metrics_url()} (pid {self.metrics_proc.pid})"
                    if self.metrics_proc is not None else "")
         announce(f"shmq: instance {self.instance!r} listening on {scheme}://{self.host}:{self.port}{mtls}"
-                 f"{unix} with {self.n} worker{'' if self.n == 1 else 's'}; journal in {self.data_dir} "
+                 f"{unix} with {plural(self.n, 'worker')}; journal in {self.data_dir} "
                  f"(writer pid {self.journal.pid}){metrics}{auth}; supervisor pid {os.getpid()} "
                  "(SIGTERM stops it)")
         sys.stdout.flush()
@@ -327,18 +328,15 @@ class Supervisor:
 
     def _survivors(self, broker: ServerBroker) -> str:
         """What stopping removes and what it keeps, in words (the workers are gone)."""
-        def n(count: int, what: str) -> str:
-            return f"{count} {what}{'' if count == 1 else 's'}"
-
         try:
             infos = broker.list_queues()
         except ShmqError as e:
             return f"queues unknown ({e})"
         if self.keep:
-            return f"{n(len(infos), 'queue')} kept in shared memory (--keep)"
+            return f"{plural(len(infos), 'queue')} kept in shared memory (--keep)"
         durable = sum(1 for i in infos if i.config.durability != "memory")
-        return (f"{n(len(infos) - durable, 'memory queue')} removed; "
-                f"{n(durable, 'durable queue')} kept in {self.data_dir}")
+        return (f"{plural(len(infos) - durable, 'memory queue')} removed; "
+                f"{plural(durable, 'durable queue')} kept in {self.data_dir}")
 
     def _remove_token(self) -> None:
         if self.token_file is not None:

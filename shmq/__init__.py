@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .api import Broker, BrokerInfo, Message, Origin, Queue, QueueConfig, QueueInfo
 from .errors import (
     AuthError,
     ConnectionLost,
@@ -22,6 +21,7 @@ from .errors import (
     Full,
     GroupNotFound,
     InstanceError,
+    InstanceNotFound,
     InvalidArgument,
     InvalidName,
     LimitExceeded,
@@ -37,21 +37,25 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from .api import Broker, BrokerInfo, Message, Origin, Queue, QueueConfig, QueueInfo
     from .cleanup import InstanceReport, reclaim, scan
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AuthError", "Broker", "BrokerInfo", "ConnectionLost", "Duplicate", "Empty", "Full", "GroupNotFound",
-    "InstanceError", "InstanceReport", "InvalidArgument",
+    "InstanceError", "InstanceNotFound", "InstanceReport", "InvalidArgument",
     "InvalidName", "LimitExceeded", "Message", "MessageTooLarge", "Origin", "ProtocolError", "Queue",
     "QueueConfig", "QueueExists", "QueueInfo", "QueueNotFound", "ShmqError", "StaleAck", "Status",
     "StorageError", "Timeout", "connect", "reclaim", "scan",
 ]
 
 # Loaded on first use: shmq.cleanup imports posix_ipc, which ``import shmq`` does not need
-# (a tcp:// client never touches shared memory).
-_LAZY = {"InstanceReport": "cleanup", "reclaim": "cleanup", "scan": "cleanup"}
+# (a tcp:// client never touches shared memory), and the interface classes are not needed
+# by a command line that only prints its version.
+_LAZY = {"InstanceReport": "cleanup", "reclaim": "cleanup", "scan": "cleanup",
+         **dict.fromkeys(("Broker", "BrokerInfo", "Message", "Origin", "Queue", "QueueConfig", "QueueInfo"),
+                         "api")}
 
 
 def __getattr__(name: str) -> Any:
@@ -73,7 +77,8 @@ def connect(url: str = "shm://default", token: str | None = None, **kwargs: Any)
     """Open a broker handle.
 
     ``shm://NAME`` attaches the shared memory of instance NAME on this host
-    (creating it when absent; ``token`` is not needed there).  ``tcp://HOST:PORT``
+    (creating it when absent, unless ``create=False``: then ``InstanceNotFound``;
+    ``token`` is not needed there).  ``tcp://HOST:PORT``
     (``tcps://HOST:PORT?ca=FILE`` for TLS, or ``unix://PATH``) talks to ``shmq serve``,
     presenting ``token`` (default the URL's ``?token=``, else ``$SHMQ_TOKEN``, else the
     token a broker on this host left for this user; URL parameters: ``shmq.urls``); its other

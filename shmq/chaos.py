@@ -368,7 +368,7 @@ def run_storm(kills: int = 1000, seconds: float = 600.0, seed: int = 0, *, insta
             q = b.create_queue(s.name, **s.limits)
             q.create_group(AUDIT)
             if s.dlq:
-                b.create_queue(f"{s.name}.dlq", **s.dlq_limits)
+                b.create_queue(f"{s.name}.dlq", dead_letter=True, **s.dlq_limits)
         for role in roles(specs):
             storm.spawn(role)
 

@@ -301,25 +301,32 @@ def _compile(t: T, schema: Schema) -> tuple[Callable[[dict[str, Any]], tuple[Any
     return ns["_enc"], ns["_dec"]
 
 
-_ENCODERS: dict[int, Callable[[dict[str, Any]], tuple[Any, ...]]] = {}
-_DECODERS: dict[int, Callable[[bytes], dict[str, Any]]] = {}
-_NAMES: dict[int, frozenset[str]] = {}
-for _t, _schema in SCHEMAS.items():
-    _ENCODERS[_t], _DECODERS[_t] = _compile(_t, _schema)
-    _NAMES[_t] = frozenset(n for n, _ in _schema)
-del _t, _schema
+# A type's encoder and decoder are compiled at its first use: a one-shot client (a CLI
+# call) compiles the few it uses, not all of them (about 20 ms at import).
+_CODERS: dict[int, tuple[Callable[[dict[str, Any]], tuple[Any, ...]], Callable[[bytes], dict[str, Any]]]] = {}
+_NAMES: dict[int, frozenset[str]] = {t: frozenset(n for n, _ in schema) for t, schema in SCHEMAS.items()}
+
+
+def _coders(type: int) -> tuple[Callable[[dict[str, Any]], tuple[Any, ...]],
+                                Callable[[bytes], dict[str, Any]]] | None:
+    """The encoder and decoder of a message type (None: no such type), compiled once."""
+    found = _CODERS.get(type)
+    if found is None and type in _NAMES:
+        t = T(type)
+        found = _CODERS[type] = _compile(t, SCHEMAS[t])
+    return found
 
 
 def body_parts(type: int, fields: dict[str, Any]) -> tuple[Any, ...]:
-    enc = _ENCODERS.get(type)
-    if enc is None:
+    coders = _CODERS.get(type) or _coders(type)
+    if coders is None:
         raise ValueError(f"unknown message type {type!r}")
     if fields.keys() != _NAMES[type]:
         want, got = _NAMES[type], set(fields)
         raise ValueError(f"{TYPES[type].name} fields: missing {sorted(want - got)}, "
                          f"unexpected {sorted(got - want)}")
     try:
-        return enc(fields)
+        return coders[0](fields)
     except (struct.error, OverflowError) as e:  # an int out of range, a str over 65535 bytes, ...
         raise ValueError(f"bad {TYPES[type].name} field: {e}") from None
 
@@ -335,13 +342,13 @@ def decode_body(type: int, body: bytes | bytearray | memoryview) -> dict[str, An
     """The fields of a ``type`` body, by name.  Any malformed body (truncated,
     trailing bytes, bad UTF-8 or JSON, a count over ``options.MAX_BATCH``) raises
     ProtocolError(PROTOCOL_ERROR); an unknown type, ProtocolError(INVALID_TYPE)."""
-    dec = _DECODERS.get(type)
-    if dec is None:
+    coders = _CODERS.get(type) or _coders(type)
+    if coders is None:
         raise ProtocolError(f"unknown message type {type!r}", Status.INVALID_TYPE)
     if body.__class__ is not bytes:
         body = bytes(body)
     try:
-        return dec(body)
+        return coders[1](body)
     except ProtocolError:
         raise
     except (struct.error, ValueError, RecursionError) as e:  # ValueError: bad UTF-8 or JSON

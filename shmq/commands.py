@@ -45,7 +45,7 @@ from .codec import (
 )
 from .connection import Request
 from .errors import AuthError, InvalidArgument, LimitExceeded, ShmqError, StaleAck
-from .names import check_queue_name
+from .names import check_new_queue_name
 from .settle import Settle
 
 R = TypeVar("R")
@@ -256,7 +256,7 @@ def disconnect() -> Request[None]:
 
 
 def create_queue(name: str, limits: dict[str, Any]) -> Request[None]:
-    check_queue_name(name)
+    check_new_queue_name(name, dead_letter=bool(limits.get("dead_letter")))
     return _call(T.CREATE_QUEUE, T.CREATE_QUEUE_OK, queue=name, config=limits)
 
 

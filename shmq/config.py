@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from . import options
-from .api import QueueConfig
 from .errors import InvalidArgument, ShmqError
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -115,8 +114,10 @@ SETTING = {s.name: s for s in SETTINGS}
 assert SETTING["token"].env == options.TOKEN_ENV and SETTING["data_dir"].env == options.DATA_DIR_ENV
 
 # a declared queue's keys: create_queue's settings, and the groups to create
-QUEUE_KEYS: dict[str, type] = {k: type(v) for k, v in QueueConfig().__dict__.items()}
-QUEUE_KEYS["groups"] = list
+# a declared queue's keys: QueueConfig's fields (shmq.api, which `import shmq.cli` must not load), and groups
+QUEUE_KEYS: dict[str, type] = {
+    "capacity": int, "max_bytes": int, "max_message_size": int, "visibility_timeout": float,
+    "max_deliveries": int, "max_groups": int, "durability": str, "groups": list}
 _KINDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
           list: "a list of group names", dict: "a table"}
 

@@ -41,7 +41,9 @@ from .layout import (
 from .lock import trylock, unlock
 from .settle import Settle
 
-_BusyError = posix_ipc.BusyError
+# a semaphore sleep ends at its timeout, or early once a signal was handled (its handler
+# did not raise: a CLI's Ctrl-C, a SIGCHLD, ...): either way the waiter looks again
+_BusyError = (posix_ipc.BusyError, posix_ipc.SignalError)
 _CRASH = crashpoints.watch(__name__)
 _monotonic_ns = time.monotonic_ns
 FIRST_LEASE = LEASED | (1 << DC_SHIFT)  # a first delivery's lease word, before its owner and deadline

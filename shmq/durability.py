@@ -204,7 +204,7 @@ class Durability:
             if not due():
                 try:
                     self._js.acquire(timeout)
-                except posix_ipc.BusyError:
+                except (posix_ipc.BusyError, posix_ipc.SignalError):  # a timeout, or a signal handled
                     pass
         finally:
             w[L.Q_JOURNAL_WAITING] = 0

@@ -134,6 +134,10 @@ class InstanceError(ShmqError):
     code = Status.INSTANCE_ERROR
 
 
+class InstanceNotFound(InstanceError):
+    """No instance of that name exists on this host (``shm://NAME`` with ``create=False``)."""
+
+
 class ProtocolError(ShmqError):
     """A malformed frame.  ``code`` says which way: PROTOCOL_ERROR, BAD_MAGIC,
     PAYLOAD_TOO_LARGE, INVALID_TYPE or VERSION_MISMATCH."""

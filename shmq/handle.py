@@ -44,7 +44,9 @@ from .registry import Registry
 from .ring import DUPLICATE, Ring
 
 _ALWAYS = options.DURABILITY_MODES.index("always")
-_BusyError = posix_ipc.BusyError
+# a semaphore sleep ends at its timeout, or early once a signal was handled (its handler
+# did not raise: a CLI's Ctrl-C, a SIGCHLD, ...): either way the waiter looks again
+_BusyError = (posix_ipc.BusyError, posix_ipc.SignalError)
 _CRASH = crashpoints.watch(__name__)
 _monotonic_ns = time.monotonic_ns
 

@@ -40,7 +40,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -302,8 +302,9 @@ class Journal(SegmentRecovery):
         return [self.path / segment_name(base) for base in self._segments]
 
     # ----------------------------------------------------------------- recovery
-    def recover(self, floor: int = 0) -> Recovery:
+    def recover(self, floor: int = 0, progress: Callable[[int], None] | None = None) -> Recovery:
         """Read every segment back; messages below ``floor`` are skipped (but counted for next_offset).
+        ``progress`` is called with each segment file's size once it is read.
 
         Zeros after the last record are the segment's preallocated end: kept, and not a
         problem.  A torn tail is truncated; a record that fails its CRC, or is otherwise
@@ -318,7 +319,7 @@ class Journal(SegmentRecovery):
         scan = Scan(floor)
         names = sorted(n for n in os.listdir(self.path) if SEGMENT_RE.match(n))
         bases = [int(n[:20]) for n in names]
-        ends = [self._scan_file(self.path / name, int(name[:20]), scan) for name in names]
+        ends = [self._scan_file(self.path / name, int(name[:20]), scan, progress) for name in names]
         self._segments = bases
         self._next = max([scan.last + 1, *bases]) if bases else 0  # a segment's name is its first offset
         self._state_record = None if scan.state is None else bytes(encode_state(scan.state))

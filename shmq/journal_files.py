@@ -85,6 +85,15 @@ def retire_journal(data_dir: str, name: str) -> None:
 
 
 
+def journal_bytes(root: Path | str, queue_name: str) -> int:
+    """The size of a queue's segment files (what its recovery reads)."""
+    path = queue_dir(root, queue_name)
+    try:
+        return sum(e.stat().st_size for e in os.scandir(path) if SEGMENT_RE.match(e.name))
+    except OSError:
+        return 0
+
+
 def list_queues(root: Path | str) -> list[str]:
     """The names of the queues that have a journal directory under ``root`` (sorted)."""
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,12 +64,16 @@ class SegmentRecovery:
     log: logging.Logger
     _dirfd: int
 
-    def _scan_file(self, path: Path, base: int, scan: Scan) -> int:
-        """Read one segment into ``scan``; returns the end of its last good record."""
+    def _scan_file(self, path: Path, base: int, scan: Scan,
+                   progress: Callable[[int], None] | None = None) -> int:
+        """Read one segment into ``scan``; returns the end of its last good record.
+        ``progress`` is told the file's size once it is read."""
         try:
             data = path.read_bytes()
         except OSError as e:
             raise os_error("cannot read", path, e) from e
+        if progress is not None:
+            progress(len(data))
         view = memoryview(data)
         pos = 0
         while pos < len(data):

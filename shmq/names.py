@@ -1,4 +1,11 @@
-"""Which names are allowed: queues, groups (instances are checked in ``segment``)."""
+"""Which names are allowed: queues, groups (instances are checked in ``segment``).
+
+A queue that exists is reached by any name of the alphabet (``check_queue_name``); a new
+one's name must also begin with a letter or digit (never ``-``: a command line would
+read it as an option) and must not end in ``.dlq``, which names dead-letter queues
+(``check_new_queue_name``; the broker makes those itself).  Error messages show a long
+name cut short (``text.shown``).
+"""
 
 from __future__ import annotations
 
@@ -6,21 +13,39 @@ import re
 
 from . import options
 from .errors import InvalidName
+from .text import shown
 
 _QUEUE_RE = re.compile(rf"[A-Za-z0-9._-]{{1,{options.QUEUE_NAME_MAX}}}\Z")
 _GROUP_RE = re.compile(rf"[A-Za-z0-9._-]{{1,{options.GROUP_NAME_MAX}}}\Z")
-
-
 def check_queue_name(name: object) -> str:
     if not isinstance(name, str) or not _QUEUE_RE.match(name) or name in (".", ".."):
-        raise InvalidName(f"invalid queue name {name!r}: 1-{options.QUEUE_NAME_MAX} chars of "
+        raise InvalidName(f"invalid queue name {shown(name)}: 1-{options.QUEUE_NAME_MAX} chars of "
                           "[A-Za-z0-9._-], not '.' or '..'")
+    return name
+
+
+def check_new_queue_name(name: object, dead_letter: bool = False) -> str:
+    """The name of a queue about to be created: ``check_queue_name``, a letter or digit
+    first, and ``.dlq`` at the end exactly when ``dead_letter`` (a dead-letter queue
+    made ahead of its first dead letter, to size it; never the DLQ of a DLQ)."""
+    check_queue_name(name)
+    assert isinstance(name, str)
+    if not name[0].isalnum():  # the alphabet is ASCII
+        raise InvalidName(f"invalid queue name {shown(name)}: a new queue's name begins with a letter "
+                          "or a digit")
+    if dead_letter and (not is_dlq_name(name) or is_dlq_name(source_name(name))):
+        raise InvalidName(f"invalid dead-letter queue name {shown(name)}: the name of a queue followed "
+                          f"by {options.DLQ_SUFFIX} (and not itself a dead-letter queue's)")
+    if not dead_letter and is_dlq_name(name):
+        raise InvalidName(f"invalid queue name {shown(name)}: names ending in {options.DLQ_SUFFIX} are "
+                          f"dead-letter queues, made by the broker when {shown(source_name(name))} first "
+                          "dead-letters a message")
     return name
 
 
 def check_group_name(name: object) -> str:
     if not isinstance(name, str) or not _GROUP_RE.match(name) or name in (".", ".."):
-        raise InvalidName(f"invalid group name {name!r}: 1-{options.GROUP_NAME_MAX} chars of "
+        raise InvalidName(f"invalid group name {shown(name)}: 1-{options.GROUP_NAME_MAX} chars of "
                           "[A-Za-z0-9._-], not '.' or '..'")
     return name
 
@@ -31,3 +56,8 @@ def is_dlq_name(name: str) -> bool:
 
 def dlq_name(name: str) -> str:
     return name + options.DLQ_SUFFIX
+
+
+def source_name(name: str) -> str:
+    """The queue whose dead letters go to ``name`` (``orders`` of ``orders.dlq``)."""
+    return name[: -len(options.DLQ_SUFFIX)] if is_dlq_name(name) else name

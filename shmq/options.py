@@ -95,6 +95,11 @@ TOP_MIN_INTERVAL = 0.1  # ...at least this...
 TOP_MAX_INTERVAL = 3600.0  # ...and at most this
 TOP_HISTORY = 20  # depth readings a queue's sparkline shows
 
+# --- progress of a long job (a big produce, a redrive, journal recovery: shmq/progress.py) ---
+PROGRESS_DELAY = 0.5  # s: a job done sooner shows no progress bar at all
+PROGRESS_REFRESH = 0.1  # s between updates of a progress bar (on a terminal)
+PROGRESS_INTERVAL = 2.0  # s between progress lines where stderr is not a terminal (logs, pipes)
+
 # --- journal (durable queues: one directory of segment files per queue, shmq/journal.py) ---
 JOURNAL_SEGMENT_BYTES = 64 * 1024 * 1024  # a segment file rolls once the next record would take it past this
 JOURNAL_MAX_RECORD_BYTES = 256 << 20  # one record's body: a bigger batch is split, a bigger payload refused

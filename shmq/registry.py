@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from . import crashpoints, options, process
 from . import layout as L
-from .errors import InstanceError, InvalidArgument, LimitExceeded, QueueExists
+from .errors import InstanceError, InstanceNotFound, InvalidArgument, LimitExceeded, QueueExists
 from .journal_files import retire_journal
 from .lock import RobustLock
 from .segment import (
@@ -106,7 +106,7 @@ class Registry:
                 mapping = Mapping.attach(name, hold=True)
             except FileNotFoundError:
                 if not create:
-                    raise InstanceError(f"no shmq instance named {instance!r} on this host") from None
+                    raise InstanceNotFound(f"no shmq instance {instance!r} on this host") from None
                 mapping = cls._create(instance, max_queues, max_clients)
             if mapping is not None and _attached(mapping):
                 return cls(instance, mapping)

@@ -22,6 +22,7 @@ import posix_ipc
 
 from . import options
 from .errors import InstanceError, InvalidName, LimitExceeded
+from .text import shown
 
 SHM_DIR = "/dev/shm"
 PREFIX = "shmq."
@@ -31,7 +32,7 @@ _INSTANCE_RE = re.compile(rf"[A-Za-z0-9_-]{{1,{options.INSTANCE_NAME_MAX}}}\Z")
 def check_instance_name(name: str) -> str:
     if not isinstance(name, str) or not _INSTANCE_RE.match(name):
         raise InvalidName(
-            f"invalid instance name {name!r}: 1-{options.INSTANCE_NAME_MAX} chars of [A-Za-z0-9_-]")
+            f"invalid instance name {shown(name)}: 1-{options.INSTANCE_NAME_MAX} chars of [A-Za-z0-9_-]")
     return name
 
 

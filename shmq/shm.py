@@ -28,7 +28,7 @@ from .api import Broker, BrokerInfo, QueueConfig, QueueInfo
 from .errors import InstanceError, InvalidArgument, QueueExists, QueueNotFound
 from .handle import QueueHandle, monotonic_ms
 from .journal_files import retire_journal
-from .names import check_queue_name, dlq_name, is_dlq_name
+from .names import check_new_queue_name, check_queue_name, dlq_name, is_dlq_name
 from .queue import ShmQueue
 from .registry import QueueEntry, Registry
 from .ring import Ring
@@ -51,11 +51,11 @@ _CRASH = crashpoints.watch(__name__)
 class Attachment:
     """This process's view of one instance."""
 
-    def __init__(self, instance: str, now_ms: Callable[[], int]) -> None:
+    def __init__(self, instance: str, now_ms: Callable[[], int], create: bool = True) -> None:
         self.instance = instance
         self.uid = os.geteuid()  # whose names it attached (``_attachments``)
         self.url = f"shm://{instance}"
-        self.registry = Registry.open(instance)
+        self.registry = Registry.open(instance, create=create)
         self.now_ms = now_ms
         self._slot: int | None = None
         self._slot_pid = 0
@@ -288,13 +288,13 @@ _every_attachment: weakref.WeakSet[Attachment] = weakref.WeakSet()  # released a
 _attach_lock = threading.Lock()
 
 
-def _attach(instance: str, now_ms: Callable[[], int] | None) -> Attachment:
+def _attach(instance: str, now_ms: Callable[[], int] | None, create: bool = True) -> Attachment:
     check_instance_name(instance)
     with _attach_lock:
         key = (os.geteuid(), instance)
         att = _attachments.get(key)
         if att is None or now_ms is not None:
-            att = Attachment(instance, now_ms or monotonic_ms)
+            att = Attachment(instance, now_ms or monotonic_ms, create)
             _every_attachment.add(att)
             if now_ms is None:
                 _attachments[key] = att
@@ -368,13 +368,13 @@ def _config(limits: dict[str, Any]) -> QueueConfig:
 class ShmBroker(Broker):
     """A co-located broker handle (``shmq.connect("shm://name")``).
 
-    Attaching creates the instance's registry when none exists.  The instance
-    lives until ``destroy()`` (or ``shmq.reclaim`` once every process that
-    used it is dead).
+    Attaching creates the instance's registry when none exists (with ``create=False``:
+    ``InstanceNotFound`` instead).  The instance lives until ``destroy()`` (or
+    ``shmq.reclaim`` once every process that used it is dead).
     """
 
     def __init__(self, instance: str = options.DEFAULT_INSTANCE, *,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, create: bool = True) -> None:
         now_ms = None
         if clock is not None:
             now_ms = lambda: int(clock() * 1000)
@@ -382,7 +382,7 @@ class ShmBroker(Broker):
                 raise InvalidArgument(
                     "clock must count seconds from a recent origin, as time.monotonic does (lease "
                     f"deadlines are kept in {64 - L.TIME_SHIFT} bits of ms): time.time does not fit")
-        self._att = _attach(instance, now_ms)
+        self._att = _attach(instance, now_ms, create)
         self.instance = instance
         self.url = f"shm://{instance}"
         self._closed = False
@@ -393,9 +393,11 @@ class ShmBroker(Broker):
     def __repr__(self) -> str:
         return f"ShmBroker({self.url!r})"
 
-    def create_queue(self, name: str, **limits: Any) -> ShmQueue:
-        check_queue_name(name)
-        return self._att.create_queue(name, _config(dict(limits)), is_dlq=is_dlq_name(name))
+    def create_queue(self, name: str, *, dead_letter: bool = False, **limits: Any) -> ShmQueue:
+        """A new queue.  ``dead_letter=True`` makes ``<queue>.dlq`` before the broker would
+        (at ``<queue>``'s first dead letter), with limits of its own."""
+        check_new_queue_name(name, dead_letter=bool(dead_letter))
+        return self._att.create_queue(name, _config(dict(limits)), is_dlq=bool(dead_letter))
 
     def queue(self, name: str) -> ShmQueue:
         if not isinstance(name, str):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import select
 import socket
-import ssl
 import threading
 import weakref
 from collections import deque
@@ -23,7 +22,7 @@ from collections.abc import Generator, Iterable, Sequence
 from typing import Any, TypeVar
 
 from . import commands as cmd
-from . import options, tls
+from . import options
 from .api import Broker, BrokerInfo, Message, Payload, Queue, QueueInfo
 from .codec import HEARTBEAT_FRAME
 from .commands import (  # re-exported: they were this module's before shmq.commands
@@ -75,6 +74,7 @@ class TcpBroker(Broker):
             self._conn.lost("the handshake failed")
             self._sock.close()
             if u.tls and isinstance(e, ConnectionLost):  # closed during TLS: a client certificate?
+                from . import tls
                 raise tls.handshake_lost(e, u) from None
             raise
         self._sock.settimeout(None)
@@ -401,6 +401,10 @@ def _open_socket(u: BrokerUrl, connect_timeout: float) -> Any:
     """The connected socket of a handle (TLS wrapped and checked for ``tcps://``), with
     ``connect_timeout`` set; ConnectionLost when it cannot be had."""
     url = u.without_token()
+    if u.tls:  # (imported here: ssl takes a while to load, and a plain connection needs none of it)
+        import ssl
+
+        from . import tls
     ctx = tls.client_context(u) if u.tls else None  # a file that cannot be used: InvalidArgument
     try:
         if u.scheme == "unix":  # (shmq serve --unix): a peer of the broker's uid needs no token

@@ -11,18 +11,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from . import options
-from .api import Broker
 
-Session = Callable[[str | None, str | None, str | None], AbstractContextManager[Broker]]
+if TYPE_CHECKING:
+    from .api import Broker
+
+Session = Callable[[str | None, str | None, str | None], AbstractContextManager["Broker"]]
 
 
 def register_top(app: typer.Typer, session: Session, token_of: Callable[[str | None, str | None], str | None],
-                 console: Any, url_opt: Any, shm_opt: Any, token_opt: Any, token_file_opt: Any) -> None:
+                 url_opt: Any, shm_opt: Any, token_opt: Any, token_file_opt: Any) -> None:
     """Add ``shmq top`` to ``app``; ``token_of(token, token_file)`` is the token to present."""
 
     @app.command()
@@ -46,4 +48,4 @@ def register_top(app: typer.Typer, session: Session, token_of: Callable[[str | N
         from .top import run
 
         with session(url, shm, token_of(token, token_file)) as b:
-            run(b, b.url, interval, sort, filter_, once, console)
+            run(b, b.url, interval, sort, filter_, once)

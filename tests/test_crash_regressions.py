@@ -230,7 +230,7 @@ def test_a_dead_letter_message_given_back_255_times_moves_to_the_tail(shm_broker
 def test_an_orphaned_dead_letter_copy_is_retried_without_a_server(clocked: ShmBroker,
                                                                   clock: FakeClock) -> None:
     q = clocked.create_queue("s", max_deliveries=1, visibility_timeout=1)
-    dlq = clocked.create_queue("s.dlq", capacity=1)
+    dlq = clocked.create_queue("s.dlq", dead_letter=True, capacity=1)
     dlq.put(b"filler")
     q.put(b"x")
     q.get()

@@ -242,7 +242,7 @@ def _setup(b: ShmBroker) -> None:
     b.create_queue("q", capacity=CAP, max_bytes=64 * 1024, max_deliveries=2, visibility_timeout=30)
     b.queue("q").create_group("g2")
     b.create_queue("o", capacity=CAP, max_bytes=64 * 1024, visibility_timeout=30)
-    b.create_queue("o.dlq", capacity=1, max_bytes=4096)  # full: copies into it are orphaned
+    b.create_queue("o.dlq", dead_letter=True, capacity=1, max_bytes=4096)  # full: copies into it are orphaned
     b.queue("o.dlq").put(b"filler|filler")
     b.create_queue("e")
 

@@ -99,7 +99,8 @@ class QueueMachine(RuleBasedStateMachine):
                                           max_message_size=MAX_SIZE, visibility_timeout=VIS,
                                           max_deliveries=MAX_DELIVERIES)
         self.sq = ServerQueue(self.q)  # the server's view of it (poll, take_block, ack_offsets)
-        self.broker.create_queue("m.dlq", capacity=1024, max_bytes=1 << 20)  # never full here
+        # never full here
+        self.broker.create_queue("m.dlq", dead_letter=True, capacity=1024, max_bytes=1 << 20)
         for g in GROUPS[1:]:
             self.q.create_group(g)
         # only the reap rule reaps (a get that finds nothing would, every REAP_INTERVAL)

@@ -81,6 +81,8 @@ DOCUMENTED = [
     ("silent intervals before",
      f"{options.HEARTBEAT_MISSES} ({_seconds(options.HEARTBEAT * options.HEARTBEAT_MISSES)}"),
     ("TLS negotiation", _seconds(options.TLS_HANDSHAKE_TIMEOUT)),
+    ("progress bar delay", _seconds(options.PROGRESS_DELAY)),
+    ("progress line interval", _seconds(options.PROGRESS_INTERVAL)),
     ("refused tokens from one peer address", f"{options.AUTH_FAILURES_MAX} in "
                                                 f"{_seconds(options.AUTH_FAILURE_WINDOW)}"),
     ("a scrape connection's request", _seconds(options.METRICS_REQUEST_TIMEOUT)),

@@ -113,14 +113,14 @@ def test_no_socket_there_is_connection_lost(sock_dir: Path) -> None:
 def test_by_default_the_broker_listens_in_the_runtime_folder_and_the_cli_goes_there() -> None:
     """``--unix auto`` (the default): tcp-PORT.sock, 0600, in this user's 0700 runtime
     folder; the CLI given the loopback TCP URL takes it, and it is gone after the stop."""
-    from shmq import cli, runtime
+    from shmq import cli_session, runtime
 
     srv = Server(workers=1, token=TOKEN)
     path = runtime.runtime_dir() / f"tcp-{srv.port}.sock"
     try:
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
         assert stat.S_IMODE(os.stat(path.parent).st_mode) == 0o700
-        b = cli._broker(srv.url, None, None)  # no token given: the socket needs none from us
+        b = cli_session.broker(srv.url, None, None)  # no token given: the socket needs none from us
         try:
             assert b.url == f"unix://{path}"  # type: ignore[attr-defined]
             b.create_queue("cli-unix").put(b"by the socket")
@@ -137,7 +137,7 @@ def test_by_default_the_broker_listens_in_the_runtime_folder_and_the_cli_goes_th
 
 
 def test_the_cli_falls_back_to_tcp_past_a_stale_socket_and_a_start_sweeps_it() -> None:
-    from shmq import cli, runtime
+    from shmq import cli_session, runtime
 
     srv = Server(workers=1, extra=["--unix", "off"])
     stale = runtime.socket_path(srv.port)
@@ -145,7 +145,7 @@ def test_the_cli_falls_back_to_tcp_past_a_stale_socket_and_a_start_sweeps_it() -
     dead.bind(str(stale))  # what a killed broker leaves: a socket file nobody listens on
     dead.close()
     try:
-        b = cli._broker(srv.url, None, None)
+        b = cli_session.broker(srv.url, None, None)
         try:
             assert b.url == srv.url and b.list_queues() == []  # type: ignore[attr-defined]
         finally:
