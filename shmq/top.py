@@ -38,6 +38,7 @@ from rich.text import Text
 from . import options
 from .api import Broker, BrokerInfo
 from .errors import InvalidArgument, QueueNotFound
+from .text import plural
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 ESC = "\x1b"
@@ -304,7 +305,7 @@ def screen(rows: list[Row], about: BrokerInfo, view: View, url: str, interval: f
                       f"{r.in_flight:,}", " ".join(f"{g}:{lag:,}" for g, lag in r.lags),
                       "–" if r.dlq is None else f"{r.dlq:,}", r.durability)
     direction = "descending" if view.descending else "ascending"
-    status = (f"{len(rows)} queues ({len(shown)} shown)  ·  sort: {view.sort} {direction}"
+    status = (f"{plural(len(rows), 'queue')} ({len(shown)} shown)  ·  sort: {view.sort} {direction}"
               f"{'  ·  filter: ' + view.filter if view.filter else ''}  ·  every {interval:g} s  ·  "
               f"{time.strftime('%H:%M:%S')}")
     parts: list[RenderableType] = [Text(header(about, url), style="bold"), Text(status), table]
@@ -344,7 +345,7 @@ def run(broker: Broker, url: str, interval: float = options.TOP_INTERVAL, sort: 
     if not options.TOP_MIN_INTERVAL <= interval <= options.TOP_MAX_INTERVAL:
         raise InvalidArgument(f"--interval must be between {options.TOP_MIN_INTERVAL:g} and "
                               f"{options.TOP_MAX_INTERVAL:g} seconds, not {interval:g}")
-    console = console or Console()
+    console = console or Console(width=None if sys.stdout.isatty() else 160)  # pipes get whole rows
     view = View(sort, filter)
     tracker = Tracker()
 
