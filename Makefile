@@ -1,6 +1,8 @@
 # make run  - install, then start the broker on its defaults
 # make test - install, then lint, type-check and run the whole test suite (what CI runs)
 # make check - the inner loop: lint, type-check and the tests not marked slow, spark or crash
+# make bench - install, run the benchmarks, then the plot sweeps: bench/results/<date>-<host>.json
+#              and its PNGs in bench/results/<date>-<host>/ (redraw: python bench/plot.py FILE)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
@@ -33,6 +35,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_local.py
 	$(PY) bench/bench_tcp.py
 	$(PY) bench/bench_durability.py
+	$(PY) bench/sweep.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
