@@ -1,7 +1,8 @@
 # make run  - install what the broker needs, then start it on its defaults
 # make test - install everything (tests, benchmarks, Spark), then lint, type-check and run the whole suite (CI)
 # make check - the inner loop: lint, type-check and the tests not marked slow, spark or crash
-# make bench - the benchmarks; figures to bench/results/, plots to docs/img/
+# make bench - install, run the benchmarks, then the plot sweeps: bench/results/<date>-<host>.json
+#              and its PNGs in bench/results/<date>-<host>/ (redraw: python bench/plot.py FILE)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
@@ -52,6 +53,7 @@ bench: $(FULL)
 	$(PY) bench/bench_local.py
 	$(PY) bench/bench_tcp.py
 	$(PY) bench/bench_durability.py
+	$(PY) bench/sweep.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -435,7 +435,7 @@ class ShmqServer:
         deadline = time.monotonic() + SERVER_START_TIMEOUT
         while True:
             with open(self.out_path, "rb") as f:
-                m = re.search(rb"listening on (tcp://\S+) with", f.read())
+                m = re.search(rb"listening on (tcp://[^\s/]+)", f.read())
             if m:
                 self.url = m.group(1).decode()
                 break
@@ -625,10 +625,10 @@ class Bench:
             self.redis.client.delete(*[h[2] for h in handles])
 
     # ------------------------------------------------------------ workloads
-    def throughput(self, system: str, n: int, batch: int,
-                   nowait: bool = False, push: bool = False) -> tuple[float, tuple[int, int]]:
+    def throughput(self, system: str, n: int, batch: int, nowait: bool = False, push: bool = False,
+                   size: int = SIZE) -> tuple[float, tuple[int, int]]:
         """One run: messages per second seen by the consumer, and the shmq workers (producer,
-        consumer) the two connections landed on."""
+        consumer) the two connections landed on.  ``size``: payload bytes (bench/sweep.py varies it)."""
         ctx = self.ctx
         ready = ctx.Event()  # type: ignore[attr-defined]
         start = ctx.RawValue("q", 0)  # type: ignore[attr-defined]
@@ -636,10 +636,10 @@ class Bench:
         workers = ctx.RawArray("i", [-1, -1])  # type: ignore[attr-defined]
         (handle,) = self._setup(system, ("bench",))
         try:
-            cons = self.children.start(f"{system}-consumer", _consumer, system, handle, n, batch, SIZE,
+            cons = self.children.start(f"{system}-consumer", _consumer, system, handle, n, batch, size,
                                        ready, start, result, workers, nowait, self.place[1], push,
                                        self.credit)
-            prod = self.children.start(f"{system}-producer", _producer, system, handle, n, SIZE, batch,
+            prod = self.children.start(f"{system}-producer", _producer, system, handle, n, size, batch,
                                        ready, start, workers, self.place[0])
             self.children.wait([cons, prod], self.timeout)
         finally:
