@@ -206,7 +206,8 @@ def main() -> None:
               f"({min(on):,.0f}-{max(on):,.0f})   on/off {mn / mo:.3f}")
         co = statistics.median(c for _, c in runs[(workload, "off")])
         cn = statistics.median(c for _, c in runs[(workload, "on")])
-        print(f"  {'':17s} broker CPU per message: off {co:.2f} µs, on {cn:.2f} µs (on/off {cn / co:.3f})")
+        ratio = f" (on/off {cn / co:.3f})" if co > 0 else ""  # co-located: the broker is not in the path
+        print(f"  {'':17s} broker CPU per message: off {co:.2f} µs, on {cn:.2f} µs{ratio}")
     if scrapes:
         print(f"  {scrapes} scrapes while metered rounds ran, {1000 * scrape_s / scrapes:.1f} ms each "
               "on average")

@@ -656,6 +656,30 @@ def test_workers_follow_a_killed_supervisor_and_restart_reattaches() -> None:
             stream.close()
 
 
+def test_keep_leaves_memory_queues_to_the_next_start() -> None:
+    srv = Server(workers=1, extra=["--keep"])
+    try:
+        with shmq.connect(srv.url, token=srv.token) as b:
+            q = b.create_queue("kept")
+            q.put_many([b"a", b"b"])
+            q.get(timeout=5).ack()  # a is settled; b stays
+    finally:
+        assert srv.stop() == 0
+    assert objects(srv.instance), "--keep removed the shared memory"
+    again = Server(workers=1, extra=["--instance", srv.instance])
+    try:
+        with shmq.connect(again.url, token=again.token) as b:
+            q = b.queue("kept")
+            m = q.get(timeout=5)
+            assert (m.offset, m.payload) == (1, b"b")
+            m.ack()
+            with pytest.raises(shmq.Empty):
+                q.get(block=False)
+    finally:
+        assert again.stop() == 0
+    assert not objects(srv.instance)  # the second broker had no --keep
+
+
 def test_a_taken_port_is_refused(server: Server) -> None:
     out = subprocess.run([sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port",
                           str(server.port), "--instance", "taken"], capture_output=True, timeout=60)
