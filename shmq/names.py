@@ -17,6 +17,8 @@ from .text import shown
 
 _QUEUE_RE = re.compile(rf"[A-Za-z0-9._-]{{1,{options.QUEUE_NAME_MAX}}}\Z")
 _GROUP_RE = re.compile(rf"[A-Za-z0-9._-]{{1,{options.GROUP_NAME_MAX}}}\Z")
+
+
 def check_queue_name(name: object) -> str:
     if not isinstance(name, str) or not _QUEUE_RE.match(name) or name in (".", ".."):
         raise InvalidName(f"invalid queue name {shown(name)}: 1-{options.QUEUE_NAME_MAX} chars of "
