@@ -289,6 +289,18 @@ def warn_alive(out: Out) -> bool:
     return bool(alive)
 
 
+def check_clean(out: Out, instance: str, code: int) -> int:
+    """A run's exit code once it has stopped everything: ``code``, or 1 when shared memory
+    of ``instance`` or a child process is left behind (each said on ``out``)."""
+    left = leftovers(instance)
+    if left:
+        out.line(f"warning: shared memory left behind: {', '.join(left)}", style="bold red")
+        code = code or 1
+    if warn_alive(out):
+        code = code or 1
+    return code
+
+
 # =============================================================== parent: measurements
 def rate(result: Any, n: int) -> float:
     """Messages per second from a consumer's ``result`` (elapsed ns, messages received)."""

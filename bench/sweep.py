@@ -303,12 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 out.line(f"warning (shmq serve, {srv.workers} worker(s)): {note}", style="bold red")
                 code = code or 1
         signal.signal(signal.SIGTERM, previous)
-        left = common.leftovers(instance)
-        if left:
-            out.line(f"warning: shared memory left behind: {', '.join(left)}", style="bold red")
-            code = code or 1
-        if common.warn_alive(out):
-            code = code or 1
+        code = common.check_clean(out, instance, code)
     return code
 
 
