@@ -335,8 +335,10 @@ class Supervisor:
         if self.keep:
             return f"{plural(len(infos), 'queue')} kept in shared memory (--keep)"
         durable = sum(1 for i in infos if i.config.durability != "memory")
-        return (f"{plural(len(infos) - durable, 'memory queue')} removed; "
-                f"{plural(durable, 'durable queue')} kept in {self.data_dir}")
+        removed = f"{plural(len(infos) - durable, 'memory queue')} removed"
+        if not durable:
+            return removed
+        return f"{removed}; {plural(durable, 'durable queue')} kept in {self.data_dir}"
 
     def _remove_token(self) -> None:
         if self.token_file is not None:

@@ -302,3 +302,13 @@ def test_status_of_a_broker_that_is_gone() -> None:
     assert _invoke("status", "--url", url).exit_code == 1
     assert _invoke("status", "--shm", instance).stdout.startswith("not ready")
     assert not objects(instance)  # asking attached nothing, so made nothing
+
+
+def test_the_stop_line_names_no_data_dir_when_nothing_is_durable() -> None:
+    srv = Server(workers=1)
+    try:
+        with shmq.connect(srv.url) as b:
+            b.create_queue("scratch").put(b"gone at stop")
+    finally:
+        assert srv.stop() == 0
+    assert srv.stdout_at_stop.strip() == f"shmq: stopped (pid {srv.proc.pid}): 1 memory queue removed"
