@@ -332,6 +332,8 @@ class Supervisor:
             infos = broker.list_queues()
         except ShmqError as e:
             return f"queues unknown ({e})"
+        if not infos:
+            return "no queues"
         if self.keep:
             return f"{plural(len(infos), 'queue')} kept in shared memory (--keep)"
         durable = sum(1 for i in infos if i.config.durability != "memory")
