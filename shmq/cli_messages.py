@@ -55,38 +55,34 @@ def produce(
 
     Example: seq 1000 | shmq produce orders
     """
+    from .lines import stream_batches
     from .progress import Progress
 
     if not 1 <= batch <= options.MAX_BATCH:
         fail(InvalidArgument(f"--batch must be 1..{options.MAX_BATCH}"))
-    if message:
-        lines: Any = iter([m.encode() for m in message])
-        src: Any = None
-    else:
+    src: Any = None
+    if not message:
         try:
             src = open(file, "rb") if file else sys.stdin.buffer  # noqa: SIM115
         except OSError as e:
             fail(f"cannot read {file}: {e.strerror or e}")
-        lines = (line.rstrip(b"\n") for line in src)
     interactive = src is None or src.isatty()
     offsets: list[int] = []
     # typing at a terminal: Ctrl-C stops at once (it comes while the read waits, not in a put)
     with session(url, shm, token, token_file) as b, Stop(enabled=not interactive) as stop, \
             Progress("produced", enabled=not interactive) as progress:
         q = b.queue(queue)
-        chunk: list[bytes] = []
+        if message:
+            batches: Any = (chunk for i in range(0, len(message), batch)
+                            if (chunk := [m.encode() for m in message[i:i + batch]]))
+        else:  # a part-filled batch goes out once the input is idle (tail -f | shmq produce)
+            batches = stream_batches(src, batch, lambda: stop.requested)
         try:
-            for line in lines:
-                chunk.append(line)
-                if len(chunk) >= batch or stop.requested:
-                    offsets += q.put_many(chunk)
-                    progress.advance(len(chunk))
-                    chunk = []
-                    if stop.requested:
-                        break
-            if chunk:
+            for chunk in batches:
                 offsets += q.put_many(chunk)
                 progress.advance(len(chunk))
+                if stop.requested:
+                    break
         except ShmqError as e:
             if offsets:
                 note(f"produced {plural(len(offsets), 'message')} before the error")

@@ -99,6 +99,7 @@ TOP_HISTORY = 20  # depth readings a queue's sparkline shows
 PROGRESS_DELAY = 0.5  # s: a job done sooner shows no progress bar at all
 PROGRESS_REFRESH = 0.1  # s between updates of a progress bar (on a terminal)
 PROGRESS_INTERVAL = 2.0  # s between progress lines where stderr is not a terminal (logs, pipes)
+PRODUCE_LINGER = 0.05  # s: `shmq produce` sends a part-filled batch once its input is idle this long
 
 # --- journal (durable queues: one directory of segment files per queue, shmq/journal.py) ---
 JOURNAL_SEGMENT_BYTES = 64 * 1024 * 1024  # a segment file rolls once the next record would take it past this
