@@ -124,6 +124,22 @@ def test_seek_back_delivers_the_retained_messages_again(broker: shmq.Broker) -> 
     assert offsets(q.get_many(10, group="lag", block=False)) == [2, 3, 4]  # the other group is as it was
 
 
+def test_seek_inside_the_leased_window_settles_below_and_redelivers_above(broker: shmq.Broker) -> None:
+    q = broker.create_queue("mid")
+    ts = spaced(q, 5)
+    held = q.get_many(5)  # 0..4 leased: floor 0, cursor 5
+    assert q.seek("default", between(ts, 2)) == 2
+    for m in held:  # every lease turned stale: 0, 1 settled, 2..4 delivered again
+        with pytest.raises(shmq.StaleAck):
+            m.ack()
+    st = q.stats()["groups"]["default"]
+    assert (st["floor"], st["cursor"], st["ready"], st["in_flight"]) == (2, 5, 3, 0)
+    again = q.get_many(10, block=False)
+    assert [(m.offset, m.deliveries) for m in again] == [(2, 2), (3, 2), (4, 2)]
+    q.ack_many(again)
+    assert q.stats()["retained"] == 0
+
+
 def test_a_message_that_had_its_last_delivery_is_not_sought_back(broker: shmq.Broker) -> None:
     q = broker.create_queue("last", max_deliveries=1)
     q.create_group("lag")
