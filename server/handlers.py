@@ -254,6 +254,17 @@ def group_commit(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]
     core.answer(conn, f.msg_id, frame(T.GROUP_COMMIT_OK, f.msg_id), mark)
 
 
+def group_seek(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    """Move a group (``create`` 1: a new one) to the first message at or after a time."""
+    q = core.queue(d["queue"])
+    if d["create"] > 1:
+        raise InvalidArgument(f"GROUP_SEEK create must be 0 or 1, not {d['create']}")
+    seek = q.create_group_at if d["create"] else q.seek
+    offset, mark = seek(d["group"], d["timestamp_ns"])
+    core.answer(conn, f.msg_id, frame(T.GROUP_SEEK_OK, f.msg_id, offset=offset), mark)
+    poke(core, d["queue"])  # messages sought back are deliverable now
+
+
 def group_delete(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
     mark = core.queue(d["queue"]).delete_group(d["group"])
     core.answer(conn, f.msg_id, frame(T.GROUP_DELETE_OK, f.msg_id), mark)
@@ -343,5 +354,5 @@ HANDLERS: dict[int, Handler] = {
     T.GROUP_JOIN: group_join, T.GROUP_COMMIT: group_commit, T.GROUP_DELETE: group_delete,
     T.GROUP_LIST: group_list, T.READ: read, T.STATS: stats, T.PURGE: purge, T.INFO: info,
     T.DISCONNECT: disconnect, T.SUBSCRIBE: subscribe, T.CREDIT: credit, T.UNSUBSCRIBE: unsubscribe,
-    T.HEARTBEAT: heartbeat,
+    T.HEARTBEAT: heartbeat, T.GROUP_SEEK: group_seek,
 }

@@ -33,6 +33,7 @@ from collections.abc import AsyncGenerator, Iterable, Sequence
 from typing import Any, TypeVar
 
 from . import commands as cmd
+from . import commands_groups as gcmd
 from . import options, tls
 from .api import BrokerInfo, Message, Payload, QueueInfo
 from .codec import HEARTBEAT_FRAME, Frame
@@ -40,6 +41,7 @@ from .commands import Batch, Command, Feed
 from .connection import ClientConnection, Event, Push, Reply, Request
 from .errors import ConnectionLost, ProtocolError, ShmqError
 from .names import check_queue_name
+from .seektime import Start, When
 from .settle import Settle
 from .urls import client_settings
 
@@ -415,17 +417,20 @@ class AsyncQueue:
         """Messages from ``offset`` on, without leasing them (they cannot be settled)."""
         return await self._b._execute(cmd.read(self, offset, max_messages))
 
-    async def create_group(self, name: str, start: str = "earliest") -> None:
-        await self._b._execute(cmd.create_group(self, name, start))
+    async def create_group(self, name: str, start: Start = "earliest") -> None:
+        await self._b._execute(gcmd.create_group(self, name, start))
 
     async def delete_group(self, name: str) -> None:
-        await self._b._execute(cmd.delete_group(self, name))
+        await self._b._execute(gcmd.delete_group(self, name))
 
     async def groups(self) -> list[str]:
-        return await self._b._execute(cmd.groups(self))
+        return await self._b._execute(gcmd.groups(self))
 
     async def commit(self, group: str, offset: int) -> None:
-        await self._b._execute(cmd.commit(self, group, offset))
+        await self._b._execute(gcmd.commit(self, group, offset))
+
+    async def seek(self, group: str, when: When) -> int:
+        return await self._b._execute(gcmd.seek(self, group, when))
 
     async def purge(self) -> int:
         return await self._b._execute(cmd.purge(self))

@@ -17,6 +17,7 @@ from typing import Any
 
 from . import options
 from .errors import InvalidArgument, ShmqError
+from .seektime import Start, When
 from .settle import Settle
 
 Payload = bytes | bytearray | memoryview | str
@@ -242,7 +243,15 @@ class Queue(ABC):
     def read(self, offset: int, max_messages: int = 1) -> list[Message]: ...
 
     @abstractmethod
-    def create_group(self, name: str, start: str = "earliest") -> None: ...
+    def create_group(self, name: str, start: Start = "earliest") -> None:
+        """A new group: at the earliest retained message, the latest, or the first produced
+        at or after a time (seconds since the epoch, or a datetime with a timezone)."""
+
+    @abstractmethod
+    def seek(self, group: str, when: When) -> int:
+        """Move ``group`` to the first retained message produced at or after ``when``; that
+        offset.  Below it every message is settled for the group (as ``commit``); from it on
+        the retained ones are delivered again (docs/operations.md, "Seek by time")."""
 
     @abstractmethod
     def delete_group(self, name: str) -> None: ...

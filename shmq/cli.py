@@ -253,6 +253,35 @@ def purge(queue: str = QueueArg, url: str | None = UrlOpt, shm: str | None = Shm
     print(json.dumps({"purged": n}) if as_json else f"purged {plural(n, 'message')} from {queue}")
 
 
+@app.command()
+def seek(queue: str = QueueArg,
+         time_: str = typer.Option(..., "--time", "-t", help="ISO 8601 with a timezone "
+                                   "(2026-11-24T10:00:00Z) or relative to now (-90s, -5m, -1h, -2d)"),
+         group: str = typer.Option(options.DEFAULT_GROUP, "--group", "-g", help="the group to move"),
+         create: bool = typer.Option(False, "--create", help="make a new group starting at that time"),
+         url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
+         token_file: str | None = TokenFileOpt, as_json: bool = JsonOpt) -> None:
+    """Move a group to the first message produced at or after a time: below it every message
+    is settled for the group, from it on the retained ones are delivered (again).
+
+    Example: shmq seek orders --group billing --time -1h
+    """
+    import time
+
+    from .seektime import parse_time
+
+    with session(url, shm, token, token_file) as b:
+        at = parse_time(time_, time.time())
+        q = b.queue(queue)
+        if create:
+            q.create_group(group, start=at)
+            offset = int(q.stats()["groups"][group]["floor"])
+        else:
+            offset = q.seek(group, at)
+    print(json.dumps({"group": group, "offset": offset}) if as_json
+          else f"group {group} of {queue} {'starts' if create else 'moved to'} offset {offset}")
+
+
 app.command()(dlq)
 
 

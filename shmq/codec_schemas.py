@@ -65,6 +65,8 @@ class T(IntEnum):
     PURGE_OK = 0x76
     INFO = 0x77
     INFO_OK = 0x78
+    GROUP_SEEK = 0x79
+    GROUP_SEEK_OK = 0x7A
     SUBSCRIBE = 0x81
     SUBSCRIBE_OK = 0x82
     CREDIT = 0x83
@@ -136,6 +138,8 @@ SCHEMAS: dict[T, Schema] = {
     T.PURGE_OK: (("purged", "u64"),),
     T.INFO: _EMPTY,
     T.INFO_OK: (("info", "json"),),
+    T.GROUP_SEEK: _QG + (("timestamp_ns", "u64"), ("create", "u8")),
+    T.GROUP_SEEK_OK: (("offset", "u64"),),
     T.SUBSCRIBE: _QG + (("credit", "u32"), ("visibility_ms", "u32")),
     T.SUBSCRIBE_OK: _EMPTY,
     T.CREDIT: (("subscription", "u32"), ("credit", "u32")),

@@ -394,25 +394,6 @@ def _raise_stale(stale: list[int], total: int, results: list[list[int]]) -> None
         raise StaleAck.of_batch(stale, total)
 
 
-def create_group(q: Handle[Any], name: str, start: str) -> Request[None]:
-    if start not in ("earliest", "latest"):
-        raise InvalidArgument("start must be 'earliest' or 'latest'")
-    return _call(T.GROUP_JOIN, T.GROUP_JOIN_OK, queue=q.name, group=name,
-                 start=0 if start == "earliest" else 1)
-
-
-def delete_group(q: Handle[Any], name: str) -> Request[None]:
-    return _call(T.GROUP_DELETE, T.GROUP_DELETE_OK, queue=q.name, group=name)
-
-
-def groups(q: Handle[Any]) -> Request[list[str]]:
-    return _call(T.GROUP_LIST, T.GROUP_LIST_OK, "groups", queue=q.name)
-
-
-def commit(q: Handle[Any], group: str, offset: int) -> Request[None]:
-    return _call(T.GROUP_COMMIT, T.GROUP_COMMIT_OK, queue=q.name, group=group, offset=offset)
-
-
 def purge(q: Handle[Any]) -> Request[int]:
     return _call(T.PURGE, T.PURGE_OK, "purged", queue=q.name)
 
@@ -493,7 +474,7 @@ class Feed(Generic[M]):
 
 
 __all__ = ["Batch", "Command", "Feed", "Handle", "ack_batch_nowait_frames", "ack_many", "ack_nowait_frame",
-           "batch_acks", "batch_payloads", "commit", "create_group", "create_queue", "delete_group",
-           "delete_queue", "disconnect", "get", "get_many", "give_back", "groups", "handshake", "info",
+           "batch_acks", "batch_payloads", "create_queue",
+           "delete_queue", "disconnect", "get", "get_many", "give_back", "handshake", "info",
            "list_queues", "produce_request", "purge", "pushed_records", "put", "put_many",
            "read", "settle", "settles_by_group", "stats", "unclaimed", "unsubscribe"]

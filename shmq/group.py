@@ -68,11 +68,14 @@ from .layout import (
     NO_OWNER,
     OWNER_MASK,
     OWNER_SHIFT,
+    Q_FREE_OFFSET,
     Q_GROUP_GEN,
     Q_NEXT_OFFSET,
     Q_ORPHANS,
+    Q_SETTLE_SEQ,
     READY,
     S_GROUPS,
+    S_TIMESTAMP,
     STATE_DC_MASK,
     STATE_MASK,
     TIME_SHIFT,
@@ -168,6 +171,70 @@ class Groups(Delivery):
         for gi in restored:
             self.advance_floor(gi)
 
+    # ------------------------------------------------------------ seek by time
+    def offset_at(self, ts_ns: int) -> int:
+        """The first retained offset whose producer timestamp is at or after ``ts_ns``: a
+        binary search of [free offset, next offset), which assumes the timestamps rise with
+        the offsets.  When they do not (two producers' clocks, a clock stepped back), it
+        finds *a* boundary: an offset whose record is at or after ``ts_ns`` and whose
+        predecessor is before it.  The next offset when every record is older.  Tombstones
+        (timestamp 0: offsets a recovery could not fill) count as the record after them,
+        and the answer is never one."""
+        w = self.w
+        lo, hi = w[Q_FREE_OFFSET], w[Q_NEXT_OFFSET]
+        tail = hi
+        while lo < hi:
+            mid = (lo + hi) // 2
+            m = mid
+            while m < hi and not self._timestamp(m):
+                m += 1
+            if m == hi or self._timestamp(m) >= ts_ns:
+                hi = mid
+            else:
+                lo = m + 1
+        while lo < tail and not self._timestamp(lo):  # the record after the tombstones
+            lo += 1
+        return int(lo)
+
+    def _timestamp(self, offset: int) -> int:
+        return int(self.w[self.sl + (offset % self.cap) * self.sw + S_TIMESTAMP])
+
+    def seek(self, gi: int, to: int, now: int) -> bool:
+        """Move the group's position to offset ``to`` (clamped into [free offset, next
+        offset]), as Kafka's seek: every message below it is settled for the group (DONE,
+        as ``commit``: a lease on one turns stale), and every retained one from it up to
+        the cursor is delivered again (READY now: acked, leased -- that lease turns stale --
+        or given back), except a dead-letter copy in flight and a message that had its
+        ``max_deliveries`` already.  True when storage was freed.
+
+        The floor is lowered before any word below it changes, so a crash in between
+        leaves DONE words above a floor, which ``repair`` steps over."""
+        w = self.w
+        if self.journaled:  # the journal writer snapshots the groups once this moves
+            w[Q_SETTLE_SEQ] += 1
+        g = self.gw + gi * G_WORDS
+        to = min(max(to, w[Q_FREE_OFFSET]), w[Q_NEXT_OFFSET])
+        cur = w[g + G_CURSOR]
+        if to >= cur:
+            return self.commit(gi, to)
+        lw = S_GROUPS + gi
+        start = w[g + G_FLOOR]
+        if to < start:
+            w[g + G_FLOOR] = start = to
+        for o in range(start, cur):
+            slot = self.sl + (o % self.cap) * self.sw
+            word = w[slot + lw]
+            state, dc = word & STATE_MASK, (word >> DC_SHIFT) & DC_MASK
+            if state == DEADING:  # a dead-letter copy in flight finishes on its own
+                continue
+            if o < to:
+                w[slot + lw] = DONE | (dc << DC_SHIFT)
+            elif state != READY and dc < self.give_up_at and w[slot + S_TIMESTAMP]:  # (0: a tombstone)
+                w[slot + lw] = READY | (dc << DC_SHIFT) | (now << TIME_SHIFT)
+        self._exact_hints(gi)
+        freed = self.advance_floor(gi)
+        return self._recompute_free() or freed
+
     # ------------------------------------------------------------ repair
     def repair(self) -> None:
         """Re-derive the group table from the lease words; the consumer lock's
@@ -195,31 +262,42 @@ class Groups(Delivery):
                 base = self.sl + (o % self.cap) * self.sw + lw
                 if w[base] & STATE_MASK not in (NEW, DONE):
                     w[base] = NEW
-            ready = 0
-            next_ready: int | None = None
-            next_expiry: int | None = None
-            ready_lo = cur
-            for o in range(w[g + G_FLOOR], cur):
-                base = self.sl + (o % self.cap) * self.sw + lw
-                word = w[base]
-                state = word & STATE_MASK
-                if state == NEW:  # cannot happen below the cursor: deliverable now
-                    word = w[base] = READY
-                    state = READY
-                t = word >> TIME_SHIFT
-                if state == READY:
-                    ready += 1
-                    ready_lo = min(ready_lo, o)
-                    next_ready = t if next_ready is None else min(next_ready, t)
-                elif state == LEASED:
-                    next_expiry = t if next_expiry is None else min(next_expiry, t)
-                elif state == DEADING and (word >> OWNER_SHIFT) & OWNER_MASK == NO_OWNER:
-                    orphans = True
-            w[g + G_REDELIVER] = ready
-            w[g + G_NEXT_READY] = next_ready or 0
-            w[g + G_READY_LO] = ready_lo
-            w[g + G_NEXT_EXPIRY] = max(next_expiry, 1) if next_expiry is not None else 0
+            orphans = self._exact_hints(gi) or orphans
             self.advance_floor(gi)
         if orphans:
             w[Q_ORPHANS] = 1
         self._recompute_free()
+
+    def _exact_hints(self, gi: int) -> bool:
+        """Make the group's hints exact from its words in [floor, cursor) (a NEW word
+        there becomes READY); True when a dead-letter orphan (DEADING, no owner) is there."""
+        w = self.w
+        g = self.gw + gi * G_WORDS
+        lw = S_GROUPS + gi
+        cur = w[g + G_CURSOR]
+        orphans = False
+        ready = 0
+        next_ready: int | None = None
+        next_expiry: int | None = None
+        ready_lo = cur
+        for o in range(w[g + G_FLOOR], cur):
+            base = self.sl + (o % self.cap) * self.sw + lw
+            word = w[base]
+            state = word & STATE_MASK
+            if state == NEW:  # cannot happen below the cursor: deliverable now
+                word = w[base] = READY
+                state = READY
+            t = word >> TIME_SHIFT
+            if state == READY:
+                ready += 1
+                ready_lo = min(ready_lo, o)
+                next_ready = t if next_ready is None else min(next_ready, t)
+            elif state == LEASED:
+                next_expiry = t if next_expiry is None else min(next_expiry, t)
+            elif state == DEADING and (word >> OWNER_SHIFT) & OWNER_MASK == NO_OWNER:
+                orphans = True
+        w[g + G_REDELIVER] = ready
+        w[g + G_NEXT_READY] = next_ready or 0
+        w[g + G_READY_LO] = ready_lo
+        w[g + G_NEXT_EXPIRY] = max(next_expiry, 1) if next_expiry is not None else 0
+        return orphans

@@ -117,13 +117,14 @@ class GroupTable:
                 return gi
         return -1
 
-    def create(self, name: str, start: str) -> int:
+    def create(self, name: str, start: str | int) -> int:
         """A new group at the first free index: its fields and lease words are written
         while it is FREE; its serial, ACTIVE and the new generation come last.  A crash
-        between those stores is mended by ``repair`` (a fresh generation)."""
+        between those stores is mended by ``repair`` (a fresh generation).  ``start``:
+        "earliest", "latest" or an offset (clamped to the retained ones, or the next)."""
         if self.journaled:  # the journal writer snapshots the groups once this moves
             self.w[Q_SETTLE_SEQ] += 1
-        if start not in ("earliest", "latest"):
+        if start not in ("earliest", "latest") and type(start) is not int:
             raise InvalidArgument("start must be 'earliest' or 'latest'")
         if self.index(name) >= 0:
             raise QueueExists(f"group {name!r} exists on queue {self.ring.name!r}")
@@ -136,7 +137,8 @@ class GroupTable:
             mm[g * WORD:(g + G_WORDS) * WORD] = bytes(G_WORDS * WORD)
             tail = w[Q_NEXT_OFFSET]
             free = w[Q_FREE_OFFSET]
-            first = free if start == "earliest" else tail
+            first = (free if start == "earliest" else tail if start == "latest"
+                     else min(max(int(start), free), tail))
             lw = S_GROUPS + gi
             for o in range(free, tail):  # a reused index may hold an old group's words
                 w[self.sl + (o % self.cap) * self.sw + lw] = NEW if o >= first else DONE

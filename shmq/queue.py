@@ -28,6 +28,7 @@ from .layout import (
 )
 from .names import check_group_name as _check_group_name
 from .ring import producer_key
+from .seektime import Start, When, start_ns, to_ns
 
 
 class ShmQueue(Consuming, QueueABC):
@@ -102,8 +103,12 @@ class ShmQueue(Consuming, QueueABC):
     # ------------------------------------------------------------ groups, replay, stats
     # Each change of group state has an ``_unsynced`` form that returns the mark confirming
     # it on an ``always`` queue instead of waiting for it (``shmq.serverqueue`` uses those).
-    def create_group(self, name: str, start: str = "earliest") -> None:
-        _sync(self._create_group_unsynced(name, start))
+    def create_group(self, name: str, start: Start = "earliest") -> None:
+        """A new group, at the earliest retained message, the latest, or the first produced
+        at or after a time (as ``seek``)."""
+        at = start_ns(start)
+        _sync(self._create_group_unsynced(name, str(start)) if at is None
+              else self._create_group_at_unsynced(name, at)[1])
 
     def _create_group_unsynced(self, name: str, start: str) -> Mark | None:
         self._alive()
@@ -111,6 +116,36 @@ class ShmQueue(Consuming, QueueABC):
         with self._ring.clock:
             self._groups.create(name, start)
         return self._dur.settle_mark()
+
+    def _create_group_at_unsynced(self, name: str, at_ns: int) -> tuple[int, Mark | None]:
+        self._alive()
+        _check_group_name(name)
+        with self._ring.clock:
+            offset = self._groups.offset_at(at_ns)
+            self._groups.create(name, offset)
+        return offset, self._dur.settle_mark()
+
+    def seek(self, group: str, when: When) -> int:
+        """Move ``group`` to the first retained message produced at or after ``when``
+        (``Groups.seek`` says what happens to the messages on either side); its offset."""
+        offset, mark = self._seek_unsynced(group, to_ns(when))
+        _sync(mark)
+        return offset
+
+    def _seek_unsynced(self, group: str, at_ns: int) -> tuple[int, Mark | None]:
+        self._alive()
+        with self._ring.clock:
+            groups = self._groups
+            gi = groups.require(group)
+            offset = groups.offset_at(at_ns)
+            freed = groups.seek(gi, offset, self._now())
+        self._after_seek(freed)
+        return offset, self._dur.settle_mark()
+
+    def _after_seek(self, freed: bool) -> None:
+        if freed and self._w[L.Q_PRODUCER_WAITERS]:
+            self._wake(self._nf, self._w[L.Q_PRODUCER_WAITERS], 1)
+        self._wake_consumers(max(1, self._w[L.Q_CONSUMER_WAITERS]))  # sought back: deliverable now
 
     def delete_group(self, name: str) -> None:
         _sync(self._delete_group_unsynced(name))

@@ -222,11 +222,21 @@ class ServerQueue:
     def create_group(self, name: str, start: str = "earliest") -> Mark | None:
         return self._q._create_group_unsynced(name, start)
 
+    def create_group_at(self, name: str, at_ns: int) -> tuple[int, Mark | None]:
+        """A new group at the first message produced at or after the time (ns since the
+        epoch): that offset, and the mark confirming the group."""
+        return self._q._create_group_at_unsynced(name, at_ns)
+
     def delete_group(self, name: str) -> Mark | None:
         return self._q._delete_group_unsynced(name)
 
     def commit(self, group: str, offset: int) -> Mark | None:
         return self._q._commit_unsynced(group, offset)
+
+    def seek(self, group: str, at_ns: int) -> tuple[int, Mark | None]:
+        """Move ``group`` to the first message at or after the time (``ShmQueue.seek``):
+        its offset, and the mark confirming the move."""
+        return self._q._seek_unsynced(group, at_ns)
 
     def purge(self) -> tuple[int, Mark | None]:
         return self._q._purge_unsynced()

@@ -27,8 +27,8 @@ DEFAULT_SINK_BATCH = 1_000  # messages per put_many of the sink (option "batchSi
 DEFAULT_WRITE_TIMEOUT = 60.0  # s a sink task waits for room in a full queue (option "writeTimeout")
 
 _NAMES = ["url", "token", "queue", "group", "startingOffsets", "endingOffsets", "maxOffsetsPerTrigger",
-          "minPartitions", "failOnDataLoss", "batchSize", "writeTimeout"]
-_READ_OPTIONS = {n.lower() for n in _NAMES[:9]}
+          "minPartitions", "failOnDataLoss", "startingTimestamp", "batchSize", "writeTimeout"]
+_READ_OPTIONS = {n.lower() for n in _NAMES[:10]}
 _WRITE_OPTIONS = {"url", "token", "queue", "batchsize", "writetimeout"}
 
 
@@ -47,6 +47,7 @@ class ReadOptions:
     max_per_trigger: int | None
     min_partitions: int
     fail_on_data_loss: bool
+    starting_timestamp: int | None = None  # ms since the epoch: start at the first message at or after it
 
 
 @dataclass(frozen=True)
@@ -139,10 +140,13 @@ def read_options(opts: Mapping[str, str], streaming: bool) -> ReadOptions:
     if flag not in ("true", "false"):
         raise InvalidArgument(f"option failOnDataLoss must be true or false, not {o['failondataloss']!r}")
     max_per_trigger = _int(o, "maxoffsetspertrigger", "maxOffsetsPerTrigger", None, 1, (1 << 63) - 1)
+    starting_ts = _int(o, "startingtimestamp", "startingTimestamp", None, 0, (1 << 64) // 1_000_000 - 1)
+    if starting_ts is not None and "startingoffsets" in o:
+        raise InvalidArgument("give option startingOffsets or startingTimestamp, not both")
     min_partitions = _int(o, "minpartitions", "minPartitions", 1, 1, 10_000)
     assert min_partitions is not None
     return ReadOptions(url, token, queue, o.get("group", DEFAULT_GROUP), starting, ending,
-                       max_per_trigger, min_partitions, flag == "true")
+                       max_per_trigger, min_partitions, flag == "true", starting_ts)
 
 
 def write_options(opts: Mapping[str, str]) -> WriteOptions:

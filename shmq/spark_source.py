@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -34,8 +35,10 @@ from pyspark.sql.types import (
 from . import options
 from .api import Broker, Message, Queue
 from .errors import ConnectionLost, GroupNotFound, InvalidArgument, QueueExists
+from .seektime import to_ns
 from .spark_options import DataLost, ReadOptions, broker_for
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 PARTITION_OFFSETS = 100_000  # a read task covers at most this many offsets (more: more partitions)
 
 SCHEMA = StructType([
@@ -131,6 +134,40 @@ def read_range(o: ReadOptions, part: OffsetRange) -> Iterator[pa.RecordBatch]:
         b.close()
 
 
+def timestamp_start(ms: int) -> datetime:
+    """startingTimestamp (ms since the epoch) as the exact time ``create_group`` and ``seek`` take."""
+    return _EPOCH + timedelta(milliseconds=ms)
+
+
+def offset_at(q: Queue, ts_ns: int, first: int, nxt: int) -> int:
+    """The first offset of [first, nxt) whose message was produced at or after ``ts_ns``, else
+    ``nxt``: the broker's binary search (``Groups.offset_at``) done with reads, for a batch
+    read, which owns no group.  A tombstone (timestamp 0) counts as the message after it."""
+
+    def stamp(o: int) -> int | None:  # the first real timestamp at or after o, below nxt
+        while o < nxt:
+            msgs = [m for m in q.read(o, min(64, nxt - o)) if m.offset < nxt]
+            for m in msgs:
+                if m.timestamp_ns:
+                    return int(m.timestamp_ns)
+            if not msgs:
+                return None
+            o = msgs[-1].offset + 1
+        return None
+
+    lo, hi = first, nxt
+    while lo < hi:
+        mid = (lo + hi) // 2
+        t = stamp(mid)
+        if t is None or t >= ts_ns:
+            hi = mid
+        else:
+            lo = mid + 1
+    while lo < nxt and (got := q.read(lo, 1)) and not got[0].timestamp_ns:
+        lo = got[0].offset + 1  # past tombstones
+    return lo
+
+
 def check_schema(schema: StructType) -> None:
     if schema is not None and [(f.name, f.dataType) for f in schema.fields] != [
             (f.name, f.dataType) for f in SCHEMA.fields]:
@@ -147,9 +184,12 @@ class BatchReader(DataSourceReader):
     def partitions(self) -> list[OffsetRange]:
         o = self.o
         with broker_for(o.url, o.token) as b:
-            st = b.queue(o.queue).stats()
-        first, nxt = st["first_offset"], st["next_offset"]
-        start = first if o.starting == "earliest" else nxt if o.starting == "latest" else int(o.starting)
+            q = b.queue(o.queue)
+            st = q.stats()
+            first, nxt = st["first_offset"], st["next_offset"]
+            start = first if o.starting == "earliest" else nxt if o.starting == "latest" else int(o.starting)
+            if o.starting_timestamp is not None:
+                start = offset_at(q, to_ns(timestamp_start(o.starting_timestamp)), first, nxt)
         end = nxt if o.ending == "latest" else int(o.ending)
         if start > nxt or end > nxt:
             raise InvalidArgument(f"offsets {start}..{end} of queue {o.queue!r} are past its next "
@@ -227,8 +267,14 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {o.queue: self._call(start)}
 
     def _create_group(self, q: Queue, first: int, nxt: int) -> None:
-        """Create the query's group at startingOffsets."""
+        """Create the query's group at startingOffsets (or startingTimestamp)."""
         o = self.o
+        if o.starting_timestamp is not None:
+            try:
+                q.create_group(o.group, start=timestamp_start(o.starting_timestamp))
+            except QueueExists:
+                pass
+            return
         if o.starting in ("earliest", "latest"):
             try:
                 q.create_group(o.group, str(o.starting))

@@ -22,6 +22,7 @@ from collections.abc import Generator, Iterable, Sequence
 from typing import Any, TypeVar
 
 from . import commands as cmd
+from . import commands_groups as gcmd
 from . import options
 from .api import Broker, BrokerInfo, Message, Payload, Queue, QueueInfo
 from .codec import HEARTBEAT_FRAME
@@ -35,6 +36,7 @@ from .commands import (  # re-exported: they were this module's before shmq.comm
 )
 from .connection import ClientConnection, Push, Reply, Request
 from .errors import ConnectionLost, ProtocolError, ShmqError
+from .seektime import Start, When
 from .settle import Settle
 from .urls import BrokerUrl, client_settings, parse_tcp_url
 
@@ -355,17 +357,20 @@ class TcpQueue(Queue):
     def read(self, offset: int, max_messages: int = 1) -> list[Message]:
         return self._b._execute(cmd.read(self, offset, max_messages))
 
-    def create_group(self, name: str, start: str = "earliest") -> None:
-        self._b._execute(cmd.create_group(self, name, start))
+    def create_group(self, name: str, start: Start = "earliest") -> None:
+        self._b._execute(gcmd.create_group(self, name, start))
 
     def delete_group(self, name: str) -> None:
-        self._b._execute(cmd.delete_group(self, name))
+        self._b._execute(gcmd.delete_group(self, name))
 
     def groups(self) -> list[str]:
-        return self._b._execute(cmd.groups(self))
+        return self._b._execute(gcmd.groups(self))
 
     def commit(self, group: str, offset: int) -> None:
-        self._b._execute(cmd.commit(self, group, offset))
+        self._b._execute(gcmd.commit(self, group, offset))
+
+    def seek(self, group: str, when: When) -> int:
+        return self._b._execute(gcmd.seek(self, group, when))
 
     def purge(self) -> int:
         return self._b._execute(cmd.purge(self))

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import shmq
 from shmq import aio
 from shmq import commands as cmd
+from shmq import commands_groups as gcmd
 from shmq.api import Message
 from shmq.codec import NO_REPLY_ID, Frame, FrameDecoder, T, decode_body, encode_body, encode_frame, frame
 from shmq.connection import MAX_ID, ClientConnection, Closing, NowaitFailed, Push, Reply
@@ -79,7 +80,7 @@ def test_an_id_stays_in_use_until_answered_abandoned_or_not() -> None:
 def test_a_bad_argument_raises_before_anything_is_pending() -> None:
     conn = ClientConnection()
     with pytest.raises(ValueError):
-        conn.send(cmd.commit(_handle(), "g", -1))  # a u64 cannot be negative
+        conn.send(gcmd.commit(_handle(), "g", -1))  # a u64 cannot be negative
     assert not conn.pending and not conn.closed
 
 
@@ -307,7 +308,7 @@ def test_argument_checks_raise_before_anything_is_sent() -> None:
                  lambda: cmd.get_many(q, 0, "g", True, None, None),
                  lambda: cmd.put_many(q, [b"x"] * 10_001, True, None, None, None),
                  lambda: cmd.put_many(q, [b"x"], True, None, "p", None),
-                 lambda: cmd.create_group(q, "g", "middle"),
+                 lambda: gcmd.create_group(q, "g", "middle"),
                  lambda: cmd.create_queue("no/slash", {}),
                  lambda: cmd.settle(q, _msg(q, None, 1, 1), Settle.NACK, 0.0),
                  lambda: cmd.settle(q, _msg(q, "g", 1, 1), Settle.NACK, -1.0)):

@@ -87,6 +87,9 @@ VECTORS: dict[str, tuple[T, int, int, dict[str, Any]]] = {
                                                                  "count": 100, "deliveries": 1}),
     "info": (T.INFO, 16, 0, {}),
     "info_ok": (T.INFO_OK, 16, 0, {"info": {"workers": 2, "connections": [1, 0]}}),
+    "group_seek": (T.GROUP_SEEK, 17, 0, {"queue": "orders", "group": "audit", "timestamp_ns": TS,
+                                         "create": 0}),
+    "group_seek_ok": (T.GROUP_SEEK_OK, 17, 0, {"offset": 42}),
 }
 
 # Sample values per field kind: "full" exercises every byte, "min" the empty and zero cases.

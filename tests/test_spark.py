@@ -25,6 +25,7 @@ from shmq import spark as ss
 from shmq.shm import ShmBroker
 
 from .conftest import Server, leftovers, unique_instance, wait_until
+from .test_seek import spaced
 
 pytestmark = [
     pytest.mark.spark,
@@ -221,6 +222,44 @@ def test_lost_offsets_are_reported(srv: Server) -> None:
         with pytest.raises(ss.DataLost, match="no longer retains"):
             reader.initialOffset()
         reader.stop()
+        b.delete_queue(q.name)
+
+
+def test_starting_timestamp_is_checked() -> None:
+    o = ss.read_options({"queue": "ev", "startingTimestamp": "1700000000123"}, streaming=True)
+    assert (o.starting_timestamp, o.starting) == (1700000000123, "latest")
+    assert ss.read_options({"queue": "ev"}, streaming=False).starting_timestamp is None
+    bad = [({"queue": "ev", "startingTimestamp": "yesterday"}, "must be an integer"),
+           ({"queue": "ev", "startingTimestamp": "-1"}, "startingTimestamp must be between"),
+           ({"queue": "ev", "startingTimestamp": "1", "startingOffsets": "earliest"}, "not both"),
+           ({"queue": "ev", "startingTimestamps": "1"}, "did you mean 'startingTimestamp'")]
+    for opts, message in bad:
+        with pytest.raises(shmq.InvalidArgument, match=message):
+            ss.read_options(opts, True)
+
+
+def test_starting_timestamp_starts_the_stream_and_the_batch_at_that_time(srv: Server) -> None:
+    from shmq.spark_source import offset_at
+
+    with shmq.connect(srv.url) as b:
+        q = fresh(b)
+        ts = spaced(q, 5)  # at least 1 ms apart
+        ms = ts[2] // 1_000_000  # a millisecond after message 1, at or before message 2
+        assert ts[1] < ms * 1_000_000 <= ts[2]
+        opts = {"url": srv.url, "queue": q.name, "group": "g", "startingTimestamp": str(ms)}
+        reader = ss.StreamReader(ss.read_options(opts, streaming=True))
+        assert reader.initialOffset() == {q.name: 2}
+        assert q.stats()["groups"]["g"]["floor"] == 2
+        assert reader.initialOffset() == {q.name: 2}  # stable: the group exists now
+        reader.stop()
+        batch = ss.BatchReader(ss.read_options(opts, streaming=False))
+        rows = [o for part in batch.partitions() for rb in batch.read(part)
+                for o in rb.column("offset").to_pylist()]
+        assert rows == [2, 3, 4]
+        after = str(ts[4] // 1_000_000 + 1)
+        late = ss.BatchReader(ss.read_options({**opts, "startingTimestamp": after}, False))
+        assert late.partitions() == [ss.OffsetRange(q.name, 5, 5)]  # after the newest: nothing
+        assert [offset_at(q, t, 0, 5) for t in (0, ts[0], ts[0] + 1, ts[4], ts[4] + 1)] == [0, 0, 1, 4, 5]
         b.delete_queue(q.name)
 
 
