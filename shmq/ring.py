@@ -388,9 +388,9 @@ class Ring:
             w[e + L.P_KEY] = key
 
     # ------------------------------------------------------------ recovery
-    def restore(self, records: dict[int, tuple[int, bytes]], first: int, tail: int) -> None:
+    def restore(self, records: dict[int, tuple[int, bytes, bytes]], first: int, tail: int) -> None:
         """Fill a new, unpublished segment (recovery): ``records`` maps offset to
-        (timestamp_ns, payload); every offset of [first, tail) not in it becomes a
+        (timestamp_ns, payload, metadata); every offset of [first, tail) not in it becomes a
         tombstone, empty and DONE for every group (lost in a crash window, or never
         handed out), so offsets keep their meaning and are never reused."""
         w = self.w
@@ -408,16 +408,16 @@ class Ring:
                 mm[base * L.WORD:b] = L.SLOT_HEAD.pack(o, p, 0, 0)
                 mm[b:b + len(done_all)] = done_all
                 continue
-            ts, payload = rec
-            n = len(payload)
+            ts, payload, meta = rec
+            n = len(payload) + len(meta)
             phys = p % size
             if phys + n > size:
                 p += size - phys
             if p + n > size:
                 raise InstanceError(f"cannot restore {p + n} bytes into max_bytes {size}")
             start = self.data_off + p % size
-            mm[start:start + n] = payload
-            mm[base * L.WORD:b] = L.SLOT_HEAD.pack(o, p, n, ts)
+            mm[start:start + n] = meta + payload
+            mm[base * L.WORD:b] = L.SLOT_HEAD.pack(o, p, len(payload) | (len(meta) << L.LEN_META_SHIFT), ts)
             mm[b:b + len(self._zero_leases)] = self._zero_leases
             p += n
         w[L.Q_TAIL_BYTES] = p
