@@ -22,7 +22,7 @@ from shmq.journal import Journal
 from .conftest import Server
 from .test_durability import Durable
 
-H = {"trace-id": "abc123", "bin": b"\x00\xff\x10", "ключ-鍵": "värde ✓", "empty": b""}
+H: dict[str, str | bytes] = {"trace-id": "abc123", "bin": b"\x00\xff\x10", "ключ-鍵": "värde ✓", "empty": b""}
 WANT = {"trace-id": b"abc123", "bin": b"\x00\xff\x10", "ключ-鍵": "värde ✓".encode(), "empty": b""}
 
 
