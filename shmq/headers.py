@@ -36,6 +36,8 @@ FLAG = 0x0001  # the status field of a PRODUCE* request: every payload starts wi
 _HEAD = struct.Struct(">BH")
 _U16 = struct.Struct(">H")
 EMPTY: Mapping[str, bytes] = MappingProxyType({})
+_SHORT = 256
+_LENS = [_U16.pack(n) for n in range(_SHORT)]  # the length prefixes of short keys and values, made once
 
 
 def encode(headers: Mapping[str, str | bytes] | None) -> bytes:
@@ -51,23 +53,29 @@ def encode(headers: Mapping[str, str | bytes] | None) -> bytes:
     if len(headers) > options.MAX_HEADERS:
         raise LimitExceeded(f"{len(headers)} headers; the limit is {options.MAX_HEADERS} per message")
     parts = [_HEAD.pack(TAG, len(headers))]
-    size = _HEAD.size
+    lens = _LENS
     for k, v in headers.items():
         if type(k) is not str or not k:
             raise InvalidArgument(f"a header key must be a non-empty str, not {k!r}")
         if type(v) is str:
             v = v.encode()
-        elif isinstance(v, bytes | bytearray | memoryview):
+        elif type(v) is not bytes:
+            if not isinstance(v, bytearray | memoryview):
+                raise InvalidArgument(f"the value of header {k!r} must be str or bytes, not "
+                                      f"{type(v).__name__}")
             v = bytes(v)
-        else:
-            raise InvalidArgument(f"the value of header {k!r} must be str or bytes, not {type(v).__name__}")
         kb = k.encode()
-        size += 4 + len(kb) + len(v)
-        if size > options.MAX_HEADERS_BYTES:
-            raise LimitExceeded(f"headers of more than {options.MAX_HEADERS_BYTES} bytes encoded "
-                                "(options.MAX_HEADERS_BYTES)")
-        parts += (_U16.pack(len(kb)), kb, _U16.pack(len(v)), v)
-    return b"".join(parts)
+        if len(kb) >= _SHORT or len(v) >= _SHORT:
+            if len(kb) + len(v) > options.MAX_HEADERS_BYTES:
+                break  # the size check below says so
+            parts += (_U16.pack(len(kb)), kb, _U16.pack(len(v)), v)
+        else:
+            parts += (lens[len(kb)], kb, lens[len(v)], v)
+    block = b"".join(parts)
+    if len(block) > options.MAX_HEADERS_BYTES or len(parts) != 1 + 4 * len(headers):
+        raise LimitExceeded(f"headers of more than {options.MAX_HEADERS_BYTES} bytes encoded "
+                            "(options.MAX_HEADERS_BYTES)")
+    return block
 
 
 def encode_many(headers: Sequence[Mapping[str, str | bytes] | None] | None, n: int) -> list[bytes] | None:
@@ -83,23 +91,26 @@ def encode_many(headers: Sequence[Mapping[str, str | bytes] | None] | None, n: i
 
 def _parse(meta: bytes | memoryview) -> tuple[dict[str, bytes], int]:
     """The headers of a block at the start of ``meta``, and the block's length."""
+    meta = bytes(meta)
     try:
-        tag, count = _HEAD.unpack_from(meta)
-        if tag != TAG:
-            raise ValueError(f"tag 0x{tag:02x}")
+        if len(meta) < 3 or meta[0] != TAG:
+            raise ValueError(f"tag or count missing ({meta[:3].hex()})")
+        count = meta[1] << 8 | meta[2]
         out: dict[str, bytes] = {}
-        at = _HEAD.size
+        at = 3
         for _ in range(count):
-            (n,) = _U16.unpack_from(meta, at)
-            key = bytes(meta[at + 2:at + 2 + n]).decode()
-            at += 2 + n
-            (m,) = _U16.unpack_from(meta, at)
-            value = bytes(meta[at + 2:at + 2 + m])
-            at += 2 + m
-            if not key or len(value) != m or at > len(meta):
+            n = meta[at] << 8 | meta[at + 1]
+            at += 2
+            key = meta[at:at + n].decode()
+            at += n
+            m = meta[at] << 8 | meta[at + 1]
+            at += 2
+            value = meta[at:at + m]
+            at += m
+            if not key or at > len(meta):
                 raise ValueError("truncated")
             out[key] = value
-    except (struct.error, ValueError) as e:  # UnicodeDecodeError is a ValueError
+    except (IndexError, ValueError) as e:  # UnicodeDecodeError is a ValueError
         raise InvalidArgument(f"malformed header block: {e}") from None
     if len(out) != count:
         raise InvalidArgument("malformed header block: a key repeated")

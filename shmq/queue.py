@@ -42,7 +42,15 @@ class ShmQueue(Consuming, QueueABC):
         if headers is not None:
             meta = _headers.encode(headers)
             if meta:
-                return self._put_metas([payload], [meta], block, timeout, 0, None, wait_durable)[0]
+                if self._durable or len(payload) + len(meta) > self._max:
+                    return self._put_metas([payload], [meta], block, timeout, 0, None, wait_durable)[0]
+                if self._w[Q_STATE] != QS_ACTIVE:
+                    self._alive()
+                off = self._ring.try_put(payload, time.time_ns(), meta)
+                if off < 0:
+                    off = self._put_wait([payload], [meta], block, timeout)
+                self._wake_consumers(1)
+                return off
         if len(payload) > self._max:
             raise MessageTooLarge(f"payload of {len(payload)} bytes exceeds max_message_size "
                                   f"{self._max} of queue {self.name!r}")

@@ -177,10 +177,14 @@ class Ring:
         return count <= self.capacity and nbytes <= self.size
 
     # ------------------------------------------------------------ producing
-    def try_put(self, payload: bytes | bytearray | memoryview, ts: int) -> int:
-        """Append one record (no metadata); its offset, or -1 when there is no room now."""
+    def try_put(self, payload: bytes | bytearray | memoryview, ts: int, meta: bytes = b"") -> int:
+        """Append one record (``meta``: its metadata); its offset, or -1 when there is no room now."""
         w = self.w
-        n = len(payload)
+        n = lens = len(payload)
+        if meta:
+            payload = meta + payload
+            lens |= len(meta) << LEN_META_SHIFT
+            n = len(payload)
         size = self.size
         addr = self.plock.address
         rc = trylock(addr)
@@ -207,7 +211,7 @@ class Ring:
             mm = self.mm
             mm[start:start + n] = payload
             base = self.slots_w + (off % self.capacity) * self.slot_words
-            mm[base * WORD:(base + S_FIXED_WORDS) * WORD] = _pack_slot(off, p, n, ts)
+            mm[base * WORD:(base + S_FIXED_WORDS) * WORD] = _pack_slot(off, p, lens, ts)
             b = (base + S_FIXED_WORDS) * WORD
             mm[b:b + len(self._zero_leases)] = self._zero_leases
             w[Q_TAIL_BYTES] = p + n

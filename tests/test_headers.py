@@ -230,3 +230,20 @@ def test_headers_and_origins_survive_kill9_and_recovery(tmp_path: Path) -> None:
     finally:
         if durable.srv.proc.poll() is None:
             assert durable.srv.stop() == 0
+
+
+def test_cli_produces_headers_and_shows_them(shm_broker: Any, instance: str) -> None:
+    from typer.testing import CliRunner
+
+    from shmq.cli import app
+
+    shm_broker.create_queue("hcli")
+    run = CliRunner().invoke
+    made = run(app, ["produce", "hcli", "hi", "-H", "k=v", "--header", "eq=a=b", "--shm", instance])
+    assert made.exit_code == 0, made.output
+    bad = run(app, ["produce", "hcli", "x", "--header", "novalue", "--shm", instance])
+    assert bad.exit_code != 0 and "KEY=VALUE" in bad.output
+    assert "[0] hi  [headers: k=v eq=a=b]" in run(app, ["peek", "hcli", "--shm", instance]).output
+    import json
+    shown = json.loads(run(app, ["consume", "hcli", "-n", "1", "--json", "--shm", instance]).output)
+    assert shown["headers"] == {"k": "v", "eq": "a=b"}
