@@ -363,7 +363,8 @@ def _rebuild(broker: ServerBroker, j: Journal, meta: dict[str, Any], progress: C
         log.error("journal of %r: %s", name, p)
     state = json.loads(rec.state) if rec.state else {"groups": [], "producers": []}
     groups = state["groups"]
-    records = {o: (ts, payload) for o, ts, payload in rec.messages}
+    metas = rec.metas
+    records = {o: (ts, payload, metas.get(o, b"")) for o, ts, payload in rec.messages}
     tail = rec.next_offset
     if config.durability != "always":
         # An `interval` queue may have confirmed (and delivered) offsets the journal never
@@ -378,7 +379,7 @@ def _rebuild(broker: ServerBroker, j: Journal, meta: dict[str, Any], progress: C
     cap = max(config.capacity, tail - first) if config.durability == "always" else (
         tail - first + config.capacity)
     cap = min(cap, options.MAX_CAPACITY)
-    need = sum(len(p) for _, p in records.values())
+    need = sum(len(p) + len(m) for _, p, m in records.values())
     max_bytes = max(config.max_bytes, -(-need // 4096) * 4096)
     if (cap, max_bytes) != (config.capacity, config.max_bytes):
         log.warning("queue %r is rebuilt with capacity %d and max_bytes %d to hold what it had",

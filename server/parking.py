@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from shmq import crashpoints
+from shmq import crashpoints, headers
 from shmq.codec import WAIT_FOREVER, Frame, T, decode_body, frame, produce_ok_frame
 from shmq.errors import Empty, Full, ProtocolError, ShmqError, Status
 
@@ -51,13 +51,19 @@ def try_produce(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any],
     measured A/B on 2 cores)."""
     q = core.queue(d["queue"])
     one = f.type == T.PRODUCE
+    if f.status & headers.FLAG and "split" not in d:  # each payload after its header block: split once
+        d["split"] = True
+        if one:
+            d["meta"], d["payload"] = headers.split(d["payload"])
+        else:
+            d["metas"], d["payloads"] = headers.split_many(d["payloads"])
     try:
         if one:
-            off, mark = q.put(d["payload"])
+            off, mark = q.put(d["payload"], d.get("meta", b""))
         else:  # a batch, maybe an idempotent producer's
-            offs, mark = q.put_many(d["payloads"], d.get("producer"), d.get("seq"))
+            offs, mark = q.put_many(d["payloads"], d.get("producer"), d.get("seq"), d.get("metas"))
     except Full:
-        if not one and not q.could_fit(d["payloads"]):
+        if not one and not q.could_fit(d["payloads"], d.get("metas")):
             raise  # a batch that can never fit: waiting would never help
         return False
     if _CRASH:
@@ -96,7 +102,12 @@ def produce_run(core: Core, conn: ServerConnection, frames: list[Frame], i: int)
     if len(run) < 2 or conn.parked_produces.get(name):
         return i + 1, False
     try:
-        offs, mark = core.queue(name).put_many([d["payload"] for _, d in run])
+        items, metas = [d["payload"] for _, d in run], None
+        if any(f.status & headers.FLAG for f, _ in run):  # some carry headers: each frame's own flag says
+            pairs = [headers.split(p) if f.status & headers.FLAG else (b"", p)
+                     for (f, _), p in zip(run, items, strict=True)]
+            items, metas = [p for _, p in pairs], [m for m, _ in pairs]
+        offs, mark = core.queue(name).put_many(items, metas=metas if metas and any(metas) else None)
     except ShmqError:
         return j, False
     if _CRASH:

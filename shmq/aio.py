@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 from . import commands as cmd
 from . import commands_groups as gcmd
 from . import options, tls
-from .api import BrokerInfo, Message, Payload, QueueInfo
+from .api import BrokerInfo, Headers, Message, Payload, QueueInfo
 from .codec import HEARTBEAT_FRAME, Frame
 from .commands import Batch, Command, Feed
 from .connection import ClientConnection, Event, Push, Reply, Request
@@ -381,13 +381,14 @@ class AsyncQueue:
     def __repr__(self) -> str:
         return f"AsyncQueue({self._b.url!r}, {self.name!r})"
 
-    async def put(self, payload: Payload, block: bool = True, timeout: float | None = None) -> int:
-        return await self._b._execute(cmd.put(self, payload, block, timeout))
+    async def put(self, payload: Payload, block: bool = True, timeout: float | None = None, *,
+                  headers: Headers | None = None) -> int:
+        return await self._b._execute(cmd.put(self, payload, block, timeout, headers))
 
     async def put_many(self, payloads: Sequence[Payload], block: bool = True,
                        timeout: float | None = None, *, producer: str | None = None,
-                       seq: int | None = None) -> list[int]:
-        return await self._b._execute(cmd.put_many(self, payloads, block, timeout, producer, seq))
+                       seq: int | None = None, headers: Sequence[Headers | None] | None = None) -> list[int]:
+        return await self._b._execute(cmd.put_many(self, payloads, block, timeout, producer, seq, headers))
 
     async def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
                   visibility_timeout: float | None = None) -> AsyncMessage:

@@ -10,17 +10,19 @@ from __future__ import annotations
 import json
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from operator import itemgetter
 from typing import Any
 
+from . import headers as _headers
 from . import options
 from .errors import InvalidArgument, ShmqError
 from .seektime import Start, When
 from .settle import Settle
 
 Payload = bytes | bytearray | memoryview | str
+Headers = Mapping[str, str | bytes]  # a message's headers, as put takes them (shmq.headers)
 
 
 def as_bytes(payload: Payload) -> bytes | bytearray | memoryview:
@@ -123,7 +125,7 @@ class Message(tuple):  # type: ignore[type-arg]
     offset = property(itemgetter(3), doc="the message's 64-bit offset in its queue")
     deliveries = property(itemgetter(4), doc="1 on first delivery, +1 on each redelivery")
     payload = property(itemgetter(5), doc="bytes")
-    meta = property(itemgetter(6), doc="metadata bytes (dead-letter origin)")
+    meta = property(itemgetter(6), doc="metadata bytes: the header block, then a dead letter's origin")
     timestamp_ns = property(itemgetter(7), doc="producer's wall clock, ns since the epoch")
 
     @property
@@ -144,11 +146,19 @@ class Message(tuple):  # type: ignore[type-arg]
         return bytes(self[5]).decode()
 
     @property
+    def headers(self) -> Mapping[str, bytes]:
+        """The message's headers, read-only: ``str`` keys, ``bytes`` values (empty: none)."""
+        return _headers.decode(self[6])
+
+    @property
     def origin(self) -> Origin | None:
         """For a message in a dead-letter queue: where it came from."""
-        if not self[6]:
+        meta = self[6]
+        if meta and meta[0] == _headers.TAG:
+            meta = meta[len(_headers.block_of(meta)):]
+        if not meta:
             return None
-        d = json.loads(self[6])
+        d = json.loads(meta)
         return Origin(d["queue"], d["offset"], d["group"], d["reason"], d["deliveries"])
 
     def ack(self, wait: bool = True) -> None:
@@ -212,14 +222,17 @@ class Queue(ABC):
     name: str
 
     @abstractmethod
-    def put(self, payload: Payload, block: bool = True, timeout: float | None = None) -> int: ...
+    def put(self, payload: Payload, block: bool = True, timeout: float | None = None, *,
+            headers: Headers | None = None) -> int:
+        """Append one message; ``headers``: a mapping of ``str`` to ``str`` or bytes (``shmq.headers``)."""
 
     @abstractmethod
     def put_many(self, payloads: Sequence[Payload], block: bool = True,
                  timeout: float | None = None, *, producer: str | None = None,
-                 seq: int | None = None) -> list[int]:
+                 seq: int | None = None, headers: Sequence[Headers | None] | None = None) -> list[int]:
         """Append a batch atomically; with ``producer`` and ``seq``, at most once per
-        (producer, seq): a sequence not above the last one written raises ``Duplicate``."""
+        (producer, seq): a sequence not above the last one written raises ``Duplicate``.
+        ``headers``: one mapping (or None) per payload."""
 
     @abstractmethod
     def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
@@ -283,7 +296,8 @@ class Queue(ABC):
         return Publisher(self, window, block, timeout)
 
     @abstractmethod
-    def _publish(self, payload: Payload, block: bool, timeout: float | None) -> Any:
+    def _publish(self, payload: Payload, block: bool, timeout: float | None, headers: Headers | None = None
+                 ) -> Any:
         """Start one put and return a token for :meth:`_confirm` (a Publisher's half of put)."""
 
     @abstractmethod
@@ -335,10 +349,10 @@ class Publisher:
         """Puts started and not yet confirmed."""
         return len(self._pending)
 
-    def put(self, payload: Payload) -> None:
+    def put(self, payload: Payload, headers: Headers | None = None) -> None:
         while len(self._pending) >= self.window:
             self._collect()
-        token = self.queue._publish(payload, self._block, self._timeout)
+        token = self.queue._publish(payload, self._block, self._timeout, headers)
         self._pending.append((self.sent, token))
         self.sent += 1
 

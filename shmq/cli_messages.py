@@ -46,6 +46,8 @@ def produce(
                                                "or of stdin"),
     file: str | None = typer.Option(None, "--file", "-f", help="read one message per line from this file"),
     batch: int = typer.Option(100, help=f"messages per request (1-{options.MAX_BATCH})"),
+    header: list[str] | None = typer.Option(None, "--header", "-H", metavar="KEY=VALUE",
+                                            help="a header of every message (repeat for more)"),
     url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
     token_file: str | None = TokenFileOpt, as_json: bool = JsonOpt,
 ) -> None:
@@ -53,13 +55,21 @@ def produce(
 
     A long run shows its progress on stderr; Ctrl-C stops after the batch in flight (exit 130).
 
-    Example: seq 1000 | shmq produce orders
+    Example: seq 1000 | shmq produce orders --header source=seq
     """
+    from .headers import encode
     from .lines import stream_batches
     from .progress import Progress
 
     if not 1 <= batch <= options.MAX_BATCH:
         fail(InvalidArgument(f"--batch must be 1..{options.MAX_BATCH}"))
+    hdrs = dict(h.partition("=")[::2] for h in header or ())
+    if any("=" not in h for h in header or ()):
+        fail(InvalidArgument("--header takes KEY=VALUE"))
+    try:
+        encode(hdrs)  # checked before anything is sent
+    except ShmqError as e:
+        fail(e)
     src: Any = None
     if not message:
         try:
@@ -79,7 +89,7 @@ def produce(
             batches = stream_batches(src, batch, lambda: stop.requested)
         try:
             for chunk in batches:
-                offsets += q.put_many(chunk)
+                offsets += q.put_many(chunk, headers=[hdrs] * len(chunk) if hdrs else None)
                 progress.advance(len(chunk))
                 if stop.requested:
                     break
@@ -108,13 +118,17 @@ def _show(m: Message, raw: bool, as_json: bool) -> None:
         sys.stdout.flush()
         sys.stdout.buffer.write(bytes(m.payload) + b"\n")
     else:
-        sys.stdout.write(f"[{m.offset}] {bytes(m.payload).decode(errors='replace')}\n")
+        h = "".join(f" {k}={v.decode(errors='replace')}" for k, v in m.headers.items())
+        sys.stdout.write(f"[{m.offset}] {bytes(m.payload).decode(errors='replace')}"
+                         + (f"  [headers:{h}]" if h else "") + "\n")
     sys.stdout.flush()
 
 
 def _as_dict(m: Message) -> dict[str, Any]:
+    from .headers import as_json
+
     return {"offset": m.offset, "deliveries": m.deliveries, "timestamp": m.timestamp,
-            "payload": bytes(m.payload).decode(errors="replace"),
+            "payload": bytes(m.payload).decode(errors="replace"), "headers": as_json(m.headers),
             "origin": m.origin.__dict__ if m.origin else None}
 
 
@@ -307,7 +321,7 @@ def _redrive(b: Broker, d: Queue, source: str, n: int | None) -> int:
                 target = m.origin.queue if m.origin else source
                 if target not in targets:
                     targets[target] = b.queue(target)
-                targets[target].put(m.payload)
+                targets[target].put(m.payload, headers=m.headers)  # the headers go back too
                 m.ack()
                 moved += 1
                 progress.advance()

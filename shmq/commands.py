@@ -28,8 +28,9 @@ from functools import partial
 from operator import itemgetter
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
+from . import headers as _headers
 from . import options
-from .api import BrokerInfo, Message, Payload, QueueConfig, QueueInfo, as_bytes, check_producer, own_leases
+from .api import BrokerInfo, Headers, Message, Payload, QueueConfig, QueueInfo, as_bytes, own_leases
 from .codec import (
     NO_REPLY_ID,
     WAIT_FOREVER,
@@ -44,8 +45,9 @@ from .codec import (
     settle_frame,
 )
 from .connection import Request
-from .errors import AuthError, InvalidArgument, LimitExceeded, ShmqError, StaleAck
+from .errors import AuthError, InvalidArgument, ShmqError, StaleAck
 from .names import check_new_queue_name
+from .producing import batch_payloads, produce_request
 from .settle import Settle
 
 R = TypeVar("R")
@@ -100,32 +102,6 @@ def _ms(seconds: float) -> int:
 
 def _vis(seconds: float | None) -> int:
     return 0 if seconds is None else max(1, _ms(seconds))
-
-
-def batch_payloads(payloads: Sequence[Payload]) -> list[bytes]:
-    """The payloads of one PRODUCE_BATCH frame, checked against MAX_BATCH."""
-    items: list[bytes]
-    if set(map(type, payloads)) == {bytes}:  # the usual case, checked at C speed
-        items = list(payloads)  # type: ignore[arg-type]
-    else:
-        items = [bytes(as_bytes(p)) for p in payloads]
-    if len(items) > options.MAX_BATCH:
-        raise LimitExceeded(f"{len(items)} messages in one batch; the limit over TCP is "
-                            f"{options.MAX_BATCH}")
-    return items
-
-
-def produce_request(queue: str, payloads: Sequence[Payload], block: bool, timeout: float | None,
-                    producer: str | None, seq: int | None) -> tuple[T, dict[str, Any]] | None:
-    """The frame type and fields of a batch produce; None for no payloads."""
-    items = batch_payloads(payloads)
-    if not items:
-        return None
-    fields: dict[str, Any] = {"queue": queue, "timeout_ms": _timeout_ms(block, timeout), "payloads": items}
-    if producer is None and seq is None:
-        return T.PRODUCE_BATCH, fields
-    check_producer(producer, seq)
-    return T.PRODUCE_IDEMPOTENT, {**fields, "producer": producer, "seq": seq}
 
 
 # ---------------------------------------------------------------- acks
@@ -201,6 +177,10 @@ def _ignore(f: Frame, ctx: Any) -> None:
 
 def _fields_frame(msg_id: int, type_: int, fields: dict[str, Any]) -> bytes:
     return frame(type_, msg_id, **fields)
+
+
+def _flagged_frame(msg_id: int, type_: int, fields: dict[str, Any], status: int) -> bytes:
+    return frame(type_, msg_id, status, **fields)
 
 
 def _call(type_: T, reply: T, result: str | None = None, /, **fields: Any) -> Request[Any]:
@@ -290,20 +270,25 @@ _OFFSET = (T.PRODUCE_OK, "offset")
 _ACKED = (T.ACK_OK, None)
 
 
-def put(q: Handle[Any], payload: Payload, block: bool, timeout: float | None) -> Request[int]:
-    """One message; the result is its offset."""
+def put(q: Handle[Any], payload: Payload, block: bool, timeout: float | None,
+        headers: Headers | None = None) -> Request[int]:
+    """One message; the result is its offset.  With headers: a flagged PRODUCE (``producing``)."""
     if type(payload) is not bytes:
         payload = bytes(as_bytes(payload))
+    if headers is not None and (meta := _headers.encode(headers)):
+        return Request(_flagged_frame, (T.PRODUCE, {"queue": q.name, "timeout_ms": _timeout_ms(
+            block, timeout), "payload": meta + payload}, _headers.FLAG), _pick, _OFFSET)
     return Request(produce_frame, (q._qb, _timeout_ms(block, timeout), payload), _pick, _OFFSET)
 
 
 def put_many(q: Handle[Any], payloads: Sequence[Payload], block: bool, timeout: float | None,
-             producer: str | None, seq: int | None) -> Command[list[int]]:
+             producer: str | None, seq: int | None, headers: Sequence[Headers | None] | None = None
+             ) -> Command[list[int]]:
     """A batch, atomically (at most once per (producer, seq)); the result is their offsets."""
-    req = produce_request(q.name, payloads, block, timeout, producer, seq)
+    req = produce_request(q.name, payloads, _timeout_ms(block, timeout), producer, seq, headers)
     if req is None:
         return Batch([], [], _no_offsets)
-    return Request(_fields_frame, req, _offsets)
+    return Request(_flagged_frame, req, _offsets)
 
 
 def _offsets(f: Frame, _: Any) -> list[int]:

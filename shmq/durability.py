@@ -225,13 +225,14 @@ class Durability:
             producers = ring.producer_table()
         return Snapshot(settle, groups, nxt, producers)
 
-    def records(self, first: int, end: int) -> list[tuple[int, int, bytes]]:
-        """(offset, timestamp_ns, payload) of the published offsets ``first`` .. ``end``-1
-        (not freed yet: free <= durable <= next)."""
-        out = []
+    def records(self, first: int, end: int) -> list[tuple[Any, ...]]:
+        """(offset, timestamp_ns, payload), or (offset, timestamp_ns, payload, metadata) for
+        a record with metadata (headers, a dead letter's origin), of the published offsets
+        ``first`` .. ``end``-1 (not freed yet: free <= durable <= next)."""
+        out: list[tuple[Any, ...]] = []
         for o in range(first, end):
-            payload, _meta, ts = self._ring.record(o)
-            out.append((o, ts, payload))
+            payload, meta, ts = self._ring.record(o)
+            out.append((o, ts, payload, meta) if meta else (o, ts, payload))
         return out
 
     def publish(self, next_offset: int, settle_seq: int, new: int, crash: Callable[[], None] | None = None

@@ -39,6 +39,7 @@ from .errors import (
     Timeout,
 )
 from .group import DeadItem, Groups
+from .headers import block_of
 from .names import check_group_name as _check_group_name
 from .registry import Registry
 from .ring import DUPLICATE, Ring
@@ -267,7 +268,7 @@ class QueueHandle:
         names = dict(self._groups.active())
         for gi, off, dc, reason in items:
             payload, meta, ts = ring.record(off)
-            origin = meta if self.is_dlq else json.dumps(
+            origin = meta if self.is_dlq else block_of(meta) + json.dumps(
                 {"queue": self.name, "offset": off, "group": names.get(gi, "?"), "reason": reason,
                  "deliveries": dc, "timestamp_ns": ts}).encode()
             try:

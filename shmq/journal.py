@@ -203,8 +203,8 @@ class Journal(SegmentRecovery):
         """An fsync failed: this Journal refuses everything; close it, reopen and recover()."""
         return bool(self._failed)
 
-    def append_messages(self, items: Sequence[tuple[int, int, bytes | memoryview]]) -> None:
-        """Append ``(offset, timestamp_ns, payload)`` items, offsets strictly increasing across calls.
+    def append_messages(self, items: Sequence[tuple[Any, ...]]) -> None:
+        """Append ``(offset, timestamp_ns, payload[, metadata])`` items, offsets strictly increasing.
 
         One write per call.  Nothing is durable until :meth:`sync`.
         """
@@ -217,7 +217,7 @@ class Journal(SegmentRecovery):
         """
         self.append((), blob)
 
-    def append(self, items: Sequence[tuple[int, int, bytes | memoryview]] = (),
+    def append(self, items: Sequence[tuple[Any, ...]] = (),
                state: bytes | bytearray | memoryview | None = None) -> None:
         """``append_messages(items)`` then ``append_state(state)`` in one write: if it fails,
         neither is in the file (and next_offset has not moved)."""
@@ -333,7 +333,7 @@ class Journal(SegmentRecovery):
             self._active_size = ends[-1]
             self._prealloc_after = 0
         self._ready = True
-        return Recovery(scan.messages, scan.state, self._next, scan.problems)
+        return Recovery(scan.messages, scan.state, self._next, scan.problems, scan.metas)
 
     # ---------------------------------------------------------------- internals
     def _check_usable(self) -> None:

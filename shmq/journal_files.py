@@ -18,6 +18,7 @@ import time
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from . import options
 from .errors import InvalidArgument, InvalidName, ShmqError, Status
@@ -31,6 +32,8 @@ CRC = struct.Struct("<I")  # the header's own crc, over the 20 bytes before it
 HEADER_SIZE = HEAD.size + CRC.size  # 24
 ENTRY = struct.Struct("<QQI")  # offset, timestamp_ns, payload length
 ENTRY_SIZE = ENTRY.size  # 20
+F_META = 1  # MESSAGES flag: each entry's data is ``meta length u32, metadata, payload``
+META_LEN = struct.Struct("<I")
 _BLANK_HEADER = bytes(HEADER_SIZE)
 
 QUEUE_DIR_PREFIX = "q-"
@@ -117,23 +120,36 @@ def segment_name(base: int) -> str:
     return f"{base:020d}.log"
 
 
-def _seal(buf: bytearray, start: int, kind: int, count: int) -> None:
+def _seal(buf: bytearray, start: int, kind: int, count: int, flags: int = 0) -> None:
     """Fill in the header of the record that starts at ``buf[start]`` and runs to the end of ``buf``."""
     body_len = len(buf) - start - HEADER_SIZE
     crc = zlib.crc32(memoryview(buf)[start + HEADER_SIZE:])
-    HEAD.pack_into(buf, start, MAGIC, kind, 0, 0, body_len, count, crc)
+    HEAD.pack_into(buf, start, MAGIC, kind, flags, 0, body_len, count, crc)
     CRC.pack_into(buf, start + HEAD.size, zlib.crc32(memoryview(buf)[start:start + HEAD.size]))
 
 
-def encode_messages(items: Sequence[tuple[int, int, bytes | memoryview]], after: int = -1,
+def encode_messages(items: Sequence[tuple[Any, ...]], after: int = -1,
                     max_body: int | None = None) -> bytearray:
     """MESSAGES records for a batch: one, or several if the batch's body is over ``max_body``.
 
+    An item is ``(offset, timestamp_ns, payload)``, or ``(offset, timestamp_ns, payload,
+    metadata)`` (headers, a dead letter's origin): a record holding one of those has the
+    flag ``F_META``, and each of its entries' data is ``metadata length u32, metadata,
+    payload`` (a record without is byte for byte what it was before metadata was journaled).
     Offsets must be above ``after`` and strictly increase; anything wrong raises
     :class:`InvalidArgument` before a byte is written anywhere.
     """
+    if any(len(it) > 3 for it in items):
+        items = [(it[0], it[1], META_LEN.pack(len(it[3]) if len(it) > 3 else 0)
+                  + (bytes(it[3]) if len(it) > 3 else b"") + bytes(it[2])) for it in items]
+        return _encode_parts(items, after, max_body, F_META)
+    return _encode_parts(items, after, max_body, 0)
+
+
+def _encode_parts(items: Sequence[tuple[Any, ...]], after: int, max_body: int | None, flags: int
+                  ) -> bytearray:
     limit = options.JOURNAL_MAX_RECORD_BYTES if max_body is None else max_body
-    buf = _encode_record(items, after)
+    buf = _encode_record(items, after, flags)
     if len(buf) - HEADER_SIZE <= limit:
         return buf
     # Rare: split into records of at most ``limit`` bytes of body (the batch is encoded twice).
@@ -144,14 +160,14 @@ def encode_messages(items: Sequence[tuple[int, int, bytes | memoryview]], after:
             raise InvalidArgument(f"a payload of {n - ENTRY_SIZE} bytes is over the journal's record "
                                   f"limit ({limit - ENTRY_SIZE} bytes)")
         if size + n > limit:
-            out += _encode_record(items[first:i], after)
+            out += _encode_record(items[first:i], after, flags)
             after, first, size = items[i - 1][0], i, 0
         size += n
-    out += _encode_record(items[first:], after)
+    out += _encode_record(items[first:], after, flags)
     return out
 
 
-def _encode_record(items: Sequence[tuple[int, int, bytes | memoryview]], after: int) -> bytearray:
+def _encode_record(items: Sequence[tuple[Any, ...]], after: int, flags: int = 0) -> bytearray:
     """One MESSAGES record, whatever its size.  The hot loop: keep it short."""
     buf = bytearray(_BLANK_HEADER)
     prev = after
@@ -173,7 +189,7 @@ def _encode_record(items: Sequence[tuple[int, int, bytes | memoryview]], after: 
                               ) from e
     if len(buf) != HEADER_SIZE + ENTRY_SIZE * len(items) + payload_bytes:  # len() of a memoryview
         raise InvalidArgument("journal payloads must be bytes-like objects with 1-byte items")
-    _seal(buf, 0, MESSAGES, len(items))
+    _seal(buf, 0, MESSAGES, len(items), flags)
     return buf
 
 

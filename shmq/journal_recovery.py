@@ -21,10 +21,12 @@ from .journal_files import (
     CRC,
     ENTRY,
     ENTRY_SIZE,
+    F_META,
     HEAD,
     HEADER_SIZE,
     MAGIC,
     MESSAGES,
+    META_LEN,
     STATE,
     TMP_SUFFIX,
     os_error,
@@ -43,6 +45,7 @@ class Recovery:
     state: bytes | None  # the last complete, CRC-valid state snapshot
     next_offset: int  # one past the last message offset ever appended (0 if none)
     problems: list[str] = field(default_factory=list)  # torn tails and quarantined corruption, for humans
+    metas: dict[int, bytes] = field(default_factory=dict)  # offset: metadata, of the messages that have any
 
 
 @dataclass
@@ -54,6 +57,7 @@ class Scan:
     state: bytes | None = None
     last: int = -1  # the highest message offset seen
     problems: list[str] = field(default_factory=list)
+    metas: dict[int, bytes] = field(default_factory=dict)
 
 
 class SegmentRecovery:
@@ -113,7 +117,7 @@ class SegmentRecovery:
         (header_crc,) = CRC.unpack_from(data, pos + HEAD.size)
         if magic != MAGIC or zlib.crc32(view[pos:pos + HEAD.size]) != header_crc:
             return "mismatch", "bad magic" if magic != MAGIC else "header checksum mismatch", HEADER_SIZE
-        if kind not in (MESSAGES, STATE) or flags or reserved:
+        if kind not in (MESSAGES, STATE) or flags & ~(F_META if kind == MESSAGES else 0) or reserved:
             return "corrupt", f"unknown record type {kind} (flags {flags}, reserved {reserved})", 0
         if body_len > options.JOURNAL_MAX_RECORD_BYTES:
             return "corrupt", f"impossible body length {body_len}", 0
@@ -128,6 +132,7 @@ class SegmentRecovery:
             scan.state = data[start:end]
             return "ok", "", HEADER_SIZE + body_len
         found = []
+        metas: dict[int, bytes] = {}
         prev = max(scan.last, base - 1)
         at = start
         for _ in range(count):
@@ -140,12 +145,21 @@ class SegmentRecovery:
             if off <= prev:
                 return "corrupt", f"offset {off} does not follow {prev}", 0
             if off >= scan.floor:
-                found.append((off, ts, data[at:at + n]))
+                if flags:  # F_META: metadata length u32, metadata, payload
+                    ml = META_LEN.unpack_from(data, at)[0] if n >= META_LEN.size else n
+                    if META_LEN.size + ml > n:
+                        return "corrupt", "a message's metadata overruns its entry", 0
+                    if ml:
+                        metas[off] = data[at + META_LEN.size:at + META_LEN.size + ml]
+                    found.append((off, ts, data[at + META_LEN.size + ml:at + n]))
+                else:
+                    found.append((off, ts, data[at:at + n]))
             prev = off
             at += n
         if at != end or not count:
             return "corrupt", f"a message record of {count} messages with {end - at} stray bytes", 0
         scan.messages += found
+        scan.metas.update(metas)
         scan.last = prev
         return "ok", "", HEADER_SIZE + body_len
 

@@ -33,7 +33,10 @@ DEFAULT_MAX_DELIVERIES = 5  # deliveries before dead-lettering
 MAX_DELIVERIES_LIMIT = 255  # the lease word keeps the count in 8 bits
 DEFAULT_MAX_GROUPS = 8  # consumer groups per queue (default group included)
 MAX_GROUPS_LIMIT = 64
-MAX_META_SIZE = 1024  # bytes of per-message metadata (dead-letter origin, keys)
+MAX_META_SIZE = 1024  # bytes of metadata the broker adds to a message (a dead letter's origin)
+MAX_HEADERS = 64  # headers of one message
+MAX_HEADERS_BYTES = 8192  # bytes of one message's headers encoded (shmq.headers); they count in its size
+assert MAX_HEADERS_BYTES <= 0xFFFF  # a header's key and value lengths are u16 on the wire
 MAX_PRODUCERS = 256  # idempotent producers remembered per queue; the oldest is forgotten first
 PRODUCER_ID_MAX = 256  # chars of an idempotent producer's id
 
@@ -57,8 +60,9 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7878
 DEFAULT_URL = f"tcp://{DEFAULT_HOST}:{DEFAULT_PORT}"  # the CLI's and the Spark connector's default
 MAX_FRAME = 16 * 1024 * 1024 + 4096  # bytes of one frame's body; larger is refused before reading it
-# the largest message, with the largest metadata and queue name, in one PRODUCE or DELIVER frame
-assert MAX_MESSAGE_SIZE + MAX_META_SIZE + 2 * 256 + 64 <= MAX_FRAME
+# the largest message (its headers included), with the largest metadata and queue name, in one
+# PRODUCE or DELIVER frame (+ 1: a flagged PRODUCE's 0x00 before a payload without headers)
+assert MAX_MESSAGE_SIZE + 1 + MAX_META_SIZE + 2 * 256 + 64 <= MAX_FRAME
 MAX_CONNECTIONS = 4096  # per worker
 MAX_WORKERS = 64  # worker processes of one broker (a queue's bell table has a byte per worker)
 MAX_INFLIGHT_PER_CONNECTION = 10_000  # leases one connection may hold

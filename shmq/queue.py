@@ -11,9 +11,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from . import headers as _headers
 from . import layout as L
 from . import options
-from .api import Message, Payload, as_bytes, check_producer
+from .api import Headers, Message, Payload, as_bytes, check_producer
 from .api import Queue as QueueABC
 from .consume import Consuming
 from .durability import Mark
@@ -36,9 +37,21 @@ class ShmQueue(Consuming, QueueABC):
 
     # ------------------------------------------------------------ produce
     def put(self, payload: Payload, block: bool = True, timeout: float | None = None,
-            *, wait_durable: bool = True) -> int:
+            *, wait_durable: bool = True, headers: Headers | None = None) -> int:
         if type(payload) is not bytes:
             payload = as_bytes(payload)
+        if headers is not None:
+            meta = _headers.encode(headers)
+            if meta:
+                if self._durable or len(payload) + len(meta) > self._max:
+                    return self._put_metas([payload], [meta], block, timeout, 0, None, wait_durable)[0]
+                if self._w[Q_STATE] != QS_ACTIVE:
+                    self._alive()
+                off = self._ring.try_put(payload, time.time_ns(), meta)
+                if off < 0:
+                    off = self._put_wait([payload], [meta], block, timeout)
+                self._wake_consumers(1)
+                return off
         if len(payload) > self._max:
             raise MessageTooLarge(f"payload of {len(payload)} bytes exceeds max_message_size "
                                   f"{self._max} of queue {self.name!r}")
@@ -54,31 +67,42 @@ class ShmQueue(Consuming, QueueABC):
 
     def put_many(self, payloads: Sequence[Payload], block: bool = True,
                  timeout: float | None = None, *, producer: str | None = None,
-                 seq: int | None = None, wait_durable: bool = True) -> list[int]:
+                 seq: int | None = None, wait_durable: bool = True,
+                 headers: Sequence[Headers | None] | None = None) -> list[int]:
         """Append a batch atomically.  With ``producer`` and ``seq`` (an idempotent
         producer): raise :class:`Duplicate` and write nothing when this producer already
-        wrote ``seq`` or a later sequence to this queue."""
+        wrote ``seq`` or a later sequence to this queue.  ``headers``: one mapping (or
+        None) per payload."""
         key = producer_key(producer) if check_producer(producer, seq) else 0  # type: ignore[arg-type]
         if set(map(type, payloads)) == {bytes}:  # the usual case, checked at C speed
             items = list(payloads)
         else:
             items = [p if type(p) is bytes else as_bytes(p) for p in payloads]
+        metas = _headers.encode_many(headers, len(items)) if headers is not None else None
+        return self._put_metas(items, metas, block, timeout, key, seq, wait_durable)
+
+    def _put_metas(self, items: list[Any], metas: list[bytes] | None, block: bool, timeout: float | None,
+                   key: int, seq: int | None, wait_durable: bool) -> list[int]:
+        """put_many of payloads (bytes) with their header blocks (None: no message has any)."""
         if not items:
             return []
         self._alive()
-        big = max(map(len, items))
+        sizes = list(map(len, items)) if metas is None else [len(p) + len(m) for p, m in zip(
+            items, metas, strict=True)]
+        big = max(sizes)
         if big > self._max:
-            raise MessageTooLarge(f"a payload of {big} bytes exceeds max_message_size {self._max} "
-                                  f"of queue {self.name!r}")
+            raise MessageTooLarge(f"a {'payload' if metas is None else 'message (payload + headers)'} of "
+                                  f"{big} bytes exceeds max_message_size {self._max} of queue {self.name!r}")
         if self._durable:
-            first = self._put_durable(items, block, timeout, wait_durable, key, seq or 0)
+            first = self._put_durable(items, block, timeout, wait_durable, key, seq or 0, metas)
         else:
-            first = self._put_wait(items, None, block, timeout, first_try=True, producer=key, seq=seq or 0)
+            first = self._put_wait(items, metas, block, timeout, first_try=True, producer=key, seq=seq or 0)
             self._wake_consumers(len(items))
         return list(range(first, first + len(items)))
 
-    def _publish(self, payload: Payload, block: bool, timeout: float | None) -> int:
-        return self.put(payload, block, timeout, wait_durable=False)
+    def _publish(self, payload: Payload, block: bool, timeout: float | None, headers: Headers | None = None
+                 ) -> int:
+        return self.put(payload, block, timeout, wait_durable=False, headers=headers)
 
     def _confirm(self, token: int) -> int:
         if self._always:
@@ -86,12 +110,12 @@ class ShmQueue(Consuming, QueueABC):
         return token
 
     def _put_durable(self, items: list[Any], block: bool, timeout: float | None, wait_durable: bool,
-                     key: int, seq: int) -> int:
+                     key: int, seq: int, metas: list[bytes] | None = None) -> int:
         """put / put_many on a journaled queue: refused while the journal cannot be written;
         with ``always`` (and ``wait_durable``) it returns once the journal has the batch."""
         self._dur.check()
         deadline = None if timeout is None else time.monotonic() + timeout
-        first = self._put_wait(items, None, block, timeout, first_try=True, producer=key, seq=seq)
+        first = self._put_wait(items, metas, block, timeout, first_try=True, producer=key, seq=seq)
         if not self._always:  # an `always` batch is shown to consumers once journaled
             self._wake_consumers(len(items))
         else:

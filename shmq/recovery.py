@@ -15,10 +15,10 @@ from .group import Groups
 from .ring import Ring
 
 
-def restore_fill(records: dict[int, tuple[int, bytes]], groups: list[dict[str, Any]],
+def restore_fill(records: dict[int, tuple[int, bytes, bytes]], groups: list[dict[str, Any]],
                  producers: list[tuple[int, int]], first: int, tail: int, created_ns: int,
                  ring: Ring) -> None:
-    """Write ``records`` ({offset: (timestamp_ns, payload)}) at their offsets, with
+    """Write ``records`` ({offset: (timestamp_ns, payload, metadata)}) at their offsets, with
     ``first`` the first retained offset and ``tail`` the next one; restore the
     groups as journaled (without any, the default group starts at ``first``) and
     the idempotent producers' sequences; mark everything below ``tail`` durable."""

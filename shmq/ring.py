@@ -177,10 +177,14 @@ class Ring:
         return count <= self.capacity and nbytes <= self.size
 
     # ------------------------------------------------------------ producing
-    def try_put(self, payload: bytes | bytearray | memoryview, ts: int) -> int:
-        """Append one record (no metadata); its offset, or -1 when there is no room now."""
+    def try_put(self, payload: bytes | bytearray | memoryview, ts: int, meta: bytes = b"") -> int:
+        """Append one record (``meta``: its metadata); its offset, or -1 when there is no room now."""
         w = self.w
-        n = len(payload)
+        n = lens = len(payload)
+        if meta:
+            payload = meta + payload
+            lens |= len(meta) << LEN_META_SHIFT
+            n = len(payload)
         size = self.size
         addr = self.plock.address
         rc = trylock(addr)
@@ -207,7 +211,7 @@ class Ring:
             mm = self.mm
             mm[start:start + n] = payload
             base = self.slots_w + (off % self.capacity) * self.slot_words
-            mm[base * WORD:(base + S_FIXED_WORDS) * WORD] = _pack_slot(off, p, n, ts)
+            mm[base * WORD:(base + S_FIXED_WORDS) * WORD] = _pack_slot(off, p, lens, ts)
             b = (base + S_FIXED_WORDS) * WORD
             mm[b:b + len(self._zero_leases)] = self._zero_leases
             w[Q_TAIL_BYTES] = p + n
@@ -388,9 +392,9 @@ class Ring:
             w[e + L.P_KEY] = key
 
     # ------------------------------------------------------------ recovery
-    def restore(self, records: dict[int, tuple[int, bytes]], first: int, tail: int) -> None:
+    def restore(self, records: dict[int, tuple[int, bytes, bytes]], first: int, tail: int) -> None:
         """Fill a new, unpublished segment (recovery): ``records`` maps offset to
-        (timestamp_ns, payload); every offset of [first, tail) not in it becomes a
+        (timestamp_ns, payload, metadata); every offset of [first, tail) not in it becomes a
         tombstone, empty and DONE for every group (lost in a crash window, or never
         handed out), so offsets keep their meaning and are never reused."""
         w = self.w
@@ -408,16 +412,16 @@ class Ring:
                 mm[base * L.WORD:b] = L.SLOT_HEAD.pack(o, p, 0, 0)
                 mm[b:b + len(done_all)] = done_all
                 continue
-            ts, payload = rec
-            n = len(payload)
+            ts, payload, meta = rec
+            n = len(payload) + len(meta)
             phys = p % size
             if phys + n > size:
                 p += size - phys
             if p + n > size:
                 raise InstanceError(f"cannot restore {p + n} bytes into max_bytes {size}")
             start = self.data_off + p % size
-            mm[start:start + n] = payload
-            mm[base * L.WORD:b] = L.SLOT_HEAD.pack(o, p, n, ts)
+            mm[start:start + n] = meta + payload
+            mm[base * L.WORD:b] = L.SLOT_HEAD.pack(o, p, len(payload) | (len(meta) << L.LEN_META_SHIFT), ts)
             mm[b:b + len(self._zero_leases)] = self._zero_leases
             p += n
         w[L.Q_TAIL_BYTES] = p

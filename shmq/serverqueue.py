@@ -26,7 +26,7 @@ from typing import Any
 
 from . import crashpoints, options
 from . import layout as L
-from .api import BrokerInfo, Message, Payload, QueueConfig, QueueInfo
+from .api import BrokerInfo, Message, Payload, QueueConfig, QueueInfo, check_producer
 from .durability import Durability, Mark
 from .errors import Empty, GroupNotFound, QueueNotFound, ShmqError
 from .group import NACK, OK, TO_DLQ, DeadItem
@@ -34,7 +34,7 @@ from .handle import _ms
 from .queue import ShmQueue
 from .readings import QueueReading, read_queue
 from .registry import Registry
-from .ring import Ring
+from .ring import Ring, producer_key
 from .settle import Settle
 from .shm import ShmBroker
 
@@ -83,23 +83,30 @@ class ServerQueue:
         return bool(self._w[L.Q_STATE] != L.QS_ACTIVE)
 
     # ------------------------------------------------------------ produce
-    def put(self, payload: bytes) -> tuple[int, Mark | None]:
-        """Store one message now: (its offset, the mark confirming it).  :class:`Full` when
-        there is no room now."""
+    def put(self, payload: bytes, meta: bytes = b"") -> tuple[int, Mark | None]:
+        """Store one message now (``meta``: its header block, checked): (its offset, the mark
+        confirming it).  :class:`Full` when there is no room now."""
+        if meta:
+            offs, mark = self.put_many([payload], metas=[meta])
+            return offs[0], mark
         off = self._q.put(payload, block=False, wait_durable=False)  # (the writer is poked there)
         return off, self.durability.put_mark(off + 1, poke=False) if self._journaled else None
 
     def put_many(self, payloads: Sequence[Payload], producer: str | None = None,
-                 seq: int | None = None) -> tuple[list[int], Mark | None]:
+                 seq: int | None = None, metas: list[bytes] | None = None) -> tuple[list[int], Mark | None]:
         """Store a batch now, all or none (an idempotent producer's with ``producer`` and
-        ``seq``): (the offsets, the mark confirming them)."""
-        offs = self._q.put_many(payloads, block=False, producer=producer, seq=seq, wait_durable=False)
+        ``seq``; ``metas``: their header blocks, checked): (the offsets, the mark confirming them)."""
+        if metas is None:
+            offs = self._q.put_many(payloads, block=False, producer=producer, seq=seq, wait_durable=False)
+        else:
+            key = producer_key(producer) if check_producer(producer, seq) else 0  # type: ignore[arg-type]
+            offs = self._q._put_metas(list(payloads), metas, False, None, key, seq, False)
         mark = self.durability.put_mark(offs[-1] + 1, poke=False) if offs and self._journaled else None
         return offs, mark
 
-    def could_fit(self, payloads: Sequence[Payload]) -> bool:
+    def could_fit(self, payloads: Sequence[Payload], metas: list[bytes] | None = None) -> bool:
         """Would this batch fit the queue when empty?  (If not, waiting cannot help.)"""
-        return self._q._ring.fits_empty(sum(map(len, payloads)), len(payloads))
+        return self._q._ring.fits_empty(sum(map(len, payloads)) + sum(map(len, metas or ())), len(payloads))
 
     # ------------------------------------------------------------ deliver
     def group_ref(self, group: str, create: bool = True) -> int:

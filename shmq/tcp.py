@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from . import commands as cmd
 from . import commands_groups as gcmd
 from . import options
-from .api import Broker, BrokerInfo, Message, Payload, Queue, QueueInfo
+from .api import Broker, BrokerInfo, Headers, Message, Payload, Queue, QueueInfo
 from .codec import HEARTBEAT_FRAME
 from .commands import (  # re-exported: they were this module's before shmq.commands
     Batch,
@@ -321,16 +321,18 @@ class TcpQueue(Queue):
     def __repr__(self) -> str:
         return f"TcpQueue({self._b.url!r}, {self.name!r})"
 
-    def put(self, payload: Payload, block: bool = True, timeout: float | None = None) -> int:
-        return self._b._execute(cmd.put(self, payload, block, timeout))
+    def put(self, payload: Payload, block: bool = True, timeout: float | None = None, *,
+            headers: Headers | None = None) -> int:
+        return self._b._execute(cmd.put(self, payload, block, timeout, headers))
 
     def put_many(self, payloads: Sequence[Payload], block: bool = True,
                  timeout: float | None = None, *, producer: str | None = None,
-                 seq: int | None = None) -> list[int]:
-        return self._b._execute(cmd.put_many(self, payloads, block, timeout, producer, seq))
+                 seq: int | None = None, headers: Sequence[Headers | None] | None = None) -> list[int]:
+        return self._b._execute(cmd.put_many(self, payloads, block, timeout, producer, seq, headers))
 
-    def _publish(self, payload: Payload, block: bool, timeout: float | None) -> tuple[Request[int], Box]:
-        req = cmd.put(self, payload, block, timeout)
+    def _publish(self, payload: Payload, block: bool, timeout: float | None, headers: Headers | None = None
+                 ) -> tuple[Request[int], Box]:
+        req = cmd.put(self, payload, block, timeout, headers)
         return req, self._b._begin(req)
 
     def _confirm(self, token: tuple[Request[int], Box]) -> int:

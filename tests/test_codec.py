@@ -90,6 +90,13 @@ VECTORS: dict[str, tuple[T, int, int, dict[str, Any]]] = {
     "group_seek": (T.GROUP_SEEK, 17, 0, {"queue": "orders", "group": "audit", "timestamp_ns": TS,
                                          "create": 0}),
     "group_seek_ok": (T.GROUP_SEEK_OK, 17, 0, {"offset": 42}),
+    # headers (shmq.headers): the block of {"k": "v"} is 01 0001 0001 6b 0001 76
+    "produce_headers": (T.PRODUCE, 17, 1, {"queue": "orders", "timeout_ms": 0,
+                                           "payload": bytes.fromhex("0100010001 6b 0001 76") + b"hi"}),
+    "produce_batch_headers": (T.PRODUCE_BATCH, 18, 1, {"queue": "q", "timeout_ms": 0, "payloads": [
+        b"\x00a", bytes.fromhex("0100010001 6b 0001 76") + b"bc"]}),
+    "deliver_headers": (T.DELIVER, 19, 0, {"offset": 42, "deliveries": 1, "timestamp_ns": TS,
+                                           "meta": bytes.fromhex("0100010001 6b 0001 76"), "payload": b"hi"}),
 }
 
 # Sample values per field kind: "full" exercises every byte, "min" the empty and zero cases.
@@ -678,3 +685,25 @@ def test_one_message_frames_refuse_what_frame_refuses() -> None:
         settle_frame(T.ACK, 1, b"q", b"g", 2**64, 1)
     with pytest.raises(ValueError):
         settle_frame(T.NACK, 1, b"q", b"g", 1, 1)  # a NACK has a delay: not this layout
+
+
+def test_header_vectors_are_what_the_clients_send_and_the_broker_reads() -> None:
+    from shmq import headers
+    from shmq.commands import put
+    from shmq.producing import produce_request
+
+    block = headers.encode({"k": "v"})
+    wire = doc_vectors()
+    _, msg_id, status, fields = VECTORS["produce_headers"]
+    assert status == headers.FLAG and fields["payload"] == block + b"hi"
+
+    class Q:
+        name, _qb = "orders", b"orders"
+
+    req = put(Q(), b"hi", False, None, {"k": "v"})  # type: ignore[arg-type]
+    assert req.encode(17, *req.args) == wire["produce_headers"]
+    t, f, st = produce_request("q", [b"a", b"bc"], 0, None, None, [None, {"k": "v"}])  # type: ignore[misc]
+    assert frame(t, 18, st, **f) == wire["produce_batch_headers"]
+    assert headers.split_many(decode_body(T.PRODUCE_BATCH, wire["produce_batch_headers"][16:])["payloads"]
+                              ) == ([b"", block], [b"a", b"bc"])
+    assert dict(headers.decode(decode_body(T.DELIVER, wire["deliver_headers"][16:])["meta"])) == {"k": b"v"}
