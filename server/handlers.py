@@ -26,7 +26,7 @@ from shmq.settle import Settle
 from .connection import ServerConnection, Subscription, agree_heartbeat
 from .core import SERVER_NAME, Core
 from .delivery import READ_HEADROOM, push
-from .parking import consume, poke, produce, produce_run
+from .parking import consume, decode_produce, poke, produce, produce_run
 
 _CRASH = crashpoints.watch(__name__)
 log = logging.getLogger("shmq.worker")
@@ -93,7 +93,7 @@ def handle(core: Core, conn: ServerConnection, f: Frame) -> None:
         conn.error(f.msg_id, Status.INVALID_TYPE, f"type 0x{f.type:02x} is not a request")
         return
     try:
-        handler(core, conn, f, decode_body(f.type, f.body))
+        handler(core, conn, f, decode_produce(f) if handler is produce else decode_body(f.type, f.body))
     except ShmqError as e:  # ProtocolError too
         conn.error(f.msg_id, e.code, str(e))
     except (ValueError, TypeError, KeyError) as e:

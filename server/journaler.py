@@ -162,7 +162,8 @@ class QueueWriter(threading.Thread):
         if nxt == self.next and settle == self.settled and not d.error:
             return False
         items = d.records(self.next, nxt)  # published and not yet freed (free <= durable <= next)
-        state = json.dumps({"groups": snap.groups, "producers": snap.producers, "next": nxt},
+        state = json.dumps({"groups": snap.groups, "producers": snap.producers, "next": nxt,
+                            "delays": snap.delays},
                            separators=(",", ":")).encode()
         self.journal.append(items, state)  # both or neither
         t0 = time.perf_counter_ns()
@@ -387,7 +388,9 @@ def _rebuild(broker: ServerBroker, j: Journal, meta: dict[str, Any], progress: C
         config = QueueConfig(**{**asdict(config), "capacity": cap, "max_bytes": max_bytes})
 
     producers = [(int(k), int(s)) for k, s in state.get("producers", [])]
-    fill = partial(restore_fill, records, groups, producers, first, tail, int(meta["created_ns"]))
+    delays = [(int(o), int(due)) for o, due in state.get("delays", [])]  # wall-clock ms
+    fill = partial(restore_fill, records, groups, producers, first, tail, int(meta["created_ns"]),
+                   delays=delays)
     broker.restore_queue(name, config, bool(meta.get("is_dlq")), fill)
     live = sum(1 for o in records if o >= first)
     return (f"{name}: rebuilt from the journal: offsets {first}..{tail - 1}, "

@@ -20,6 +20,7 @@ from typing import Any
 from shmq import crashpoints, headers
 from shmq.codec import WAIT_FOREVER, Frame, T, decode_body, frame, produce_ok_frame
 from shmq.errors import Empty, Full, ProtocolError, ShmqError, Status
+from shmq.producing import DELAY_FLAG, split_delay
 
 from .connection import ServerConnection
 from .core import Core, Waiter
@@ -38,6 +39,14 @@ def produce(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> 
                                                     "for room)"))
     elif not try_produce(core, conn, f, d, poke_after=True):
         wait_or_fail(core, conn, f, d, lambda: Full(f"queue {name!r} is full"))
+
+
+def decode_produce(f: Frame) -> dict[str, Any]:
+    """The fields of a PRODUCE* request; with ``producing.DELAY_FLAG``, ``delay_ms`` too."""
+    if not f.status & DELAY_FLAG:
+        return decode_body(f.type, f.body)
+    ms, body = split_delay(f.body)
+    return {**decode_body(f.type, body), "delay_ms": ms}
 
 
 def try_produce(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any],
@@ -59,9 +68,10 @@ def try_produce(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any],
             d["metas"], d["payloads"] = headers.split_many(d["payloads"])
     try:
         if one:
-            off, mark = q.put(d["payload"], d.get("meta", b""))
+            off, mark = q.put(d["payload"], d.get("meta", b""), d.get("delay_ms", 0))
         else:  # a batch, maybe an idempotent producer's
-            offs, mark = q.put_many(d["payloads"], d.get("producer"), d.get("seq"), d.get("metas"))
+            offs, mark = q.put_many(d["payloads"], d.get("producer"), d.get("seq"), d.get("metas"),
+                                    d.get("delay_ms", 0))
     except Full:
         if not one and not q.could_fit(d["payloads"], d.get("metas")):
             raise  # a batch that can never fit: waiting would never help
@@ -89,7 +99,7 @@ def produce_run(core: Core, conn: ServerConnection, frames: list[Frame], i: int)
     each frame of the run is to be handled alone, exactly as if it had come by itself."""
     run: list[tuple[Frame, dict[str, Any]]] = []
     j = i
-    while j < len(frames) and frames[j].type == T.PRODUCE:
+    while j < len(frames) and frames[j].type == T.PRODUCE and not frames[j].status & DELAY_FLAG:
         try:
             d = decode_body(T.PRODUCE, frames[j].body)
         except ProtocolError:

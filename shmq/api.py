@@ -46,6 +46,16 @@ def check_producer(producer: str | None, seq: int | None) -> bool:
     return True
 
 
+def delay_ms(delay: float | None) -> int:
+    """A put's ``delay`` (seconds) in whole ms; 0 for none.  A negative, NaN or too large
+    one (past ``options.MAX_DELAY``) is :class:`InvalidArgument`."""
+    if delay is None:
+        return 0
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= options.MAX_DELAY:
+        raise InvalidArgument(f"delay must be a number of seconds in [0, {options.MAX_DELAY:g}]")
+    return round(delay * 1000)
+
+
 @dataclass(frozen=True)
 class QueueConfig:
     """The limits a queue is created with (``create_queue`` keyword arguments)."""
@@ -223,16 +233,19 @@ class Queue(ABC):
 
     @abstractmethod
     def put(self, payload: Payload, block: bool = True, timeout: float | None = None, *,
-            headers: Headers | None = None) -> int:
-        """Append one message; ``headers``: a mapping of ``str`` to ``str`` or bytes (``shmq.headers``)."""
+            headers: Headers | None = None, delay: float | None = None) -> int:
+        """Append one message; ``headers``: a mapping of ``str`` to ``str`` or bytes (``shmq.headers``).
+        ``delay``: seconds before any group may have it (stored now; messages put later
+        may be delivered first)."""
 
     @abstractmethod
     def put_many(self, payloads: Sequence[Payload], block: bool = True,
                  timeout: float | None = None, *, producer: str | None = None,
-                 seq: int | None = None, headers: Sequence[Headers | None] | None = None) -> list[int]:
+                 seq: int | None = None, headers: Sequence[Headers | None] | None = None,
+                 delay: float | None = None) -> list[int]:
         """Append a batch atomically; with ``producer`` and ``seq``, at most once per
         (producer, seq): a sequence not above the last one written raises ``Duplicate``.
-        ``headers``: one mapping (or None) per payload."""
+        ``headers``: one mapping (or None) per payload.  ``delay``: as for ``put``, for each."""
 
     @abstractmethod
     def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,

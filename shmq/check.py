@@ -19,7 +19,8 @@ What is checked (the invariants are stated where they are kept: ``registry``,
   put left pending;
 * each group: serials (distinct, at most the generation; zero when free),
   free <= floor <= cursor <= next, lease words by position (DONE below the floor,
-  NEW or DONE past the cursor, never NEW below it, the floor not on a DONE word), owners of leases are
+  NEW or DONE past the cursor, or READY never delivered (a delayed message, due no later
+  than Q_DELAY_MAX), never NEW below it, the floor not on a DONE word), owners of leases are
   taken client slots, dead-letter orphans flagged, and the hints true bounds
   (G_REDELIVER, G_READY_LO, G_NEXT_READY, G_NEXT_EXPIRY);
 * free offset = min(next offset, durable mark, every active group's floor).
@@ -214,8 +215,13 @@ def _check_group(ring: Ring, groups: Groups, gi: int, reg: Registry | None) -> l
         if word(o) & L.STATE_MASK != L.DONE:
             bad.append(f"offset {o} below the floor {floor} is {_describe(word(o))}")
     for o in range(cur, nxt):
-        if word(o) & L.STATE_MASK not in (L.NEW, L.DONE):
-            bad.append(f"offset {o} past the cursor {cur} is {_describe(word(o))}")
+        x = word(o)
+        if x & L.STATE_DC_MASK == L.READY:  # a delayed message (READY, never delivered)
+            if x >> L.TIME_SHIFT > w[L.Q_DELAY_MAX]:
+                bad.append(f"offset {o} past the cursor is delayed to {x >> L.TIME_SHIFT}, after "
+                           f"Q_DELAY_MAX {w[L.Q_DELAY_MAX]}")
+        elif x & L.STATE_MASK not in (L.NEW, L.DONE):
+            bad.append(f"offset {o} past the cursor {cur} is {_describe(x)}")
     if floor < cur and word(floor) & L.STATE_MASK == L.DONE:
         bad.append(f"the floor {floor} stands on a DONE word")
     ready: list[tuple[int, int]] = []

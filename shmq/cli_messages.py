@@ -48,6 +48,8 @@ def produce(
     batch: int = typer.Option(100, help=f"messages per request (1-{options.MAX_BATCH})"),
     header: list[str] | None = typer.Option(None, "--header", "-H", metavar="KEY=VALUE",
                                             help="a header of every message (repeat for more)"),
+    delay: float | None = typer.Option(None, "--delay", metavar="SECONDS",
+                                       help="deliver each message this many seconds from now"),
     url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
     token_file: str | None = TokenFileOpt, as_json: bool = JsonOpt,
 ) -> None:
@@ -57,6 +59,7 @@ def produce(
 
     Example: seq 1000 | shmq produce orders --header source=seq
     """
+    from .api import delay_ms
     from .headers import encode
     from .lines import stream_batches
     from .progress import Progress
@@ -68,6 +71,7 @@ def produce(
         fail(InvalidArgument("--header takes KEY=VALUE"))
     try:
         encode(hdrs)  # checked before anything is sent
+        delay_ms(delay)
     except ShmqError as e:
         fail(e)
     src: Any = None
@@ -89,7 +93,7 @@ def produce(
             batches = stream_batches(src, batch, lambda: stop.requested)
         try:
             for chunk in batches:
-                offsets += q.put_many(chunk, headers=[hdrs] * len(chunk) if hdrs else None)
+                offsets += q.put_many(chunk, headers=[hdrs] * len(chunk) if hdrs else None, delay=delay)
                 progress.advance(len(chunk))
                 if stop.requested:
                     break

@@ -30,7 +30,7 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from . import headers as _headers
 from . import options
-from .api import BrokerInfo, Headers, Message, Payload, QueueConfig, QueueInfo, as_bytes, own_leases
+from .api import BrokerInfo, Headers, Message, Payload, QueueConfig, QueueInfo, as_bytes, delay_ms, own_leases
 from .codec import (
     NO_REPLY_ID,
     WAIT_FOREVER,
@@ -39,6 +39,8 @@ from .codec import (
     consume_frame,
     decode_body,
     decode_deliver,
+    encode_body,
+    encode_frame,
     error_of,
     frame,
     produce_frame,
@@ -47,7 +49,7 @@ from .codec import (
 from .connection import Request
 from .errors import AuthError, InvalidArgument, ShmqError, StaleAck
 from .names import check_new_queue_name
-from .producing import batch_payloads, produce_request
+from .producing import batch_payloads, delayed, produce_request
 from .settle import Settle
 
 R = TypeVar("R")
@@ -271,10 +273,16 @@ _ACKED = (T.ACK_OK, None)
 
 
 def put(q: Handle[Any], payload: Payload, block: bool, timeout: float | None,
-        headers: Headers | None = None) -> Request[int]:
-    """One message; the result is its offset.  With headers: a flagged PRODUCE (``producing``)."""
+        headers: Headers | None = None, delay: float | None = None) -> Request[int]:
+    """One message; the result is its offset.  With headers or a delay: a flagged PRODUCE
+    (``producing``)."""
     if type(payload) is not bytes:
         payload = bytes(as_bytes(payload))
+    if delay is not None and (ms := delay_ms(delay)):
+        meta = _headers.encode(headers) if headers is not None else b""
+        fields = {"queue": q.name, "timeout_ms": _timeout_ms(block, timeout),
+                  "payload": _headers.flagged(meta, payload) if meta else payload}
+        return Request(_delayed_frame, (T.PRODUCE, fields, _headers.FLAG if meta else 0, ms), _pick, _OFFSET)
     if headers is not None and (meta := _headers.encode(headers)):
         return Request(_flagged_frame, (T.PRODUCE, {"queue": q.name, "timeout_ms": _timeout_ms(
             block, timeout), "payload": meta + payload}, _headers.FLAG), _pick, _OFFSET)
@@ -282,13 +290,21 @@ def put(q: Handle[Any], payload: Payload, block: bool, timeout: float | None,
 
 
 def put_many(q: Handle[Any], payloads: Sequence[Payload], block: bool, timeout: float | None,
-             producer: str | None, seq: int | None, headers: Sequence[Headers | None] | None = None
-             ) -> Command[list[int]]:
+             producer: str | None, seq: int | None, headers: Sequence[Headers | None] | None = None,
+             delay: float | None = None) -> Command[list[int]]:
     """A batch, atomically (at most once per (producer, seq)); the result is their offsets."""
+    ms = delay_ms(delay)
     req = produce_request(q.name, payloads, _timeout_ms(block, timeout), producer, seq, headers)
     if req is None:
         return Batch([], [], _no_offsets)
+    if ms:
+        return Request(_delayed_frame, (*req, ms), _offsets)
     return Request(_flagged_frame, req, _offsets)
+
+
+def _delayed_frame(msg_id: int, type_: int, fields: dict[str, Any], status: int, ms: int) -> bytes:
+    status, body = delayed(status, encode_body(type_, **fields), ms)
+    return encode_frame(type_, msg_id, body, status)
 
 
 def _offsets(f: Frame, _: Any) -> list[int]:

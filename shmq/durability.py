@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
@@ -53,6 +54,7 @@ class Journaled(Protocol):
     _js: posix_ipc.Semaphore
     _ds: posix_ipc.Semaphore
     _nf: posix_ipc.Semaphore
+    _now: Callable[[], int]  # the lease clock, monotonic ms
 
     def _sleep_until(self, attempt: Callable[[], int | None], sem: posix_ipc.Semaphore, waiters: int,
                      deadline: float | None, expired: Callable[[], Exception]) -> int: ...
@@ -86,6 +88,7 @@ class Snapshot(NamedTuple):
     groups: list[dict[str, Any]]
     next_offset: int  # Q_NEXT_OFFSET: offsets below it are published
     producers: list[tuple[int, int]]  # the idempotent producers' (key, last sequence)
+    delays: list[tuple[int, int]] = []  # (offset, wall-clock ms when due) of the delayed messages
 
 
 class Durability:
@@ -223,7 +226,14 @@ class Durability:
         with ring.plock:
             nxt = self.w[L.Q_NEXT_OFFSET]
             producers = ring.producer_table()
-        return Snapshot(settle, groups, nxt, producers)
+        delays: list[tuple[int, int]] = []
+        now = self._q._now()
+        if self.w[L.Q_DELAY_MAX] > now:  # (read after the tail: it covers every put below it)
+            with ring.clock:
+                waits = self._q._groups.delays(nxt, now)
+            wall = time.time_ns() // 1_000_000  # monotonic time restarts with the machine
+            delays = [(o, wall + ms) for o, ms in waits]
+        return Snapshot(settle, groups, nxt, producers, delays)
 
     def records(self, first: int, end: int) -> list[tuple[Any, ...]]:
         """(offset, timestamp_ns, payload), or (offset, timestamp_ns, payload, metadata) for

@@ -68,6 +68,7 @@ from .layout import (
     NO_OWNER,
     OWNER_MASK,
     OWNER_SHIFT,
+    Q_DELAY_MAX,
     Q_FREE_OFFSET,
     Q_GROUP_GEN,
     Q_NEXT_OFFSET,
@@ -78,6 +79,7 @@ from .layout import (
     S_TIMESTAMP,
     STATE_DC_MASK,
     STATE_MASK,
+    TIME_MASK,
     TIME_SHIFT,
     WORD,
     lease_word,
@@ -121,6 +123,37 @@ class Groups(Delivery):
             out.append({"name": name, "floor": floor, "cursor": cursor, "words": words,
                         "counters": [w[g + c] for c in self._COUNTERS]})
         return out
+
+    def delays(self, tail: int, now: int) -> list[tuple[int, int]]:
+        """(offset, ms still to wait) of every delayed message below ``tail`` not due at
+        ``now`` (READY, never delivered, in some active group), for the journal; call under
+        the consumer lock.  Nothing to scan unless Q_DELAY_MAX is ahead of ``now``."""
+        w = self.w
+        if w[Q_DELAY_MAX] <= now:
+            return []
+        cols = [S_GROUPS + gi for gi, _ in self.active()]
+        out = []
+        for o in range(w[Q_FREE_OFFSET], tail):
+            slot = self.sl + (o % self.cap) * self.sw
+            due = max((x >> TIME_SHIFT for c in cols if (x := w[slot + c]) & STATE_DC_MASK == READY),
+                      default=0)
+            if due > now:
+                out.append((o, due - now))
+        return out
+
+    def restore_delays(self, delays: list[tuple[int, int]], first: int, tail: int) -> None:
+        """Recovery, after ``restore``: each (offset, due in monotonic ms) is delayed again,
+        in every group whose word is NEW or READY never delivered (and every free group's)."""
+        w = self.w
+        for o, due in delays:
+            if not first <= o < tail:
+                continue
+            slot = self.sl + (o % self.cap) * self.sw
+            for gi in range(self.max_groups):
+                b = slot + S_GROUPS + gi
+                if w[b] == NEW or w[b] & STATE_DC_MASK == READY:
+                    w[b] = READY | ((due & TIME_MASK) << TIME_SHIFT)
+            w[Q_DELAY_MAX] = max(w[Q_DELAY_MAX], due)
 
     def restore(self, groups: list[dict[str, Any]], first: int, tail: int) -> None:
         """Rebuild the group table from a snapshot (recovery, before the queue is
@@ -242,8 +275,9 @@ class Groups(Delivery):
 
         * A create or delete cut short: FREE groups get serial 0 (their leases are
           stale), and a fresh generation makes every process re-read the active set.
-        * Lease words past a cursor that are not NEW or DONE belong to a delivery that
-          never returned (its deliverer died before moving the cursor): NEW again.
+        * LEASED words past a cursor belong to a delivery that never returned (its
+          deliverer died before moving the cursor): NEW again.  (READY ones there are
+          delayed messages, waiting for their time.)
         * The floor moves past DONE words; the hints (G_REDELIVER, G_NEXT_READY,
           G_READY_LO, G_NEXT_EXPIRY) become exact; the free offset is recomputed.
         * A dead-letter orphan (DEADING, no owner) raises Q_ORPHANS, so it is retried."""
@@ -260,7 +294,7 @@ class Groups(Delivery):
             cur = w[g + G_CURSOR]
             for o in range(cur, tail):
                 base = self.sl + (o % self.cap) * self.sw + lw
-                if w[base] & STATE_MASK not in (NEW, DONE):
+                if w[base] & STATE_MASK == LEASED:  # (READY there: a delayed message, kept)
                     w[base] = NEW
             orphans = self._exact_hints(gi) or orphans
             self.advance_floor(gi)

@@ -101,7 +101,7 @@ class Delivery(Settlement):
         new = tuple.__new__
         append = out.append
         unpack = _unpack_slot
-        skipped = False
+        skipped = due_now = False
         while cur < tail and got < max_n:
             # one run of slots that does not wrap: read and lease it with strided slices
             i0 = cur % cap
@@ -125,6 +125,10 @@ class Delivery(Settlement):
                 cur += k
             else:  # one at a time, stepping over DONE words (settled without a delivery)
                 if w[b0 + lw]:
+                    if w[b0 + lw] & STATE_MASK == READY:  # delayed: the READY scan takes it when due
+                        due = w[b0 + lw] >> TIME_SHIFT
+                        self._passed_delayed(g, cur, due)
+                        due_now = due_now or due <= now
                     cur += 1
                     skipped = True
                     continue
@@ -154,6 +158,19 @@ class Delivery(Settlement):
             w[g + G_NEXT_EXPIRY] = deadline
         if skipped:  # the floor may stand on one of them
             self.advance_floor(gi)
+        if due_now and got < max_n and not (max_bytes and got):  # passed a delayed one that is due
+            self._redeliver(gi, owner, now, max_n, vis_ms, out, cls, prefix, max_bytes)
+
+    def _passed_delayed(self, g: int, offset: int, due: int) -> None:
+        """The cursor passes a delayed message's READY word: the READY hints take it in
+        (stored before the cursor moves: too high a count is allowed, too low is not)."""
+        w = self.w
+        if not w[g + G_REDELIVER] or offset < w[g + G_READY_LO]:
+            w[g + G_READY_LO] = offset
+        nr = w[g + G_NEXT_READY]
+        if not w[g + G_REDELIVER] or due < nr:
+            w[g + G_NEXT_READY] = due
+        w[g + G_REDELIVER] += 1
 
     def deliver_one(self, gi: int, ref: int, word: int, now: int, cls: type, q: Any, group: str) -> Any:
         """The hot path of ``deliver`` for a single new message; None when the general
@@ -252,7 +269,7 @@ class Delivery(Settlement):
         next_ready = 0
         first_pending = -1
         deadline = now + vis_ms
-        taken = 0
+        taken = firsts = 0
         used = 0
         spent = False
         full = len(out) >= max_n
@@ -274,6 +291,8 @@ class Delivery(Settlement):
                     payload, meta, ts = self.ring.record(o)
                     out.append(tuple.__new__(cls, (*prefix, o, dc, payload, meta, ts)))
                     taken += 1
+                    if dc == 1:  # a delayed message's first delivery
+                        firsts += 1
                     full = len(out) >= max_n
                 else:
                     pending += 1
@@ -291,7 +310,8 @@ class Delivery(Settlement):
             w[g + G_NEXT_READY] = 0
             w[g + G_READY_LO] = first_pending if first_pending >= 0 else o
         if taken:
-            w[g + G_REDELIVERED] += taken
+            w[g + G_REDELIVERED] += taken - firsts
+            w[g + G_DELIVERED] += firsts
             ne = w[g + G_NEXT_EXPIRY]
             if not ne or deadline < ne:
                 w[g + G_NEXT_EXPIRY] = deadline

@@ -40,6 +40,7 @@ from .layout import (
     GS_FREE,
     LEASED,
     NEW,
+    Q_DELAY_MAX,
     Q_DURABLE_OFFSET,
     Q_FREE_OFFSET,
     Q_GROUP_GEN,
@@ -47,7 +48,9 @@ from .layout import (
     Q_SETTLE_SEQ,
     READY,
     S_GROUPS,
+    STATE_DC_MASK,
     STATE_MASK,
+    TIME_SHIFT,
     WORD,
     group_ref,
 )
@@ -141,7 +144,11 @@ class GroupTable:
                      else min(max(int(start), free), tail))
             lw = S_GROUPS + gi
             for o in range(free, tail):  # a reused index may hold an old group's words
-                w[self.sl + (o % self.cap) * self.sw + lw] = NEW if o >= first else DONE
+                b = self.sl + (o % self.cap) * self.sw + lw
+                if o < first:
+                    w[b] = DONE
+                elif w[b] & STATE_DC_MASK != READY:  # READY, 0 deliveries: delayed (ring._delay)
+                    w[b] = NEW
             w[g + G_CURSOR] = first
             w[g + G_FLOOR] = first
             w[g + G_CREATED_NS] = time.time_ns()
@@ -226,19 +233,29 @@ class GroupTable:
         return False
 
     # ------------------------------------------------------------ reading
-    def stats(self, gi: int) -> dict[str, int]:
+    def stats(self, gi: int, now: int = 0) -> dict[str, int]:
+        """The group's numbers; ``delayed``: messages put with a delay that are not due
+        at ``now`` (they count in ``depth`` too)."""
         w = self.w
         g = self.gw + gi * G_WORDS
         lw = S_GROUPS + gi
-        in_flight = ready = 0
+        in_flight = ready = delayed = 0
         for o in range(w[g + G_FLOOR], w[g + G_CURSOR]):
-            state = w[self.sl + (o % self.cap) * self.sw + lw] & STATE_MASK
+            word = w[self.sl + (o % self.cap) * self.sw + lw]
+            state = word & STATE_MASK
             if state == LEASED:
                 in_flight += 1
             elif state == READY:
                 ready += 1
+                if word & STATE_DC_MASK == READY and word >> TIME_SHIFT > now:
+                    delayed += 1
+        if w[Q_DELAY_MAX] > now:  # some may wait past the cursor
+            for o in range(w[g + G_CURSOR], w[Q_NEXT_OFFSET]):
+                word = w[self.sl + (o % self.cap) * self.sw + lw]
+                if word & STATE_DC_MASK == READY and word >> TIME_SHIFT > now:
+                    delayed += 1
         backlog = w[Q_NEXT_OFFSET] - w[g + G_CURSOR]
-        return {
+        return {"delayed": delayed,
             "depth": backlog + ready, "backlog": backlog, "ready": ready, "in_flight": in_flight,
             "cursor": w[g + G_CURSOR], "floor": w[g + G_FLOOR],
             "acked": w[g + G_ACKED], "nacked": w[g + G_NACKED],

@@ -184,7 +184,8 @@ class QueueHandle:
         return off
 
     def _put_wait(self, items: list[Any], metas: list[bytes] | None, block: bool,
-                  timeout: float | None, first_try: bool = False, producer: int = 0, seq: int = 0) -> int:
+                  timeout: float | None, first_try: bool = False, producer: int = 0, seq: int = 0,
+                  delay: int = 0) -> int:
         ring = self._ring
         nbytes = sum(map(len, items)) + (sum(map(len, metas)) if metas else 0)
         if not ring.fits_empty(nbytes, len(items)):
@@ -195,7 +196,8 @@ class QueueHandle:
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def attempt() -> int | None:
-            off = ring.try_put_many(items, metas, time.time_ns(), producer, seq)
+            off = ring.try_put_many(items, metas, time.time_ns(), producer, seq,
+                                    self._now() + delay if delay else 0)
             if off == DUPLICATE:
                 raise Duplicate(f"producer already wrote sequence {seq} (or a later one) to "
                                 f"{self.name!r}: nothing was written")

@@ -86,6 +86,11 @@ Lease word (one per message per group)::
           READY    given back (nack, expiry, owner died); time = when it may be delivered again
           DONE     acknowledged or dead-lettered
           DEADING  being copied to the dead-letter queue by owner
+
+    A delayed message (``put(delay=)``) is stored with every group's word READY, 0
+    deliveries, time = when it is due: the only word other than NEW or DONE past a
+    group's cursor.  The cursor steps over it (adding it to the READY hints) and the
+    redelivery scan leases it when due, as a first delivery (deliveries 0 -> 1).
 """
 
 from __future__ import annotations
@@ -175,6 +180,7 @@ Q_TOTAL_SIZE = 19
 Q_SLOT_WORDS = 20
 Q_MAX_PRODUCERS = 21
 Q_JOURNAL_ERRNO = 22  # journal writer: errno of its failing write (0: writing fine); producers refuse
+Q_DELAY_MAX = 23  # plock: the latest due time (monotonic ms) of a delayed put (0: none); a bound
 # producer side (plock)
 Q_NEXT_OFFSET = 24  # the commit word of every put: offsets below it are published (= messages produced)
 Q_TAIL_BYTES = 25  # virtual byte position after the last record

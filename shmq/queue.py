@@ -14,7 +14,7 @@ from typing import Any
 from . import headers as _headers
 from . import layout as L
 from . import options
-from .api import Headers, Message, Payload, as_bytes, check_producer
+from .api import Headers, Message, Payload, as_bytes, check_producer, delay_ms
 from .api import Queue as QueueABC
 from .consume import Consuming
 from .durability import Mark
@@ -37,9 +37,13 @@ class ShmQueue(Consuming, QueueABC):
 
     # ------------------------------------------------------------ produce
     def put(self, payload: Payload, block: bool = True, timeout: float | None = None,
-            *, wait_durable: bool = True, headers: Headers | None = None) -> int:
+            *, wait_durable: bool = True, headers: Headers | None = None, delay: float | None = None) -> int:
         if type(payload) is not bytes:
             payload = as_bytes(payload)
+        if delay is not None:
+            metas = None if headers is None else [_headers.encode(headers)]
+            ms = delay_ms(delay)
+            return self._put_metas([payload], metas, block, timeout, 0, None, wait_durable, ms)[0]
         if headers is not None:
             meta = _headers.encode(headers)
             if meta:
@@ -68,7 +72,7 @@ class ShmQueue(Consuming, QueueABC):
     def put_many(self, payloads: Sequence[Payload], block: bool = True,
                  timeout: float | None = None, *, producer: str | None = None,
                  seq: int | None = None, wait_durable: bool = True,
-                 headers: Sequence[Headers | None] | None = None) -> list[int]:
+                 headers: Sequence[Headers | None] | None = None, delay: float | None = None) -> list[int]:
         """Append a batch atomically.  With ``producer`` and ``seq`` (an idempotent
         producer): raise :class:`Duplicate` and write nothing when this producer already
         wrote ``seq`` or a later sequence to this queue.  ``headers``: one mapping (or
@@ -79,13 +83,16 @@ class ShmQueue(Consuming, QueueABC):
         else:
             items = [p if type(p) is bytes else as_bytes(p) for p in payloads]
         metas = _headers.encode_many(headers, len(items)) if headers is not None else None
-        return self._put_metas(items, metas, block, timeout, key, seq, wait_durable)
+        return self._put_metas(items, metas, block, timeout, key, seq, wait_durable, delay_ms(delay))
 
     def _put_metas(self, items: list[Any], metas: list[bytes] | None, block: bool, timeout: float | None,
-                   key: int, seq: int | None, wait_durable: bool) -> list[int]:
-        """put_many of payloads (bytes) with their header blocks (None: no message has any)."""
+                   key: int, seq: int | None, wait_durable: bool, delay: int = 0) -> list[int]:
+        """put_many of payloads (bytes) with their header blocks (None: no message has any);
+        ``delay``: ms before they are due (0: now)."""
         if not items:
             return []
+        if metas is not None and not any(metas):
+            metas = None
         self._alive()
         sizes = list(map(len, items)) if metas is None else [len(p) + len(m) for p, m in zip(
             items, metas, strict=True)]
@@ -94,9 +101,10 @@ class ShmQueue(Consuming, QueueABC):
             raise MessageTooLarge(f"a {'payload' if metas is None else 'message (payload + headers)'} of "
                                   f"{big} bytes exceeds max_message_size {self._max} of queue {self.name!r}")
         if self._durable:
-            first = self._put_durable(items, block, timeout, wait_durable, key, seq or 0, metas)
+            first = self._put_durable(items, block, timeout, wait_durable, key, seq or 0, metas, delay)
         else:
-            first = self._put_wait(items, metas, block, timeout, first_try=True, producer=key, seq=seq or 0)
+            first = self._put_wait(items, metas, block, timeout, first_try=True, producer=key, seq=seq or 0,
+                                   delay=delay)
             self._wake_consumers(len(items))
         return list(range(first, first + len(items)))
 
@@ -110,12 +118,13 @@ class ShmQueue(Consuming, QueueABC):
         return token
 
     def _put_durable(self, items: list[Any], block: bool, timeout: float | None, wait_durable: bool,
-                     key: int, seq: int, metas: list[bytes] | None = None) -> int:
+                     key: int, seq: int, metas: list[bytes] | None = None, delay: int = 0) -> int:
         """put / put_many on a journaled queue: refused while the journal cannot be written;
         with ``always`` (and ``wait_durable``) it returns once the journal has the batch."""
         self._dur.check()
         deadline = None if timeout is None else time.monotonic() + timeout
-        first = self._put_wait(items, metas, block, timeout, first_try=True, producer=key, seq=seq)
+        first = self._put_wait(items, metas, block, timeout, first_try=True, producer=key, seq=seq,
+                               delay=delay)
         if not self._always:  # an `always` batch is shown to consumers once journaled
             self._wake_consumers(len(items))
         else:
@@ -246,7 +255,8 @@ class ShmQueue(Consuming, QueueABC):
             used = 0
             if nxt > free:
                 used = w[L.Q_TAIL_BYTES] - w[ring.slot_base(free) + L.S_BYTEPOS]
-            groups = {name: self._groups.stats(gi) for gi, name in self._groups.active()}
+            now = self._now()
+            groups = {name: self._groups.stats(gi, now) for gi, name in self._groups.active()}
         return {
             "name": self.name, "is_dlq": self.is_dlq, "retained": nxt - free, "bytes_used": used,
             "capacity": ring.capacity, "max_bytes": ring.size, "first_offset": free, "next_offset": nxt,

@@ -8,6 +8,7 @@ fills the new segment while nobody else can see it, so no lock is needed.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from . import layout as L
@@ -17,11 +18,13 @@ from .ring import Ring
 
 def restore_fill(records: dict[int, tuple[int, bytes, bytes]], groups: list[dict[str, Any]],
                  producers: list[tuple[int, int]], first: int, tail: int, created_ns: int,
-                 ring: Ring) -> None:
+                 ring: Ring, delays: list[tuple[int, int]] | None = None) -> None:
     """Write ``records`` ({offset: (timestamp_ns, payload, metadata)}) at their offsets, with
     ``first`` the first retained offset and ``tail`` the next one; restore the
     groups as journaled (without any, the default group starts at ``first``) and
-    the idempotent producers' sequences; mark everything below ``tail`` durable."""
+    the idempotent producers' sequences; mark everything below ``tail`` durable.
+    ``delays``: (offset, wall-clock ms when due) of the delayed messages (the journal's
+    state), delayed again on this boot's monotonic clock."""
     w = ring.w
     ring.restore(records, first, tail)
     if groups:
@@ -29,6 +32,10 @@ def restore_fill(records: dict[int, tuple[int, bytes, bytes]], groups: list[dict
     else:
         g = ring.groups_w
         w[g + L.G_CURSOR] = w[g + L.G_FLOOR] = first
+    if delays:  # (offset, wall-clock ms when due): due on this boot's monotonic clock
+        now, wall = time.monotonic_ns() // 1_000_000, time.time_ns() // 1_000_000
+        Groups(ring).restore_delays([(o, now + max(due - wall, 1)) for o, due in delays if o in records],
+                                    first, tail)
     ring.restore_producers(producers, tail)
     w[L.Q_CREATED_NS] = created_ns
     w[L.Q_DURABLE_OFFSET] = tail

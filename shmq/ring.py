@@ -225,10 +225,11 @@ class Ring:
             unlock(addr)
 
     def try_put_many(self, payloads: list[bytes], metas: list[bytes] | None, ts: int,
-                     producer: int = 0, seq: int = 0) -> int:
+                     producer: int = 0, seq: int = 0, due: int = 0) -> int:
         """Append a batch atomically (all or none); the first offset, -1 when it does not
         fit now, or DUPLICATE when ``producer`` (a key from ``producer_key``) already
-        wrote ``seq`` or a later sequence."""
+        wrote ``seq`` or a later sequence.  ``due`` (monotonic ms, 0: none): delayed
+        messages, READY for every group at ``due`` (``_delay``)."""
         w = self.w
         size = self.size
         cap = self.capacity
@@ -291,6 +292,8 @@ class Ring:
                 block[S_LENS::sw] = array("Q", lens[i:i + k])
                 block[S_TIMESTAMP::sw] = array("Q", [ts]) * k
                 w[sl + i0 * sw:sl + (i0 + k) * sw] = block
+                if due:
+                    self._delay(sl + i0 * sw, k, due)
                 i += k
             # records, one copy per physically contiguous run
             i = 0
@@ -340,6 +343,18 @@ class Ring:
             return off
         finally:
             self.plock.release()
+
+    def _delay(self, base: int, k: int, due: int) -> None:
+        """Under plock, before the commit: the ``k`` slots from word ``base`` hold delayed
+        messages: every group's lease word (the free groups' too, for a group created
+        later) is READY, no deliveries, at ``due``; Q_DELAY_MAX rises to ``due``."""
+        word = L.READY | ((due & L.TIME_MASK) << L.TIME_SHIFT)
+        sw = self.slot_words
+        for gi in range(self.max_groups):
+            b = base + S_FIXED_WORDS + gi
+            self.w[b:b + k * sw:sw] = array("Q", [word]) * k
+        if due > self.w[L.Q_DELAY_MAX]:
+            self.w[L.Q_DELAY_MAX] = due
 
     # ------------------------------------------------------------ idempotent producers
     def _producer_entry(self, key: int) -> int:

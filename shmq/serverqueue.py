@@ -83,24 +83,26 @@ class ServerQueue:
         return bool(self._w[L.Q_STATE] != L.QS_ACTIVE)
 
     # ------------------------------------------------------------ produce
-    def put(self, payload: bytes, meta: bytes = b"") -> tuple[int, Mark | None]:
-        """Store one message now (``meta``: its header block, checked): (its offset, the mark
-        confirming it).  :class:`Full` when there is no room now."""
-        if meta:
-            offs, mark = self.put_many([payload], metas=[meta])
+    def put(self, payload: bytes, meta: bytes = b"", delay_ms: int = 0) -> tuple[int, Mark | None]:
+        """Store one message now (``meta``: its header block, checked; ``delay_ms``: when it
+        is due): (its offset, the mark confirming it).  :class:`Full` when there is no room now."""
+        if meta or delay_ms:
+            offs, mark = self.put_many([payload], metas=[meta] if meta else None, delay_ms=delay_ms)
             return offs[0], mark
         off = self._q.put(payload, block=False, wait_durable=False)  # (the writer is poked there)
         return off, self.durability.put_mark(off + 1, poke=False) if self._journaled else None
 
     def put_many(self, payloads: Sequence[Payload], producer: str | None = None,
-                 seq: int | None = None, metas: list[bytes] | None = None) -> tuple[list[int], Mark | None]:
+                 seq: int | None = None, metas: list[bytes] | None = None, delay_ms: int = 0
+                 ) -> tuple[list[int], Mark | None]:
         """Store a batch now, all or none (an idempotent producer's with ``producer`` and
-        ``seq``; ``metas``: their header blocks, checked): (the offsets, the mark confirming them)."""
-        if metas is None:
+        ``seq``; ``metas``: their header blocks, checked; ``delay_ms``: when they are due):
+        (the offsets, the mark confirming them)."""
+        if metas is None and not delay_ms:
             offs = self._q.put_many(payloads, block=False, producer=producer, seq=seq, wait_durable=False)
         else:
             key = producer_key(producer) if check_producer(producer, seq) else 0  # type: ignore[arg-type]
-            offs = self._q._put_metas(list(payloads), metas, False, None, key, seq, False)
+            offs = self._q._put_metas(list(payloads), metas, False, None, key, seq, False, delay_ms)
         mark = self.durability.put_mark(offs[-1] + 1, poke=False) if offs and self._journaled else None
         return offs, mark
 

@@ -707,3 +707,24 @@ def test_header_vectors_are_what_the_clients_send_and_the_broker_reads() -> None
     assert headers.split_many(decode_body(T.PRODUCE_BATCH, wire["produce_batch_headers"][16:])["payloads"]
                               ) == ([b"", block], [b"a", b"bc"])
     assert dict(headers.decode(decode_body(T.DELIVER, wire["deliver_headers"][16:])["meta"])) == {"k": b"v"}
+
+
+def test_delayed_produce_frame_is_the_documented_bytes() -> None:
+    from shmq.commands import put
+    from shmq.errors import InvalidArgument
+    from shmq.producing import DELAY_FLAG, split_delay
+
+    class Q:
+        name, _qb = "orders", b"orders"
+
+    wire = put(Q(), b"hi", False, None, None, 1.5)  # type: ignore[arg-type]
+    raw = wire.encode(20, *wire.args)
+    assert raw == bytes.fromhex("deadbeef 00000012 21 01 0002 00000014 000005dc "
+                                "0006 6f7264657273 00000000 6869")
+    f = FrameDecoder().feed(raw)[0]
+    assert f.status == DELAY_FLAG
+    ms, body = split_delay(f.body)
+    assert ms == 1500
+    assert decode_body(T.PRODUCE, body) == {"queue": "orders", "timeout_ms": 0, "payload": b"hi"}
+    with pytest.raises(InvalidArgument):
+        split_delay(bytes.fromhex("ffffffff") + body)

@@ -483,3 +483,30 @@ def _journal_pid(srv: Server) -> int:
         return reg.w[L.R_JOURNAL_PID] if reg.journal() is not None else 0
     finally:
         b.close()
+
+
+def test_recovery_keeps_a_delayed_message_due_time(durable: Any) -> None:
+    with shmq.connect(durable.srv.url) as b:
+        q = b.create_queue("later", durability="always")
+        q.put(b"d", delay=600)
+        q.put(b"now")
+        m = q.get(timeout=1)  # the cursor passes the delayed one: its word is in the group snapshot
+        q.put_many([b"e"], delay=300)  # past the cursor at the kill
+        m.ack()
+    durable.crash(reboot=True)  # monotonic time is not kept: the journal has it as wall-clock time
+    durable.start()
+    with shmq.connect(durable.srv.url) as b:
+        q = b.queue("later")
+        with pytest.raises(shmq.Empty):
+            q.get(block=False)
+        assert q.stats()["groups"]["default"]["delayed"] == 2
+    local = shmq.shm.ShmBroker(durable.inst)
+    try:
+        seg = local.queue("later")
+        ring = seg._ring  # type: ignore[attr-defined]
+        now = seg._now()  # type: ignore[attr-defined]
+        dues = [ring.w[ring.slot_base(o) + L.S_GROUPS] >> L.TIME_SHIFT for o in (0, 2)]
+        assert now + 590_000 < dues[0] <= now + 600_000  # the same due time, on this boot's clock
+        assert now + 290_000 < dues[1] <= now + 300_000
+    finally:
+        local.close()

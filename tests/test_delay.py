@@ -1,0 +1,145 @@
+"""Delayed delivery: ``put(delay=)`` stores at once and delivers to every group when due."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+import shmq
+from shmq import check
+from shmq import layout as L
+from shmq.shm import ShmBroker
+
+from .conftest import FakeClock
+
+
+def test_delayed_message_waits_then_goes_to_every_group(clocked: ShmBroker, clock: FakeClock) -> None:
+    q = clocked.create_queue("d")
+    q.create_group("audit")
+    off = q.put(b"later", delay=30)
+    q.put(b"now")
+    assert q.stats()["groups"]["default"]["delayed"] == 1
+    first = q.get(timeout=0)
+    assert first.payload == b"now"  # a later undelayed message goes first
+    first.ack()
+    with pytest.raises(shmq.Empty):
+        q.get(block=False)
+    assert [m.payload for m in q.get_many(10, group="audit", block=False)] == [b"now"]
+    clock.advance(29.9)
+    with pytest.raises(shmq.Empty):
+        q.get(block=False)
+    clock.advance(0.2)
+    for group in ("default", "audit"):
+        m = q.get(group=group, block=False)
+        assert (m.offset, m.payload, m.deliveries, m.redelivered) == (off, b"later", 1, False)
+        m.ack()
+    st = q.stats()["groups"]["default"]
+    assert (st["delayed"], st["redelivered"]) == (0, 0)
+
+
+def test_first_delivery_is_not_a_redelivery(clocked: ShmBroker, clock: FakeClock) -> None:
+    q = clocked.create_queue("d")
+    q.put_many([b"a", b"b"], delay=5)
+    with pytest.raises(shmq.Empty):
+        q.get(block=False)
+    clock.advance(5)
+    a, b = q.get_many(10, block=False)
+    assert (a.deliveries, b.deliveries, a.redelivered) == (1, 1, False)
+    a.nack()
+    b.ack()
+    again = q.get(block=False)
+    assert (again.offset, again.deliveries, again.redelivered) == (a.offset, 2, True)
+    again.ack()
+    w = q._w  # type: ignore[attr-defined]
+    g = q._ring.groups_w  # type: ignore[attr-defined]
+    assert (w[g + L.G_DELIVERED], w[g + L.G_REDELIVERED]) == (2, 1)
+
+
+def test_a_group_created_later_sees_it_when_due(clocked: ShmBroker, clock: FakeClock) -> None:
+    q = clocked.create_queue("d")
+    off = q.put(b"x", delay=10)
+    q.create_group("late", start="earliest")
+    with pytest.raises(shmq.Empty):
+        q.get(group="late", block=False)
+    assert q.stats()["groups"]["late"]["delayed"] == 1
+    clock.advance(10)
+    assert q.get(group="late", block=False).offset == off
+
+
+def test_commit_and_seek_past_a_delayed_message(clocked: ShmBroker, clock: FakeClock) -> None:
+    q = clocked.create_queue("d")
+    q.put(b"x", delay=10)
+    q.put(b"y")
+    q.commit("default", 1)  # settles the delayed one too
+    assert q.get(block=False).payload == b"y"
+    clock.advance(10)
+    with pytest.raises(shmq.Empty):
+        q.get(block=False)
+
+
+def test_leased_then_expired_delayed_message_comes_back(clocked: ShmBroker, clock: FakeClock) -> None:
+    q = clocked.create_queue("d", visibility_timeout=5)
+    q.put(b"x", delay=1)
+    clock.advance(1)
+    m = q.get(block=False)
+    clock.advance(6)
+    again = q.get(block=False)
+    assert (again.offset, again.deliveries) == (m.offset, 2)
+
+
+def test_check_passes_with_delayed_messages(clocked: ShmBroker, clock: FakeClock, instance: str) -> None:
+    q = clocked.create_queue("d")
+    q.put_many([b"a", b"b"], delay=60)
+    q.put(b"c")
+    q.get(block=False).ack()  # the cursor steps over the delayed ones
+    q.put(b"d", delay=30)
+    assert check.check_instance(instance) == []
+    w = q._w  # type: ignore[attr-defined]
+    w[L.Q_DELAY_MAX] = 1  # the checker notices a delayed word past a lying bound
+    assert any("Q_DELAY_MAX" in p for p in check.check_instance(instance))
+    w[L.Q_DELAY_MAX] = 10**9
+
+
+@pytest.mark.parametrize("bad", [-1, math.nan, math.inf, 8 * 86400, "3", True])
+def test_bad_delay_is_invalid_and_stores_nothing(broker: shmq.Broker, bad: Any) -> None:
+    q = broker.create_queue("d")
+    with pytest.raises(shmq.InvalidArgument):
+        q.put(b"x", delay=bad)
+    with pytest.raises(shmq.InvalidArgument):
+        q.put_many([b"x"], delay=bad)
+    assert q.stats()["next_offset"] == 0
+
+
+def test_delay_on_both_transports(broker: shmq.Broker) -> None:
+    q = broker.create_queue("d")
+    q.put(b"h", delay=3600, headers={"k": "v"})
+    q.put_many([b"a", b"b"], delay=3600)
+    q.put(b"now")
+    m = q.get(timeout=1)
+    assert m.payload == b"now"
+    m.ack()
+    with pytest.raises(shmq.Empty):
+        q.get(block=False)
+    st = q.stats()["groups"]["default"]
+    assert (st["delayed"], st["depth"]) == (3, 3)
+    assert q.put(b"zero", delay=0) == 4
+    assert q.get(timeout=1).payload == b"zero"
+
+
+async def _aio(url: str) -> list[int]:
+    from shmq import aio
+
+    async with await aio.connect(url) as b:
+        q = await b.create_queue("a")
+        offs = [await q.put(b"x", delay=3600), *await q.put_many([b"y"], delay=3600)]
+        with pytest.raises(shmq.Empty):
+            await q.get(block=False)
+        return offs
+
+
+def test_aio_put_with_delay(server: Any) -> None:
+    import asyncio
+
+    assert asyncio.run(_aio(server.url)) == [0, 1]
