@@ -3,7 +3,8 @@
     import shmq.spark
     shmq.spark.register(spark)                      # the format is then called "shmq"
     events = (spark.readStream.format("shmq").option("url", "tcp://127.0.0.1:7878")
-              .option("queue", "events").load())    # queue, offset, payload, timestamp, delivery_count
+              .option("queue", "events").load())    # queue, offset, payload, timestamp,
+                                                    # delivery_count, headers
     (events.selectExpr("upper(cast(payload as string)) as payload")
            .writeStream.format("shmq").option("queue", "out")
            .option("checkpointLocation", "/tmp/ck").start())
@@ -46,6 +47,7 @@ from .spark_sink import (
     BatchWriter,
     StreamWriter,
     Written,
+    headers_column,
     payload_column,
     write_partition,
 )
@@ -92,15 +94,15 @@ class ShmqDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> BatchWriter:
         if overwrite:
             raise InvalidArgument("a queue cannot be overwritten: write with mode('append')")
-        return BatchWriter(write_options(self.options), payload_column(schema))
+        return BatchWriter(write_options(self.options), payload_column(schema), headers_column(schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> StreamWriter:
         # overwrite is Spark's "complete" output mode: each batch appends the whole result again.
-        return StreamWriter(write_options(self.options), payload_column(schema))
+        return StreamWriter(write_options(self.options), payload_column(schema), headers_column(schema))
 
 
 __all__ = ["ARROW_SCHEMA", "DEFAULT_GROUP", "DEFAULT_SINK_BATCH", "DEFAULT_URL", "DEFAULT_WRITE_TIMEOUT",
            "DataLost", "FORMAT", "PARTITION_OFFSETS", "SCHEMA", "SEQS_PER_BATCH", "SINK_BATCH_BYTES",
            "BatchReader", "BatchWriter", "OffsetRange", "ReadOptions", "ShmqDataSource", "StreamReader",
-           "StreamWriter", "WriteOptions", "Written", "payload_column", "read_options", "read_range",
-           "register", "split", "to_arrow", "write_options", "write_partition"]
+           "StreamWriter", "WriteOptions", "Written", "headers_column", "payload_column", "read_options",
+           "read_range", "register", "split", "to_arrow", "write_options", "write_partition"]

@@ -3,7 +3,8 @@
 Each task writes its partition in chunks, each one ``put_many`` of an idempotent producer
 named for (job or query, partition) with a sequence number from (batch id, chunk): a
 retried task or a replayed micro-batch finds its chunks written (``Duplicate``) and
-skips them, so nothing is written twice.
+skips them, so nothing is written twice.  A ``headers`` column (map<string,binary> or
+map<string,string>) goes with each row as its message's headers, in the same put_many.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
-from pyspark.sql.types import BinaryType, StringType, StructType
+from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 
 from . import options
-from .api import Queue
+from .api import Headers, Queue
 from .errors import Duplicate, InvalidArgument, LimitExceeded
 from .spark_options import WriteOptions, broker_for
 
@@ -47,31 +48,56 @@ def payload_column(schema: StructType) -> int:
                           f"{schema.fieldNames()}")
 
 
+def headers_column(schema: StructType) -> int | None:
+    """Index of the ``headers`` column (map<string,binary> or map<string,string>) the sink
+    writes, None when the DataFrame has none."""
+    for i, f in enumerate(schema.fields):
+        if f.name == "headers":
+            t = f.dataType
+            if not (isinstance(t, MapType) and isinstance(t.keyType, StringType)
+                    and isinstance(t.valueType, (BinaryType, StringType))):
+                raise InvalidArgument(f"the sink writes column 'headers' as map<string,binary> or "
+                                      f"map<string,string>, not {t.simpleString()}: cast, rename or drop it")
+            return i
+    return None
+
+
+def _row_headers(entries: list[tuple[str, bytes | str | None]] | None) -> dict[str, bytes | str] | None:
+    """One row's headers as put takes them: a null map, or a null value, is no header."""
+    if not entries:
+        return None
+    return {k: v for k, v in entries if v is not None} or None
+
+
 def write_partition(q: Queue, batches: Iterable[pa.RecordBatch], column: int, producer: str, seq0: int,
-                    batch_size: int, timeout: float) -> tuple[int, int]:
+                    batch_size: int, timeout: float, headers: int | None = None) -> tuple[int, int]:
     """Write one partition's payloads in chunks, each one idempotent put_many with sequence
-    ``seq0 + chunk + 1``.  A chunk an earlier attempt wrote raises Duplicate and is skipped, so a
-    retried task resumes after the last chunk its predecessor wrote: exactly once as long as the
-    partition's rows come in the same order.  Returns (written, skipped)."""
+    ``seq0 + chunk + 1``; ``headers``: the index of the headers column (None: none).  A chunk an
+    earlier attempt wrote raises Duplicate and is skipped, so a retried task resumes after the last
+    chunk its predecessor wrote: exactly once as long as the partition's rows come in the same
+    order.  Returns (written, skipped)."""
     config = q.stats()["config"]
     limit = max(1, min(batch_size, config["capacity"] // 2))
     max_bytes = max(1, min(SINK_BATCH_BYTES, config["max_bytes"] // 2))
     written = skipped = chunk_no = 0
     chunk: list[bytes] = []
+    metas: list[Headers | None] = []  # the chunk's headers, one per payload
     size = 0
 
     def flush() -> None:
-        nonlocal written, skipped, chunk_no, chunk, size
+        nonlocal written, skipped, chunk_no, chunk, metas, size
         if chunk_no + 1 >= SEQS_PER_BATCH:
             raise LimitExceeded(f"a sink partition wrote {chunk_no} chunks in one batch (limit "
                                 f"{SEQS_PER_BATCH - 1}); repartition into more partitions")
         try:
-            q.put_many(chunk, timeout=timeout, producer=producer, seq=seq0 + chunk_no + 1)
+            q.put_many(chunk, timeout=timeout, producer=producer, seq=seq0 + chunk_no + 1,
+                       headers=metas if any(metas) else None)
             written += len(chunk)
         except Duplicate:
             skipped += len(chunk)
         chunk_no += 1
         chunk = []
+        metas = []
         size = 0
 
     for rb in batches:
@@ -79,13 +105,17 @@ def write_partition(q: Queue, batches: Iterable[pa.RecordBatch], column: int, pr
         if col.null_count:
             raise InvalidArgument(f"{col.null_count} row(s) have a null payload: the sink writes non-null "
                                   "payloads only (filter or coalesce them first)")
-        for p in col.to_pylist():
+        hs = ([None] * len(col) if headers is None
+              else [_row_headers(e) for e in rb.column(headers).to_pylist()])
+        for p, h in zip(col.to_pylist(), hs, strict=True):
             if type(p) is str:
                 p = p.encode()
-            if chunk and (len(chunk) >= limit or size + len(p) > max_bytes):
+            n = len(p) + (sum(len(k) + len(v) + 4 for k, v in h.items()) + 3 if h else 0)  # ~ encoded
+            if chunk and (len(chunk) >= limit or size + n > max_bytes):
                 flush()
             chunk.append(p)
-            size += len(p)
+            metas.append(h)
+            size += n
     if chunk:
         flush()
     return written, skipped
@@ -111,9 +141,10 @@ class BatchWriter(DataSourceArrowWriter):
     """``df.write.format("shmq")``: each task writes its partition; a retried task writes
     nothing twice (one producer per (job, partition))."""
 
-    def __init__(self, opts: WriteOptions, column: int) -> None:
+    def __init__(self, opts: WriteOptions, column: int, headers: int | None = None) -> None:
         self.o = opts
         self.column = column
+        self.headers = headers
         self.job = uuid.uuid4().hex  # made on the driver, the same in every task of this job
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Written:
@@ -121,7 +152,8 @@ class BatchWriter(DataSourceArrowWriter):
         _producer_limit(pid)
         with broker_for(self.o.url, self.o.token) as b:
             w, s = write_partition(b.queue(self.o.queue), iterator, self.column,
-                                   f"spark-job:{self.job}:{pid}", 0, self.o.batch_size, self.o.write_timeout)
+                                   f"spark-job:{self.job}:{pid}", 0, self.o.batch_size, self.o.write_timeout,
+                                   self.headers)
         return Written(pid, w, s)
 
 
@@ -129,9 +161,10 @@ class StreamWriter(DataSourceStreamArrowWriter):
     """``df.writeStream.format("shmq")``: idempotent per (checkpoint, batch id).  The producer is
     (query id, partition): the query id is kept in the checkpoint, so it survives restarts."""
 
-    def __init__(self, opts: WriteOptions, column: int) -> None:
+    def __init__(self, opts: WriteOptions, column: int, headers: int | None = None) -> None:
         self.o = opts
         self.column = column
+        self.headers = headers
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Written:
         tc = _task()
@@ -143,7 +176,8 @@ class StreamWriter(DataSourceStreamArrowWriter):
             raise RuntimeError("the streaming sink found no query id / batch id in the task's properties")
         with broker_for(self.o.url, self.o.token) as b:
             w, s = write_partition(b.queue(self.o.queue), iterator, self.column, f"spark:{query}:{pid}",
-                                   int(batch) * SEQS_PER_BATCH, self.o.batch_size, self.o.write_timeout)
+                                   int(batch) * SEQS_PER_BATCH, self.o.batch_size, self.o.write_timeout,
+                                   self.headers)
         return Written(pid, w, s)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

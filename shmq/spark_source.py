@@ -26,12 +26,14 @@ from pyspark.sql.types import (
     BinaryType,
     IntegerType,
     LongType,
+    MapType,
     StringType,
     StructField,
     StructType,
     TimestampType,
 )
 
+from . import headers as _headers
 from . import options
 from .api import Broker, Message, Queue
 from .errors import ConnectionLost, GroupNotFound, InvalidArgument, QueueExists
@@ -47,6 +49,7 @@ SCHEMA = StructType([
     StructField("payload", BinaryType(), False),
     StructField("timestamp", TimestampType(), False),
     StructField("delivery_count", IntegerType(), False),
+    StructField("headers", MapType(StringType(), BinaryType(), False), False),  # empty: none
 ])
 ARROW_SCHEMA = pa.schema([
     pa.field("queue", pa.string(), False),
@@ -54,7 +57,9 @@ ARROW_SCHEMA = pa.schema([
     pa.field("payload", pa.binary(), False),
     pa.field("timestamp", pa.timestamp("us", tz="UTC"), False),
     pa.field("delivery_count", pa.int32(), False),
+    pa.field("headers", pa.map_(pa.string(), pa.field("value", pa.binary(), False)), False),
 ])
+_HEADERS_TYPE = ARROW_SCHEMA.field("headers").type
 
 
 class OffsetRange(InputPartition):
@@ -95,6 +100,23 @@ def _delivery_count(m: Message) -> int:
     return origin.deliveries if origin is not None else 1
 
 
+def _headers_array(msgs: list[Message]) -> pa.MapArray:
+    """The ``headers`` column: each message's headers in the order they were put; an empty map
+    for a message without any (never null)."""
+    offsets = [0]
+    keys: list[str] = []
+    values: list[bytes] = []
+    for m in msgs:
+        meta = m[6]
+        if meta and meta[0] == _headers.TAG:
+            h = _headers.decode(meta)
+            keys += h.keys()
+            values += h.values()
+        offsets.append(len(keys))
+    return pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(keys, pa.string()),
+                                   pa.array(values, pa.binary()), type=_HEADERS_TYPE)
+
+
 def to_arrow(queue: str, msgs: list[Message]) -> pa.RecordBatch:
     n = len(msgs)
     return pa.RecordBatch.from_arrays([
@@ -103,6 +125,7 @@ def to_arrow(queue: str, msgs: list[Message]) -> pa.RecordBatch:
         pa.array([m[5] if type(m[5]) is bytes else bytes(m[5]) for m in msgs], pa.binary()),
         pa.array([m[7] // 1000 for m in msgs], pa.timestamp("us", tz="UTC")),
         pa.array([_delivery_count(m) for m in msgs], pa.int32()),
+        _headers_array(msgs),
     ], schema=ARROW_SCHEMA)
 
 

@@ -4,7 +4,8 @@ three groups with per-delivery visibility timeouts, acks, nacks with delays, tou
 lengthen or shorten, commits, stale settles, lease expiry, dead-lettering, ring
 wrap-around, groups deleted and created again, consumers that die (forked, with a crash
 point armed) and reapers at any step.  The invariant checker (``shmq doctor --check``) runs
-after every step, and a put the model says cannot fit must be refused."""
+after every step, and a put the model says cannot fit must be refused.  Messages carry
+random headers (often none), which every delivery and every dead letter must have."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import shmq
 from shmq import crashpoints
+from shmq import headers as H
 from shmq import layout as L
 from shmq.check import check_instance
 from shmq.serverqueue import ServerQueue
@@ -38,6 +40,15 @@ MAX_DELIVERIES = 3
 VIS = 10.0
 GROUPS = ("default", "g2", "g3")  # in the order of their indexes
 NEW, LEASED, READY, DONE = "new", "leased", "ready", "done"
+# a message's headers: none, mostly; values bytes or str (stored as UTF-8)
+HEADERS = st.one_of(st.none(), st.none(), st.dictionaries(
+    st.sampled_from(["k", "trace-id", "é"]), st.one_of(st.binary(max_size=6), st.text(max_size=3)),
+    max_size=3))
+
+
+def stored(h: dict[str, bytes | str] | None) -> dict[str, bytes]:
+    """What msg.headers reads back for ``h``."""
+    return {k: v.encode() if isinstance(v, str) else v for k, v in (h or {}).items()}
 
 
 @dataclass
@@ -51,8 +62,10 @@ class Lease:
 @dataclass
 class Model:
     payloads: dict[int, bytes] = field(default_factory=dict)
+    headers: dict[int, dict[str, bytes]] = field(default_factory=dict)
+    sizes: dict[int, int] = field(default_factory=dict)  # payload + header block: what a record holds
     leases: dict[str, dict[int, Lease]] = field(default_factory=lambda: {g: {} for g in GROUPS})
-    dlq: list[bytes] = field(default_factory=list)
+    dlq: list[tuple[bytes, dict[str, bytes]]] = field(default_factory=list)
     next_offset: int = 0
     producers: dict[str, int] = field(default_factory=dict)  # idempotent producer -> last seq
 
@@ -69,7 +82,7 @@ class Model:
         lease.dead = False
         if lease.dc >= MAX_DELIVERIES:
             lease.state = DONE
-            self.dlq.append(self.payloads[off])
+            self.dlq.append((self.payloads[off], self.headers[off]))
         else:
             lease.state, lease.t = READY, ready_at
 
@@ -120,66 +133,77 @@ class QueueMachine(RuleBasedStateMachine):
         kept = self.model.retained()
         if len(kept) + len(sizes) > CAP:
             return True
-        used = sum(len(self.model.payloads[o]) for o in kept)
+        used = sum(self.model.sizes[o] for o in kept)
         # records never straddle the end of the ring: up to one record's worth of padding
         return used + sum(sizes) + MAX_SIZE > MAX_BYTES
 
     def _must_be_full(self, sizes: list[int]) -> bool:
         kept = self.model.retained()
-        used = sum(len(self.model.payloads[o]) for o in kept)
+        used = sum(self.model.sizes[o] for o in kept)
         return len(kept) + len(sizes) > CAP or used + sum(sizes) > MAX_BYTES
 
     def _refused(self, sizes: list[int]) -> None:
         assert not self._must_be_full(sizes), "a put was accepted although the queue has no room"
 
-    def _accept(self, offsets: list[int], payloads: list[bytes]) -> None:
+    def _accept(self, offsets: list[int], payloads: list[bytes], headers: list[dict[str, bytes | str] | None]
+                ) -> None:
         assert offsets == list(range(self.model.next_offset, self.model.next_offset + len(payloads)))
-        for o, p in zip(offsets, payloads, strict=True):
+        for o, p, h in zip(offsets, payloads, headers, strict=True):
             self.model.payloads[o] = p
+            self.model.headers[o] = stored(h)
+            self.model.sizes[o] = len(p) + len(H.encode(h))
             for g in GROUPS:
                 self.model.leases[g][o] = Lease()
         self.model.next_offset += len(payloads)
 
-    @rule(size=st.integers(0, MAX_SIZE))
-    def put(self, size: int) -> None:
-        p = self._payload(size)
+    @rule(size=st.integers(0, MAX_SIZE), headers=HEADERS)
+    def put(self, size: int, headers: dict[str, bytes | str] | None = None) -> None:
+        meta = len(H.encode(headers))
+        p = self._payload(min(size, MAX_SIZE - meta))  # with its headers, at most max_message_size
         try:
-            off = self.q.put(p, block=False)
+            off = self.q.put(p, block=False, headers=headers)
         except shmq.Full:
-            assert self._may_be_full([len(p)]), "Full although the model has room"
+            assert self._may_be_full([len(p) + meta]), "Full although the model has room"
             return
-        self._refused([len(p)])
-        self._accept([off], [p])
+        self._refused([len(p) + meta])
+        self._accept([off], [p], [headers])
 
-    @rule(sizes=st.lists(st.integers(0, 300), min_size=1, max_size=4))
-    def put_many(self, sizes: list[int]) -> None:
+    @rule(sizes=st.lists(st.integers(0, 300), min_size=1, max_size=4),
+          hs=st.lists(HEADERS, min_size=4, max_size=4))
+    def put_many(self, sizes: list[int], hs: list[dict[str, bytes | str] | None] | None = None) -> None:
         ps = [self._payload(s) for s in sizes]
+        hs = (hs or [None] * len(ps))[:len(ps)]
+        total = [len(p) + len(H.encode(h)) for p, h in zip(ps, hs, strict=True)]
         try:
-            offs = self.q.put_many(ps, block=False)
+            offs = self.q.put_many(ps, block=False, headers=hs)
         except shmq.Full:
-            assert self._may_be_full([len(p) for p in ps]), "Full although the model has room"
+            assert self._may_be_full(total), "Full although the model has room"
             return
-        self._refused([len(p) for p in ps])
-        self._accept(offs, ps)
+        self._refused(total)
+        self._accept(offs, ps, hs)
 
     @rule(producer=st.sampled_from(["p1", "p2"]), step=st.sampled_from([-1, 0, 1, 1, 2]),
-          sizes=st.lists(st.integers(0, 200), min_size=1, max_size=3))
-    def put_idempotent(self, producer: str, step: int, sizes: list[int]) -> None:
+          sizes=st.lists(st.integers(0, 200), min_size=1, max_size=3),
+          hs=st.lists(HEADERS, min_size=3, max_size=3))
+    def put_idempotent(self, producer: str, step: int, sizes: list[int],
+                       hs: list[dict[str, bytes | str] | None]) -> None:
         last = self.model.producers.get(producer, 0)
         seq = max(1, last + step)
         ps = [self._payload(s) for s in sizes]
+        hs = hs[:len(ps)]
+        total = [len(p) + len(H.encode(h)) for p, h in zip(ps, hs, strict=True)]
         try:
-            offs = self.q.put_many(ps, block=False, producer=producer, seq=seq)
+            offs = self.q.put_many(ps, block=False, producer=producer, seq=seq, headers=hs)
         except shmq.Duplicate:
             assert seq <= last, "a new sequence was taken for a duplicate"
             return
         except shmq.Full:
-            assert self._may_be_full([len(p) for p in ps]), "Full although the model has room"
+            assert self._may_be_full(total), "Full although the model has room"
             return
         assert seq > last, "a duplicate sequence was written again"
-        self._refused([len(p) for p in ps])
+        self._refused(total)
         self.model.producers[producer] = seq
-        self._accept(offs, ps)
+        self._accept(offs, ps, hs)
 
     @rule(group=st.sampled_from(GROUPS), n=st.integers(1, 3),
           budget=st.sampled_from([0, 0, 0, 1, 300, 700, 1000]), vis=st.sampled_from([None, None, 1.0, 30.0]))
@@ -194,7 +218,7 @@ class QueueMachine(RuleBasedStateMachine):
         if budget:
             total, fit = 0, 0
             for o in expect:
-                total += len(self.model.payloads[o])
+                total += self.model.sizes[o]  # the budget counts the headers too
                 if total > budget and fit:
                     break
                 fit += 1
@@ -211,6 +235,7 @@ class QueueMachine(RuleBasedStateMachine):
             lease = leases[m.offset]
             lease.state, lease.dc, lease.t = LEASED, lease.dc + 1, now + (VIS if vis is None else vis)
             assert (m.payload, m.deliveries, m.group) == (self.model.payloads[m.offset], lease.dc, group)
+            assert dict(m.headers) == self.model.headers[m.offset]
         self.held = (self.held + got)[-12:]
 
     @rule(group=st.sampled_from(GROUPS), n=st.integers(2, 5), budget=st.sampled_from([0, 0, 600, 1200]))
@@ -239,6 +264,7 @@ class QueueMachine(RuleBasedStateMachine):
             payload = data[pos:pos + ln]
             pos += ln
             assert payload == self.model.payloads[o]
+            assert not self.model.headers[o], "a message with headers in a run (runs are records without)"
             lease = leases[o]
             lease.state, lease.dc, lease.t = LEASED, 1, now + VIS
             got.append(tuple.__new__(shmq.Message, (self.q, ref, group, o, 1, payload, b"", ts)))
@@ -388,9 +414,9 @@ class QueueMachine(RuleBasedStateMachine):
                 if lease.state == LEASED and lease.dead:
                     self.model.give_back(g, off, self.clock.t)
 
-    def _dlq_payloads(self) -> list[bytes]:
+    def _dlq_messages(self) -> list[tuple[bytes, dict[str, bytes]]]:
         dlq = self.broker.queue("m.dlq")
-        return [m.payload for m in dlq.read(0, max(1, dlq.offsets()[1]))]
+        return [(bytes(m.payload), dict(m.headers)) for m in dlq.read(0, max(1, dlq.offsets()[1]))]
 
     @invariant()
     def matches_model(self) -> None:
@@ -399,7 +425,11 @@ class QueueMachine(RuleBasedStateMachine):
         first, nxt = self.q.offsets()
         assert nxt == self.model.next_offset
         assert nxt - first == len(self.model.retained())
-        assert sorted(self._dlq_payloads()) == sorted(self.model.dlq)  # reapers copy in slot order
+        def key(d: tuple[bytes, dict[str, bytes]]) -> tuple[bytes, list[tuple[str, bytes]]]:
+            return d[0], sorted(d[1].items())
+
+        # reapers copy in slot order; a dead letter keeps the headers it was put with
+        assert sorted(self._dlq_messages(), key=key) == sorted(self.model.dlq, key=key)
 
 
 def _consume_and_die(q: shmq.Queue, group: str, n: int, point: str) -> None:

@@ -3,7 +3,8 @@
 One SparkSession and one broker per module (per xdist worker).  Spark's own files (warehouse,
 local dir, derby) go to a temporary folder, and the JVM is shut down at the end of the module, so
 the session's leak check finds no process of ours.  The tests that need no Spark (options, the
-reader's offset logic, the sink's chunking) call shmq.spark's functions directly.
+reader's offset logic) call shmq.spark's functions directly; tests/test_spark_rows.py has the
+row conversion and the sink's chunking.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
 
 import shmq
@@ -306,37 +306,6 @@ def test_dead_letter_rows_carry_their_delivery_count(instance: str) -> None:
         b.destroy()
 
 
-def _arrow(values: list[bytes]) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays([pa.array(values, pa.binary())], names=["payload"])
-
-
-def test_sink_chunks_resume_after_a_partial_write(instance: str) -> None:
-    b = ShmBroker(instance)
-    try:
-        q = b.create_queue("out")
-        rows = payloads(100)
-
-        def dies_after(n: int) -> Iterator[pa.RecordBatch]:
-            for i in range(0, 100, 7):  # batches that do not line up with the chunks
-                if i >= n:
-                    raise RuntimeError("task killed")
-                yield _arrow(rows[i:i + 7])
-
-        with pytest.raises(RuntimeError, match="task killed"):
-            ss.write_partition(q, dies_after(56), 0, "p", 0, 10, 5.0)
-        assert [bytes(m.payload) for m in q.read(0, 200)] == rows[:50]  # five whole chunks
-        assert ss.write_partition(q, dies_after(1000), 0, "p", 0, 10, 5.0) == (50, 50)  # the retry
-        assert ss.write_partition(q, [_arrow(rows)], 0, "p", 0, 10, 5.0) == (0, 100)  # a replay
-        assert [bytes(m.payload) for m in q.read(0, 200)] == rows  # each once, in order
-        nxt = ss.SEQS_PER_BATCH  # the next micro-batch's sequence numbers are all higher
-        assert ss.write_partition(q, [_arrow(rows[:3])], 0, "p", nxt, 10, 5.0) == (3, 0)
-        strings = pa.RecordBatch.from_arrays([pa.array(["a", None])], names=["payload"])
-        with pytest.raises(shmq.InvalidArgument, match="null payload"):
-            ss.write_partition(q, [strings], 0, "p2", 0, 10, 5.0)
-    finally:
-        b.destroy()
-
-
 # ---------------------------------------------------------------- on Spark
 def test_batch_write_and_read_round_trip(spark: Any, srv: Server) -> None:
     with shmq.connect(srv.url) as b:
@@ -361,6 +330,29 @@ def test_batch_write_and_read_round_trip(spark: Any, srv: Server) -> None:
             spark.read.format("shmq").option("queue", q.name).option("startingOffset", "0").load().collect()
         assert q.stats()["next_offset"] == 500
         b.delete_queue(q.name)
+
+
+def test_headers_round_trip_through_the_sink_and_the_source(spark: Any, srv: Server) -> None:
+    with shmq.connect(srv.url) as b:
+        q, copy = fresh(b, "h"), fresh(b, "hcopy")
+        df = spark.range(0, 60, numPartitions=2).selectExpr(  # map<string,string>, null maps and values
+            "cast(id as string) as payload",
+            "case id % 3 when 0 then null when 1 then map('id', cast(id as string), 'x', '') "
+            "else map('gone', cast(null as string), 'k', concat('v', id)) end as headers")
+        df.write.format("shmq").option("url", srv.url).option("queue", q.name).mode("append").save()
+        want = {str(i).encode(): [{}, {"id": str(i).encode(), "x": b""}, {"k": f"v{i}".encode()}][i % 3]
+                for i in range(60)}
+        back = spark.read.format("shmq").option("url", srv.url).option("queue", q.name).load()
+        assert back.columns == ["queue", "offset", "payload", "timestamp", "delivery_count", "headers"]
+        rows = back.collect()
+        got = {bytes(r.payload): {k: bytes(v) for k, v in r.headers.items()} for r in rows}
+        assert len(rows) == 60
+        assert got == want  # every row once, each with exactly its headers; none: an empty map
+        back.write.format("shmq").option("url", srv.url).option("queue", copy.name).mode("append").save()
+        assert copy.stats()["next_offset"] == 60
+        assert {bytes(m.payload): dict(m.headers) for m in copy.read(0, 100)} == want  # map<string,binary>
+        b.delete_queue(q.name)
+        b.delete_queue(copy.name)
 
 
 def test_stream_restarts_after_a_failed_batch_exactly_once(spark: Any, srv: Server, tmp_path: Path) -> None:
