@@ -352,3 +352,16 @@ def test_the_start_line_counts_workers_in_words() -> None:
         assert srv.start_line.count(" with 1 worker;") == 1
     finally:
         assert srv.stop() == 0
+
+
+def test_produce_delay_holds_the_message_back(inst: tuple[str, ShmBroker]) -> None:
+    name, b = inst
+    out = cli("produce", "q", "later", "--delay", "3600", "--shm", name)
+    assert out.exit_code == 0 and out.stdout == "produced 1 message, offsets 0..0\n", out.output
+    q = b.queue("q")
+    assert q.stats()["groups"]["default"]["delayed"] == 1
+    with pytest.raises(shmq.Empty):
+        q.get(block=False)  # stored, and not delivered before it is due
+    assert [m.payload for m in q.read(0, 1)] == [b"later"]
+    bad = cli("produce", "q", "x", "--delay", "-1", "--shm", name)
+    assert bad.exit_code == 1 and q.stats()["next_offset"] == 1  # refused, nothing stored
