@@ -51,7 +51,7 @@ def _declared(q: ServerQueue, data_dir: Path) -> dict[str, Any]:
 
 
 def _same(key: str, want: Any, have: Any) -> bool:
-    if key == "visibility_timeout":  # kept in ms
+    if key in ("visibility_timeout", "message_ttl"):  # kept in ms
         return abs(float(want) - float(have)) < 0.0005
     return bool(want == have)
 

@@ -67,6 +67,8 @@ class QueueConfig:
     max_deliveries: int = options.DEFAULT_MAX_DELIVERIES
     max_groups: int = options.DEFAULT_MAX_GROUPS
     durability: str = options.DEFAULT_DURABILITY
+    message_ttl: float = 0.0  # seconds a message may wait for its first delivery to a group (0: forever)
+    expired_to_dlq: bool = True  # an expired message is dead-lettered (reason "ttl_expired"); False: dropped
 
 
 @dataclass(frozen=True)

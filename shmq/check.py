@@ -21,7 +21,8 @@ What is checked (the invariants are stated where they are kept: ``registry``,
   free <= floor <= cursor <= next, lease words by position (DONE below the floor,
   NEW or DONE past the cursor, or READY never delivered (a delayed message, due no later
   than Q_DELAY_MAX), never NEW below it, the floor not on a DONE word), owners of leases are
-  taken client slots, dead-letter orphans flagged, and the hints true bounds
+  taken client slots, dead-letter orphans flagged, a message dead-lettered undelivered
+  only by a TTL that dead-letters (no TTL on a dead-letter queue), and the hints true bounds
   (G_REDELIVER, G_READY_LO, G_NEXT_READY, G_NEXT_EXPIRY);
 * free offset = min(next offset, durable mark, every active group's floor).
 """
@@ -143,6 +144,8 @@ def _check_queue(reg: Registry, qid: int, name: str, is_dlq: bool) -> list[str]:
             bad.append(f"listed but in state {w[L.Q_STATE]}")
         if bool(ring.flags & L.F_DLQ) != is_dlq:
             bad.append("the dead-letter flag differs from the registry's")
+        if is_dlq and ring.message_ttl_ms:
+            bad.append(f"a dead-letter queue with a message TTL of {ring.message_ttl_ms} ms")
         groups = Groups(ring)  # its repair runs if a consumer died holding the lock
         with ring.plock, ring.clock:
             bad += check_ring(ring, groups, reg)
@@ -239,6 +242,9 @@ def _check_group(ring: Ring, groups: Groups, gi: int, reg: Registry | None) -> l
                 deadlines.append(x >> L.TIME_SHIFT)
             if dc > groups.give_up_at:
                 bad.append(f"offset {o} was delivered {dc} times, past the limit {groups.give_up_at}")
+            if state == L.DEADING and not dc and (not ring.message_ttl_ms or ring.flags & L.F_TTL_DROP):
+                bad.append(f"offset {o} is dead-lettered undelivered on a queue that dead-letters no "
+                           "expired message")
             if state == L.DEADING and owner == L.NO_OWNER:
                 if not w[L.Q_ORPHANS]:
                     bad.append(f"offset {o} is an orphaned dead-letter copy, but Q_ORPHANS is not set")

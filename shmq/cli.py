@@ -149,6 +149,10 @@ def create(
              "`shmq serve` stop. interval: journaled, fsynced every --sync-interval (1 s): a host "
              "crash loses at most that window. always: a produce or ack returns once fsynced: "
              "nothing confirmed is lost"),
+    message_ttl: float = typer.Option(0.0, help="seconds a message may wait for its first delivery to "
+                                      "a group; then it expires for that group (0: never)"),
+    expired_to_dlq: bool = typer.Option(True, help="dead-letter an expired message to QUEUE.dlq "
+                                        "(reason ttl_expired); --no-expired-to-dlq drops it"),
     url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
     token_file: str | None = TokenFileOpt,
 ) -> None:
@@ -163,6 +167,8 @@ def create(
     limits: dict[str, Any] = dict(capacity=capacity, max_bytes=max_bytes,
                                   visibility_timeout=visibility_timeout, max_deliveries=max_deliveries,
                                   max_groups=max_groups, durability=durability)
+    if message_ttl or not expired_to_dlq:  # (an older broker knows neither)
+        limits.update(message_ttl=message_ttl, expired_to_dlq=expired_to_dlq)
     if max_message_size is not None:
         limits["max_message_size"] = max_message_size
     with session(url, shm, token, token_file) as b:

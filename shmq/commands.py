@@ -247,7 +247,9 @@ def list_queues() -> Request[list[QueueInfo]]:
 
 
 def _queue_infos(f: Frame, _: Any) -> list[QueueInfo]:
-    return [QueueInfo(d["name"], d["is_dlq"], QueueConfig(**d["config"]))
+    known = QueueConfig.__dataclass_fields__  # (settings a newer broker adds are left out)
+    return [QueueInfo(d["name"], d["is_dlq"],
+                      QueueConfig(**{k: v for k, v in d["config"].items() if k in known}))
             for d in _fields(f, T.LIST_QUEUES_OK)["queues"]]
 
 

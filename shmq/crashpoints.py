@@ -46,6 +46,7 @@ POINTS: dict[str, str] = {
     "deliver.block.leased": "the batch hot path leased a run, not the cursor",
     "deliver.cursor": "a delivery moved the cursor, not the expiry hint",
     "redeliver.leased": "a redelivery leased a READY word, not the hints",
+    "ttl.expired": "a TTL expiry stored the word (DONE or DEADING), not the cursor or counter",
     "expire.given_back": "an expiry scan gave a lease back, not the expiry hint",
     # group_settlement.py, group_table.py: settling, floors, groups
     "ack.done": "an ack stored DONE, not the counters or the floor",

@@ -34,6 +34,8 @@ holds) the invariants hold, so nothing else ever has to guess.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 from .group_delivery import Delivery
@@ -60,6 +62,7 @@ from .layout import (
     G_REDELIVERED,
     G_SERIAL,
     G_STATE,
+    G_TTL_EXPIRED,
     G_WORDS,
     GS_ACTIVE,
     GS_FREE,
@@ -92,14 +95,16 @@ __all__ = ["ACK", "DEAD", "FREED", "NACK", "OK", "STALE", "TO_DLQ", "TOUCH", "De
 class Groups(Delivery):
     """The consumer side of one queue (see the module docstring)."""
 
-    def __init__(self, ring: Ring) -> None:
+    def __init__(self, ring: Ring, wall_ns: Callable[[], int] = time.time_ns) -> None:
         super().__init__(ring)
+        self.wall_ns = wall_ns  # the clock of the producers' timestamps, which TTLs count from
         # A consumer killed inside the consumer lock left the group table half-updated:
         # the next holder re-derives it from the lease words.
         ring.clock.on_recover = self.repair
 
     # ------------------------------------------------------------ journal snapshot
-    _COUNTERS = (G_ACKED, G_NACKED, G_REDELIVERED, G_DEAD_LETTERED, G_EXPIRED, G_CREATED_NS, G_DELIVERED)
+    _COUNTERS = (G_ACKED, G_NACKED, G_REDELIVERED, G_DEAD_LETTERED, G_EXPIRED, G_CREATED_NS, G_DELIVERED,
+                 G_TTL_EXPIRED)
 
     def snapshot(self) -> list[dict[str, Any]]:
         """Every active group's state, for the journal; call under the consumer lock.
@@ -276,7 +281,8 @@ class Groups(Delivery):
         * A create or delete cut short: FREE groups get serial 0 (their leases are
           stale), and a fresh generation makes every process re-read the active set.
         * LEASED words past a cursor belong to a delivery that never returned (its
-          deliverer died before moving the cursor): NEW again.  (READY ones there are
+          deliverer died before moving the cursor): NEW again; so do DEADING ones there
+          (a TTL expiry whose deliverer died before moving the cursor).  (READY ones there are
           delayed messages, waiting for their time.)
         * The floor moves past DONE words; the hints (G_REDELIVER, G_NEXT_READY,
           G_READY_LO, G_NEXT_EXPIRY) become exact; the free offset is recomputed.
@@ -294,8 +300,8 @@ class Groups(Delivery):
             cur = w[g + G_CURSOR]
             for o in range(cur, tail):
                 base = self.sl + (o % self.cap) * self.sw + lw
-                if w[base] & STATE_MASK == LEASED:  # (READY there: a delayed message, kept)
-                    w[base] = NEW
+                if w[base] & STATE_MASK in (LEASED, DEADING):  # (READY there: a delayed message, kept)
+                    w[base] = NEW  # (DEADING there: a TTL expiry cut short; it expires again)
             orphans = self._exact_hints(gi) or orphans
             self.advance_floor(gi)
         if orphans:

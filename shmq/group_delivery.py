@@ -22,6 +22,8 @@ from .group_table import DeadItem
 from .layout import (
     DC_MASK,
     DC_SHIFT,
+    DEADING,
+    DONE,
     G_CURSOR,
     G_DELIVERED,
     G_FLOOR,
@@ -30,18 +32,21 @@ from .layout import (
     G_READY_LO,
     G_REDELIVER,
     G_REDELIVERED,
+    G_TTL_EXPIRED,
     G_WORDS,
     LEASED,
     LEASED_ONCE,
     LEN_META_SHIFT,
     LEN_PAYLOAD_MASK,
     OWNER_SHIFT,
+    Q_SETTLE_SEQ,
     READY,
     S_BYTEPOS,
     S_GROUPS,
     S_LENS,
     S_TIMESTAMP,
     SLOT_HEAD,
+    STATE_DC_MASK,
     STATE_MASK,
     TIME_SHIFT,
     WORD,
@@ -50,6 +55,8 @@ from .layout import (
 _unpack_slot = SLOT_HEAD.unpack_from
 
 _CRASH = crashpoints.watch(__name__)
+
+TTL_REASON = "ttl_expired"  # a dead letter's origin reason when its message's TTL passed
 
 
 def _within(lens: list[int], used: int, max_bytes: int, got: int) -> tuple[int, int]:
@@ -81,12 +88,14 @@ class Delivery(Settlement):
         """
         w = self.w
         g = self.gw + gi * G_WORDS
+        ttl = self.ttl_ns
+        cutoff = self.wall_ns() - ttl if ttl else 0  # a message put at or before it has expired
         ne = w[g + G_NEXT_EXPIRY]
         if ne and now >= ne:
             self.expire(gi, now, owner, dead)
             ne = w[g + G_NEXT_EXPIRY]
         if w[g + G_REDELIVER] and now >= w[g + G_NEXT_READY]:
-            if self._redeliver(gi, owner, now, max_n, vis_ms, out, cls, prefix, max_bytes):
+            if self._redeliver(gi, owner, now, max_n, vis_ms, out, cls, prefix, max_bytes, dead, cutoff):
                 return  # the byte budget is spent: new messages wait behind the redeliveries
         cur = w[g + G_CURSOR]
         tail = w[self.tail_word]  # Q_NEXT_OFFSET, or Q_DURABLE_OFFSET of an `always` queue
@@ -112,7 +121,8 @@ class Delivery(Settlement):
                 k = cap - i0
             b0 = sl + i0 * sw
             end = b0 + k * sw
-            if k > 1 and not any(w[b0 + lw:end:sw].tolist()):
+            if k > 1 and not any(w[b0 + lw:end:sw].tolist()) and (
+                    not ttl or min(w[b0 + S_TIMESTAMP:end:sw]) > cutoff):  # (else one at a time)
                 if max_bytes:  # as many as the byte budget holds (at least one in all)
                     k, used = _within(w[b0 + S_LENS:end:sw].tolist(), used, max_bytes, got)
                     if not k:
@@ -129,6 +139,11 @@ class Delivery(Settlement):
                         due = w[b0 + lw] >> TIME_SHIFT
                         self._passed_delayed(g, cur, due)
                         due_now = due_now or due <= now
+                    cur += 1
+                    skipped = True
+                    continue
+                if ttl and w[b0 + S_TIMESTAMP] <= cutoff:  # expired before its first delivery
+                    self._ttl_expire(g, gi, b0 + lw, cur, owner, dead)
                     cur += 1
                     skipped = True
                     continue
@@ -159,7 +174,25 @@ class Delivery(Settlement):
         if skipped:  # the floor may stand on one of them
             self.advance_floor(gi)
         if due_now and got < max_n and not (max_bytes and got):  # passed a delayed one that is due
-            self._redeliver(gi, owner, now, max_n, vis_ms, out, cls, prefix, max_bytes)
+            self._redeliver(gi, owner, now, max_n, vis_ms, out, cls, prefix, max_bytes, dead, cutoff)
+
+    def _ttl_expire(self, g: int, gi: int, lw: int, offset: int, owner: int, dead: list[DeadItem]) -> None:
+        """The message at lease word ``lw`` (NEW, or READY with 0 deliveries) outlived its
+        TTL before its first delivery to the group: DONE (the queue drops expired
+        messages), or DEADING owned by ``owner`` and queued in ``dead`` for the
+        dead-letter queue.  Past the cursor, the cursor moves after this store (``repair``
+        makes a DEADING word left there NEW again)."""
+        w = self.w
+        if self.journaled:  # the journal writer snapshots the groups once this moves
+            w[Q_SETTLE_SEQ] += 1
+        if self.ttl_drop:
+            w[lw] = DONE
+        else:
+            w[lw] = DEADING | (owner << OWNER_SHIFT)
+            dead.append((gi, offset, 0, TTL_REASON))
+        if _CRASH:
+            crashpoints.hit("ttl.expired")
+        w[g + G_TTL_EXPIRED] += 1
 
     def _passed_delayed(self, g: int, offset: int, due: int) -> None:
         """The cursor passes a delayed message's READY word: the READY hints take it in
@@ -186,6 +219,8 @@ class Delivery(Settlement):
         base = self.sl + (cur % self.cap) * self.sw
         if w[base + S_GROUPS + gi]:  # DONE: settled without a delivery, stepped over by ``deliver``
             return None
+        if self.ttl_ns and w[base + S_TIMESTAMP] <= self.wall_ns() - self.ttl_ns:
+            return None  # expired: ``deliver`` expires it
         w[base + S_GROUPS + gi] = word
         if _CRASH:
             crashpoints.hit("deliver.one.leased")
@@ -242,6 +277,9 @@ class Delivery(Settlement):
         start = p0 % size
         if span != sum(lens) or start + span > size:  # not back to back in one lap
             return None
+        stamps = w[b0 + S_TIMESTAMP:end:sw].tolist()
+        if self.ttl_ns and min(stamps) <= self.wall_ns() - self.ttl_ns:
+            return None  # some expired: ``deliver`` expires them
         deadline = now + vis_ms
         w[lw:end:sw] = array("Q", [LEASED_ONCE | (owner << OWNER_SHIFT) | (deadline << TIME_SHIFT)]) * k
         if _CRASH:
@@ -250,11 +288,13 @@ class Delivery(Settlement):
         w[g + G_DELIVERED] += k
         if not ne or deadline < ne:
             w[g + G_NEXT_EXPIRY] = deadline
-        return cur, w[b0 + S_TIMESTAMP:end:sw].tolist(), lens, mm[data + start:data + start + span]
+        return cur, stamps, lens, mm[data + start:data + start + span]
 
     def _redeliver(self, gi: int, owner: int, now: int, max_n: int, vis_ms: int,
-                   out: list[Any], cls: type, prefix: tuple[Any, ...], max_bytes: int = 0) -> bool:
-        """Lease READY messages whose time has come, lowest offset first.
+                   out: list[Any], cls: type, prefix: tuple[Any, ...], max_bytes: int = 0,
+                   dead: list[DeadItem] | None = None, cutoff: int = 0) -> bool:
+        """Lease READY messages whose time has come, lowest offset first.  A delayed one
+        (0 deliveries) put at or before ``cutoff`` (wall ns; the TTL) expires instead.
 
         Scans from the G_READY_LO hint and stops once max_n are taken (or ``max_bytes``
         would be passed: then it returns True), so a long run of given-back messages
@@ -272,6 +312,7 @@ class Delivery(Settlement):
         taken = firsts = 0
         used = 0
         spent = False
+        gone = 0  # TTL expiries
         full = len(out) >= max_n
         while o < cur and not full:
             base = self.sl + (o % self.cap) * self.sw + lw
@@ -279,6 +320,12 @@ class Delivery(Settlement):
             if word & STATE_MASK == READY:
                 t = word >> TIME_SHIFT
                 if t <= now:
+                    if (cutoff and word & STATE_DC_MASK == READY and dead is not None
+                            and w[base - lw + S_TIMESTAMP] <= cutoff):
+                        self._ttl_expire(g, gi, base, o, owner, dead)
+                        gone += 1
+                        o += 1
+                        continue
                     if max_bytes:
                         fits, used = _within([w[base - lw + S_LENS]], used, max_bytes, len(out))
                         if not fits:
@@ -306,9 +353,11 @@ class Delivery(Settlement):
             w[g + G_NEXT_READY] = next_ready
             w[g + G_READY_LO] = first_pending if first_pending >= 0 else cur
         else:  # stopped early: more may be READY from o on, due at any time (0: a true bound)
-            w[g + G_REDELIVER] = max(w[g + G_REDELIVER] - taken, pending + 1)
+            w[g + G_REDELIVER] = max(w[g + G_REDELIVER] - taken - gone, pending + 1)
             w[g + G_NEXT_READY] = 0
             w[g + G_READY_LO] = first_pending if first_pending >= 0 else o
+        if gone:  # the floor may stand on a TTL expiry
+            self.advance_floor(gi)
         if taken:
             w[g + G_REDELIVERED] += taken - firsts
             w[g + G_DELIVERED] += firsts

@@ -21,6 +21,7 @@ from .errors import GroupNotFound, InvalidArgument, LimitExceeded, QueueExists
 from .layout import (
     DC_MASK,
     DONE,
+    F_TTL_DROP,
     G_ACKED,
     G_CREATED_NS,
     G_CURSOR,
@@ -33,6 +34,7 @@ from .layout import (
     G_REDELIVERED,
     G_SERIAL,
     G_STATE,
+    G_TTL_EXPIRED,
     G_WORDS,
     GI_BITS,
     GI_MASK,
@@ -102,6 +104,11 @@ class GroupTable:
         # queue's own messages (no limit) are moved to its tail before the 8-bit delivery
         # count would saturate, so a stale lease can never match a newer delivery
         self.give_up_at = ring.max_deliveries or DC_MASK
+        # TTL: a message whose S_TIMESTAMP (wall ns) is this old when first delivered to a
+        # group expires for it (0: never); dropped, or dead-lettered (``group_delivery``)
+        self.ttl_ns = ring.message_ttl_ms * 1_000_000
+        self.ttl_drop = bool(ring.flags & F_TTL_DROP)
+        self.wall_ns = time.time_ns  # the TTL's clock: the producers' (``Groups``)
 
     # ------------------------------------------------------------ group table
     def _name(self, gi: int) -> str:
@@ -260,7 +267,7 @@ class GroupTable:
             "cursor": w[g + G_CURSOR], "floor": w[g + G_FLOOR],
             "acked": w[g + G_ACKED], "nacked": w[g + G_NACKED],
             "redelivered": w[g + G_REDELIVERED], "dead_lettered": w[g + G_DEAD_LETTERED],
-            "expired": w[g + G_EXPIRED],
+            "expired": w[g + G_EXPIRED], "ttl_expired": w[g + G_TTL_EXPIRED],
         }
 
     def require(self, name: str) -> int:

@@ -58,6 +58,7 @@ class Host(Protocol):
 
     url: str
     now_ms: Callable[[], int]
+    wall_ns: Callable[[], int]  # the producers' timestamps and the TTL's clock
     bell_skip: int
     _slot: int | None  # this process's client slot, None until it has one (read on the hot path)
 
@@ -84,7 +85,8 @@ class QueueHandle:
                  durable: posix_ipc.Semaphore) -> None:
         self._att = att
         self._ring = ring
-        self._groups = Groups(ring)
+        self._groups = Groups(ring, att.wall_ns)
+        self._wall = att.wall_ns
         self._w = ring.w
         self._ne = not_empty
         self._nf = not_full
@@ -110,7 +112,8 @@ class QueueHandle:
     def config(self) -> QueueConfig:
         r = self._ring
         return QueueConfig(r.capacity, r.size, r.max_message_size, r.visibility_ms / 1000,
-                           r.max_deliveries, r.max_groups, options.DURABILITY_MODES[r.durability])
+                           r.max_deliveries, r.max_groups, options.DURABILITY_MODES[r.durability],
+                           r.message_ttl_ms / 1000, not r.flags & L.F_TTL_DROP)
 
     @property
     def is_dlq(self) -> bool:
@@ -196,7 +199,7 @@ class QueueHandle:
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def attempt() -> int | None:
-            off = ring.try_put_many(items, metas, time.time_ns(), producer, seq,
+            off = ring.try_put_many(items, metas, self._wall(), producer, seq,
                                     self._now() + delay if delay else 0)
             if off == DUPLICATE:
                 raise Duplicate(f"producer already wrote sequence {seq} (or a later one) to "

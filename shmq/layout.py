@@ -91,6 +91,13 @@ Lease word (one per message per group)::
     deliveries, time = when it is due: the only word other than NEW or DONE past a
     group's cursor.  The cursor steps over it (adding it to the READY hints) and the
     redelivery scan leases it when due, as a first delivery (deliveries 0 -> 1).
+
+    TTL (``Q_MESSAGE_TTL_MS``): a word about to be delivered for the first time (NEW, or
+    READY with 0 deliveries) whose slot's S_TIMESTAMP + TTL has passed (wall clock) is
+    instead made DEADING (0 deliveries, owner: the deliverer) and dead-lettered with the
+    reason "ttl_expired", or made DONE when the queue has F_TTL_DROP.  A DEADING word with
+    0 deliveries past a cursor is such an expiry whose deliverer died before moving the
+    cursor: ``repair`` makes it NEW again.
 """
 
 from __future__ import annotations
@@ -203,6 +210,7 @@ Q_NAME = 40  # 26 words
 # consumer side (clock), counters for the broker's metrics (server/collector.py)
 Q_LEASES_REAPED = 66  # leases of dead processes given back by a reaper
 Q_LEASES_RETURNED = 67  # leases of closed broker connections given back by their worker
+Q_MESSAGE_TTL_MS = 68  # a message not delivered to a group within this many ms of its put expires (0: none)
 Q_LOCK_P = 768  # byte offsets
 Q_LOCK_C = 832
 Q_BELLS = 896  # byte offset of the doorbell flags: one byte per worker
@@ -211,6 +219,7 @@ Q_HEADER_SIZE = 1024
 QS_ACTIVE = 1
 QS_DELETED = 2
 F_DLQ = 1
+F_TTL_DROP = 2  # Q_FLAGS: an expired message is dropped (settled DONE), not dead-lettered
 
 # group table entry (32 words)
 G_STATE = 0  # GS_FREE / GS_ACTIVE
@@ -230,6 +239,7 @@ G_NAME_LEN = 13
 G_NAME = 14  # 8 words = 64 bytes
 G_SERIAL = 22  # Q_GROUP_GEN when this group was created, 0 while free: see group_ref
 G_DELIVERED = 23  # first deliveries (G_REDELIVERED counts the others)
+G_TTL_EXPIRED = 24  # messages whose TTL (Q_MESSAGE_TTL_MS) passed before this group's first delivery
 G_WORDS = 32
 GS_FREE = 0
 GS_ACTIVE = 1

@@ -29,6 +29,7 @@ DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024
 MAX_MESSAGE_SIZE = 16 * 1024 * 1024  # a message (+ metadata) fits one TCP frame (MAX_FRAME)
 DEFAULT_VISIBILITY_TIMEOUT = 30.0  # seconds a delivery is leased
 MAX_VISIBILITY_TIMEOUT = 12 * 3600.0
+MAX_MESSAGE_TTL = 365 * 86400.0  # seconds of a queue's message_ttl; a year
 MAX_DELAY = 7 * 86400.0  # seconds a put may delay its message (put(delay=)); a week
 DEFAULT_MAX_DELIVERIES = 5  # deliveries before dead-lettering
 MAX_DELIVERIES_LIMIT = 255  # the lease word keeps the count in 8 bits

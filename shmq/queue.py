@@ -51,7 +51,7 @@ class ShmQueue(Consuming, QueueABC):
                     return self._put_metas([payload], [meta], block, timeout, 0, None, wait_durable)[0]
                 if self._w[Q_STATE] != QS_ACTIVE:
                     self._alive()
-                off = self._ring.try_put(payload, time.time_ns(), meta)
+                off = self._ring.try_put(payload, self._wall(), meta)
                 if off < 0:
                     off = self._put_wait([payload], [meta], block, timeout)
                 self._wake_consumers(1)
@@ -63,7 +63,7 @@ class ShmQueue(Consuming, QueueABC):
             self._alive()
         if self._durable:
             return self._put_durable([payload], block, timeout, wait_durable, 0, 0)
-        off = self._ring.try_put(payload, time.time_ns())
+        off = self._ring.try_put(payload, self._wall())
         if off < 0:
             off = self._put_wait([payload], None, block, timeout)
         self._wake_consumers(1)

@@ -86,6 +86,7 @@ class Ring:
         self.max_clients = w[L.Q_MAX_CLIENTS]
         self.durability = w[L.Q_DURABILITY]
         self.flags = w[L.Q_FLAGS]
+        self.message_ttl_ms = w[L.Q_MESSAGE_TTL_MS]
         self.slot_words = w[L.Q_SLOT_WORDS]
         self.slots_w = w[L.Q_SLOTS_OFF] // L.WORD
         self.groups_w = w[L.Q_GROUPS_OFF] // L.WORD
@@ -104,7 +105,7 @@ class Ring:
     def create(cls, shm_name: str, *, instance_uid: int, queue_id: int, name: str, capacity: int,
                max_bytes: int, max_message_size: int, visibility_ms: int, max_deliveries: int,
                max_groups: int, max_clients: int, durability: int, flags: int,
-               default_group: str) -> Ring:
+               default_group: str, message_ttl_ms: int = 0) -> Ring:
         sizes = L.queue_size(capacity, max_bytes, max_groups, options.MAX_PRODUCERS)
         mapping = Mapping.create(shm_name, sizes["total"])
         w = mapping.words
@@ -121,6 +122,7 @@ class Ring:
         w[L.Q_MAX_CLIENTS] = max_clients
         w[L.Q_DURABILITY] = durability
         w[L.Q_FLAGS] = flags
+        w[L.Q_MESSAGE_TTL_MS] = message_ttl_ms
         w[L.Q_CREATED_NS] = time.time_ns()
         w[L.Q_GROUPS_OFF] = sizes["groups_off"]
         w[L.Q_PRODUCERS_OFF] = sizes["producers_off"]

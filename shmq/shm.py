@@ -57,6 +57,13 @@ class Attachment:
         self.url = f"shm://{instance}"
         self.registry = Registry.open(instance, create=create)
         self.now_ms = now_ms
+        # the producers' timestamps and the TTL's clock: the wall clock, or one that moves
+        # with an injected lease clock (tests), from the wall clock's time now
+        if now_ms is monotonic_ms:
+            self.wall_ns: Callable[[], int] = time.time_ns
+        else:
+            skew = time.time_ns() - now_ms() * 1_000_000
+            self.wall_ns = lambda: now_ms() * 1_000_000 + skew
         self._slot: int | None = None
         self._slot_pid = 0
         self._queues: dict[int, ShmQueue] = {}
@@ -166,7 +173,10 @@ class Attachment:
                 max_deliveries=0 if is_dlq else config.max_deliveries,
                 max_groups=config.max_groups, max_clients=reg.max_clients,
                 durability=options.DURABILITY_MODES.index(config.durability),
-                flags=L.F_DLQ if is_dlq else 0, default_group=options.DEFAULT_GROUP)
+                flags=(L.F_DLQ if is_dlq else 0) | (0 if is_dlq or config.expired_to_dlq else L.F_TTL_DROP),
+                default_group=options.DEFAULT_GROUP,
+                message_ttl_ms=0 if is_dlq or not config.message_ttl else max(
+                    1, round(config.message_ttl * 1000)))
             if restore is not None:
                 restore(ring)
             ring.close()
@@ -360,6 +370,10 @@ def _config(limits: dict[str, Any]) -> QueueConfig:
          f"max_deliveries must be 1..{options.MAX_DELIVERIES_LIMIT}")
     need(isinstance(c.max_groups, int) and 1 <= c.max_groups <= options.MAX_GROUPS_LIMIT,
          f"max_groups must be 1..{options.MAX_GROUPS_LIMIT}")
+    need(not isinstance(c.message_ttl, bool) and isinstance(c.message_ttl, (int, float))
+         and 0 <= c.message_ttl <= options.MAX_MESSAGE_TTL,
+         f"message_ttl must be a number of seconds in [0, {options.MAX_MESSAGE_TTL:g}] (0: none)")
+    need(isinstance(c.expired_to_dlq, bool), "expired_to_dlq must be true or false")
     need(c.durability in options.DURABILITY_MODES,
          f"durability must be one of {', '.join(options.DURABILITY_MODES)}")
     return c
