@@ -54,6 +54,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "shmq_group_nacked_total": ("counter", G, "Messages given back by a nack."),
     "shmq_group_expired_total": ("counter", G, "Leases that ran past their visibility timeout."),
     "shmq_group_dead_lettered_total": ("counter", G, "Messages sent to the dead-letter queue."),
+    "shmq_group_ttl_expired_total": ("counter", G, "Messages not delivered within the queue's "
+                                                   "message_ttl (dead-lettered or dropped)."),
     "shmq_journal_fsync_duration_seconds": ("histogram", (), "Time one journal fsync took."),
     "shmq_journal_storage_errors_total": ("counter", (), "Journal writes or fsyncs that failed."),
     "shmq_journal_restarts_total": ("counter", (), "Times the journal process died and was restarted."),
@@ -132,6 +134,7 @@ class BrokerCollector(Collector):
                 add("shmq_group_nacked_total", qg, g.nacked)
                 add("shmq_group_expired_total", qg, g.expired)
                 add("shmq_group_dead_lettered_total", qg, g.dead_lettered)
+                add("shmq_group_ttl_expired_total", qg, g.ttl_expired)
         if self.counts is not None:
             for i, n in enumerate(self.counts.snapshot()):
                 add("shmq_worker_connections", [str(i)], n)

@@ -49,6 +49,7 @@ class GroupReading:
     nacked: int
     expired: int
     dead_lettered: int
+    ttl_expired: int  # never delivered within the queue's message_ttl (dead-lettered or dropped)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +122,7 @@ def _read_group(q: ShmQueue, gi: int, name: str, produced: int) -> GroupReading:
         name=name, lag=max(0, produced - floor), in_flight=in_flight, oldest_ns=oldest,
         delivered=w[g + L.G_DELIVERED] + w[g + L.G_REDELIVERED], redelivered=w[g + L.G_REDELIVERED],
         acked=w[g + L.G_ACKED], nacked=w[g + L.G_NACKED], expired=w[g + L.G_EXPIRED],
-        dead_lettered=w[g + L.G_DEAD_LETTERED])
+        dead_lettered=w[g + L.G_DEAD_LETTERED], ttl_expired=w[g + L.G_TTL_EXPIRED])
 
 
 __all__ = ["GroupReading", "QueueReading", "read_queue"]

@@ -18,6 +18,7 @@ import shmq
 from shmq import check
 from shmq import layout as L
 from shmq.cli import app
+from shmq.readings import read_queue
 from shmq.shm import ShmBroker
 
 from .conftest import FakeClock, wait_until
@@ -83,6 +84,8 @@ def test_dropped_when_expired_to_dlq_is_false(clocked: ShmBroker, clock: FakeClo
     assert [m.payload for m in q.get_many(10, block=False)] == [b"d"]
     st = q.stats()["groups"]["default"]
     assert (st["ttl_expired"], st["dead_lettered"]) == (3, 0)
+    (reading,) = read_queue(q).groups  # what the Prometheus metrics show
+    assert (reading.name, reading.ttl_expired) == ("default", 3)
     assert _dlq(clocked, "t") == []
     assert q.stats()["first_offset"] == 3  # the dropped ones are settled: their room is free
     assert check.check_instance(clocked.instance) == []
