@@ -137,7 +137,7 @@ class Delivery(Settlement):
                 if w[b0 + lw]:
                     if w[b0 + lw] & STATE_MASK == READY:  # delayed: the READY scan takes it when due
                         due = w[b0 + lw] >> TIME_SHIFT
-                        self._passed_delayed(g, cur, due)
+                        self._ready_hint(g, cur, due)  # the cursor passes it: the hints take it in
                         due_now = due_now or due <= now
                     cur += 1
                     skipped = True
@@ -193,17 +193,6 @@ class Delivery(Settlement):
         if _CRASH:
             crashpoints.hit("ttl.expired")
         w[g + G_TTL_EXPIRED] += 1
-
-    def _passed_delayed(self, g: int, offset: int, due: int) -> None:
-        """The cursor passes a delayed message's READY word: the READY hints take it in
-        (stored before the cursor moves: too high a count is allowed, too low is not)."""
-        w = self.w
-        if not w[g + G_REDELIVER] or offset < w[g + G_READY_LO]:
-            w[g + G_READY_LO] = offset
-        nr = w[g + G_NEXT_READY]
-        if not w[g + G_REDELIVER] or due < nr:
-            w[g + G_NEXT_READY] = due
-        w[g + G_REDELIVER] += 1
 
     def deliver_one(self, gi: int, ref: int, word: int, now: int, cls: type, q: Any, group: str) -> Any:
         """The hot path of ``deliver`` for a single new message; None when the general

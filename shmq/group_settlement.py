@@ -187,6 +187,18 @@ class Settlement(GroupTable):
         w[g + G_ACKED] += acked
         return self.advance_floor(gi)
 
+    def _ready_hint(self, g: int, offset: int, ready_at: int) -> None:
+        """The READY hints of group entry ``g`` take in one more READY word, at ``offset``,
+        deliverable at ``ready_at``: raised before the word is stored (too high a count is
+        allowed, a wasted scan; too low is not, a stranded message)."""
+        w = self.w
+        if not w[g + G_REDELIVER] or offset < w[g + G_READY_LO]:
+            w[g + G_READY_LO] = offset
+        nr = w[g + G_NEXT_READY]
+        if not w[g + G_REDELIVER] or ready_at < nr:
+            w[g + G_NEXT_READY] = ready_at
+        w[g + G_REDELIVER] += 1
+
     def _give_back(self, gi: int, lw: int, word: int, owner: int, ready_at: int) -> int:
         """A LEASED word returns to the group, or heads for the dead-letter queue.
 
@@ -198,14 +210,7 @@ class Settlement(GroupTable):
         if dc >= self.give_up_at:
             w[lw] = DEADING | (dc << DC_SHIFT) | (owner << OWNER_SHIFT)
             return TO_DLQ
-        g = self.gw + gi * G_WORDS
-        offset = w[lw - S_GROUPS - gi]  # S_OFFSET of the same slot
-        if not w[g + G_REDELIVER] or offset < w[g + G_READY_LO]:
-            w[g + G_READY_LO] = offset
-        nr = w[g + G_NEXT_READY]
-        if not w[g + G_REDELIVER] or ready_at < nr:
-            w[g + G_NEXT_READY] = ready_at
-        w[g + G_REDELIVER] += 1
+        self._ready_hint(self.gw + gi * G_WORDS, w[lw - S_GROUPS - gi], ready_at)  # (S_OFFSET of the slot)
         if _CRASH:
             crashpoints.hit("nack.hints")
         w[lw] = READY | (dc << DC_SHIFT) | (ready_at << TIME_SHIFT)
