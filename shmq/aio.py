@@ -325,7 +325,7 @@ class AsyncBroker:
 
     async def request(self, queue: str, payload: Payload, timeout: float = options.DEFAULT_REQUEST_TIMEOUT, *,
                       headers: Headers | None = None) -> AsyncMessage:
-        """``shmq.Broker.request``, awaitable: the reply (acknowledged already), or ``Timeout``."""
+        """``shmq.Broker.request``, awaitable: the reply (it needs no ack), or ``Timeout``."""
         if self._requester is None:
             self._requester = AsyncRequester(self)
         r: AsyncMessage = await self._requester.request(queue, payload, timeout, headers)

@@ -41,7 +41,8 @@ class AsyncRequester:
             async with self._made:
                 if self._q is None:
                     self._q = await self.broker.create_queue(
-                        self.name, capacity=options.REPLY_CAPACITY, max_bytes=options.REPLY_MAX_BYTES)
+                        self.name, capacity=options.REPLY_CAPACITY, max_bytes=options.REPLY_MAX_BYTES,
+                        durability="memory")
         key = cid.encode()
         fut = self._waiting[key] = loop.create_future()
         try:

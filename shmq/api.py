@@ -435,10 +435,10 @@ class Broker(ABC):
     def request(self, queue: str, payload: Payload, timeout: float = options.DEFAULT_REQUEST_TIMEOUT, *,
                 headers: Headers | None = None) -> Message:
         """Put ``payload`` to ``queue`` as a request and wait up to ``timeout`` seconds for its
-        reply (``Message.reply``), which is returned, acknowledged already; ``Timeout`` when
-        none came in time (a later one is dropped).  Adds the headers ``reply-to`` (this
-        handle's reply queue, made on the first request) and ``correlation-id``.  Threads may
-        share a broker's requests (``shmq.reply``)."""
+        reply (``Message.reply``), which is returned (it needs no ack: the requester acks
+        it); ``Timeout`` when none came in time (a later one is dropped).  Adds the headers
+        ``reply-to`` (this handle's reply queue, made on the first request) and
+        ``correlation-id``.  Threads may share a broker's requests (``shmq.reply``)."""
         r: Message = _reply.requester_of(self).request(queue, payload, timeout, headers)
         return r
 

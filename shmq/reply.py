@@ -10,7 +10,10 @@ queue is gone, or full, is dropped and counted (:func:`stats`).
 Threads share a requester as they share the TCP client's socket: whoever finds nobody
 reading the reply queue reads it for everyone and files each reply under its
 correlation id; a reply nobody waits for any more (its request timed out) is dropped
-and counted as ``late``.  Replies are acknowledged as they are read.
+and counted as ``late``.  The replies read are acknowledged together by the next read,
+after the next request was put: off the round trip (the reply queue's leases last
+``options.MAX_VISIBILITY_TIMEOUT``, so an idle requester's last reply is not delivered
+again).
 
 The reply queue goes with ``broker.close()``, at the process's exit (co-located), when
 the TCP connection that made it closes (the worker deletes it), and when the process
@@ -37,6 +40,7 @@ from .names import is_reply_name, new_reply_name
 REPLY_TO = "reply-to"
 CORRELATION_ID = "correlation-id"
 
+_CID_TAIL = len(CORRELATION_ID).to_bytes(2, "big") + CORRELATION_ID.encode()  # then u16 length, value
 _counts = {"late": 0, "gone": 0, "full": 0}
 _counts_lock = threading.Lock()
 
@@ -113,12 +117,14 @@ class Requester:
         self.broker = broker
         self.name = new_reply_name()
         self._q = broker.create_queue(self.name, capacity=options.REPLY_CAPACITY,
-                                      max_bytes=options.REPLY_MAX_BYTES)
+                                      max_bytes=options.REPLY_MAX_BYTES, durability="memory",
+                                      visibility_timeout=options.MAX_VISIBILITY_TIMEOUT)
         self._prefix = self.name[len(options.REPLY_PREFIX):][:12]
         self._ids = itertools.count(1)
         self._cond = threading.Condition(threading.Lock())
         self._reading = False
         self._waiting: dict[bytes, Any] = {}  # correlation id -> its reply (None until it came)
+        self._unacked: list[Any] = []  # replies read, acked by the next read (off the round trip)
         self._targets: dict[str, Any] = {}  # queue handles requests were put to
         self.closed = False
         if broker.url.startswith("shm://"):
@@ -135,55 +141,69 @@ class Requester:
         q = self._targets.get(queue)
         if q is None:
             q = self._targets[queue] = self.broker.queue(queue)
-        with self._cond:
+        cond = self._cond
+        with cond:
             self._waiting[key] = None
         try:
-            try:
-                q.put(payload, timeout=timeout, headers=h)
-            except QueueNotFound:
-                self._targets.pop(queue, None)
-                raise
-            return self._wait(key, deadline, queue)
-        finally:
-            with self._cond:
+            q.put(payload, timeout=timeout, headers=h)
+        except BaseException as e:
+            with cond:
                 del self._waiting[key]
+            if isinstance(e, QueueNotFound):
+                self._targets.pop(queue, None)
+            raise
+        return self._wait(key, deadline, queue)
 
     def _wait(self, key: bytes, deadline: float, queue: str) -> Any:
-        with self._cond:
-            while True:
-                got = self._waiting[key]
-                if got is not None:
-                    return got
-                left = deadline - time.monotonic()
-                if left <= 0 or self.closed:
-                    raise Timeout(f"no reply from {queue!r} within the timeout")
-                if self._reading:
-                    self._cond.wait(left)
-                    continue
-                self._reading = True
-                self._cond.release()
-                msg = None
-                try:
-                    msg = self._q.get(timeout=left)
-                except (Empty, Timeout):
-                    pass
-                finally:
-                    self._cond.acquire()
-                    self._reading = False
-                    if msg is not None:
-                        self._file(msg)
-                    self._cond.notify_all()
+        """Wait for the reply to ``key`` (reading for everyone while nobody else does);
+        ``key`` is no longer awaited once this returns or raises."""
+        cond = self._cond
+        with cond:
+            try:
+                while True:
+                    got = self._waiting[key]
+                    if got is not None:
+                        return got
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self.closed:
+                        raise Timeout(f"no reply from {queue!r} within the timeout")
+                    if self._reading:
+                        cond.wait(left)
+                        continue
+                    self._reading = True
+                    unacked, self._unacked = self._unacked, []
+                    cond.release()
+                    msg = None
+                    try:
+                        if unacked:  # the replies read before: acked while this request is served
+                            _ack(self._q, unacked)
+                        msg = self._q.get(timeout=left)
+                    except (Empty, Timeout):
+                        pass
+                    finally:
+                        cond.acquire()
+                        self._reading = False
+                        if msg is not None:
+                            self._file(msg, key)
+                        cond.notify_all()
+            finally:
+                del self._waiting[key]
 
-    def _file(self, msg: Any) -> None:
-        """A reply read: to the request waiting for it, else dropped (late)."""
-        try:
-            msg.ack(wait=False)
-        except ShmqError:
-            pass  # at worst it is read again, and dropped then
-        key = msg.headers.get(CORRELATION_ID)
+    def _file(self, msg: Any, mine: bytes) -> None:
+        """A reply read: to the request waiting for it, else dropped (late; a reply
+        delivered again, its lease lost, is dropped uncounted: it was read once).
+        ``mine``: the reader's own correlation id, looked for first at the end of the
+        header block, where ``Message.reply`` puts it (no decoding in the usual case)."""
+        self._unacked.append(msg)
+        meta = msg[6]
+        tail = _CID_TAIL + len(mine).to_bytes(2, "big") + mine
+        if meta[-len(tail):] == tail:
+            key: bytes | None = mine
+        else:
+            key = msg.headers.get(CORRELATION_ID)
         if key is not None and self._waiting.get(key, 0) is None:
             self._waiting[key] = msg
-        else:
+        elif msg[4] == 1:  # deliveries
             _count("late")
 
     def close(self) -> None:
@@ -196,6 +216,13 @@ class Requester:
             self.broker.delete_queue(self.name)
         except ShmqError:
             pass  # gone already (reaped, or the broker stopped)
+
+
+def _ack(q: Any, msgs: list[Any]) -> None:
+    try:
+        q.ack_many(msgs, wait=False)
+    except ShmqError:
+        pass  # a lease lost meanwhile: that reply is read again, and dropped then
 
 
 _local: weakref.WeakSet[Requester] = weakref.WeakSet()  # co-located ones: closed at exit
