@@ -277,3 +277,23 @@ def test_asyncio_requests_and_replies(server: Server) -> None:
                 assert name not in _names(s)  # the worker deleted it at the close
 
     asyncio.run(main())
+
+
+def test_reply_to_a_full_reply_queue_is_dropped(broker: shmq.Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shmq.options, "REPLY_CAPACITY", 2)  # read when the reply queue is made
+    svc = broker.create_queue("svc")
+    requester = _other(broker)
+    try:
+        for _ in range(3):
+            with pytest.raises(shmq.Timeout):
+                requester.request("svc", b"x", timeout=0.05)
+        before = shmq_reply.stats()
+        got = []
+        for _ in range(3):
+            m = svc.get(timeout=5)
+            got.append(m.reply(b"late"))  # nobody reads them: the third finds the queue full
+            m.ack()
+        assert got == [True, True, False]
+        assert shmq_reply.stats()["full"] == before["full"] + 1
+    finally:
+        requester.close()
