@@ -150,6 +150,7 @@ class ServerConnection:
         self.decoder = FrameDecoder()
         self.leases = Leases()
         self.subs: dict[int, Subscription] = {}
+        self.reply_queues: set[str] = set()  # reply queues it created: deleted when it closes
         self.parked_produces: dict[str, int] = {}  # queue -> produces of ours waiting for room there
         self.busy = False  # a request is being handled (a graceful stop waits for it)
         self.trusted = False  # the peer's uid is ours (a Unix socket's SO_PEERCRED): no token needed

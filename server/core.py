@@ -177,7 +177,18 @@ class Core:
         for s in conn.subs.values():
             self.drop_sub(s)
         conn.subs.clear()
-        return self.give_back(conn)
+        touched = self.give_back(conn)
+        self.drop_reply_queues(conn)
+        return touched
+
+    def drop_reply_queues(self, conn: ServerConnection) -> None:
+        """Delete the reply queues ``conn`` made (``names.is_reply_name``): they go with it."""
+        for name in conn.reply_queues:
+            try:
+                self.broker.delete_queue(name)
+            except ShmqError:
+                pass  # deleted already (by the client, at its close)
+        conn.reply_queues.clear()
 
 
 def _call(fn: Callable[..., object], *args: Any) -> None:

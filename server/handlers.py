@@ -20,6 +20,7 @@ from typing import Any
 from shmq import crashpoints, options
 from shmq.codec import Frame, T, decode_body, frame
 from shmq.errors import InvalidArgument, LimitExceeded, ProtocolError, ShmqError, StaleAck, Status
+from shmq.names import is_reply_name
 from shmq.serverqueue import ServerQueue
 from shmq.settle import Settle
 
@@ -231,6 +232,8 @@ def create_queue(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]
     if not isinstance(d["config"], dict):
         raise InvalidArgument("config must be a JSON object")
     core.broker.create_queue(d["queue"], **d["config"])
+    if is_reply_name(d["queue"]):  # a requester's reply queue: it goes with this connection
+        conn.reply_queues.add(d["queue"])
     conn.reply(f, T.CREATE_QUEUE_OK)
 
 
@@ -307,8 +310,10 @@ def info(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> Non
 
 
 def disconnect(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
-    """The client leaves: its leases go back now, then DISCONNECT_OK, then the close."""
+    """The client leaves: its leases go back and its reply queues go now, then
+    DISCONNECT_OK, then the close."""
     touched = core.give_back(conn)
+    core.drop_reply_queues(conn)
     conn.reply(f, T.DISCONNECT_OK)
     end(core, conn)
     for name in touched:

@@ -35,6 +35,8 @@ from typing import Any, TypeVar
 from . import commands as cmd
 from . import commands_groups as gcmd
 from . import options, tls
+from . import reply as _reply
+from .aio_reply import AsyncRequester, send_reply
 from .api import BrokerInfo, Headers, Message, Payload, QueueInfo
 from .codec import HEARTBEAT_FRAME, Frame
 from .commands import Batch, Command, Feed
@@ -118,6 +120,7 @@ class AsyncBroker:
         self._loop = asyncio.get_running_loop()
         self._received = 0  # bytes read so far: the heartbeat task's sign of life
         self._beating: asyncio.Task[None] | None = None
+        self._requester: AsyncRequester | None = None  # made on the first request
         self._reader_task = self._loop.create_task(self._read_loop(), name=f"shmq.aio reader {url}")
 
     def __repr__(self) -> str:
@@ -320,9 +323,19 @@ class AsyncBroker:
         """The broker's version, owner, uptime, workers and connections per worker."""
         return await self._execute(cmd.info())
 
+    async def request(self, queue: str, payload: Payload, timeout: float = options.DEFAULT_REQUEST_TIMEOUT, *,
+                      headers: Headers | None = None) -> AsyncMessage:
+        """``shmq.Broker.request``, awaitable: the reply (it needs no ack), or ``Timeout``."""
+        if self._requester is None:
+            self._requester = AsyncRequester(self)
+        r: AsyncMessage = await self._requester.request(queue, payload, timeout, headers)
+        return r
+
     async def close(self, timeout: float = 5.0) -> None:
-        """DISCONNECT (the broker gives this connection's leases back) and close.
-        Requests still waiting fail with ConnectionLost."""
+        """DISCONNECT (the broker gives this connection's leases back, and deletes its reply
+        queue) and close.  Requests still waiting fail with ConnectionLost."""
+        if self._requester is not None:
+            self._requester.close()
         if self._conn.closed:
             await self._shutdown("is closed")
             return
@@ -363,6 +376,11 @@ class AsyncMessage(Message):
     async def dead_letter(self) -> None:  # type: ignore[override]
         """Send the message to the dead-letter queue now."""
         await self[0]._settle(self, Settle.DEAD, 0.0)
+
+    async def reply(self, payload: Payload, headers: Headers | None = None) -> bool:  # type: ignore[override]
+        """``shmq.Message.reply``, awaitable."""
+        name, h = _reply.reply_target(self.headers, headers)
+        return await send_reply(self[0]._b, name, payload, h)
 
     def __repr__(self) -> str:
         return "Async" + super().__repr__()

@@ -17,6 +17,7 @@ from typing import Any
 
 from . import headers as _headers
 from . import options
+from . import reply as _reply
 from .errors import InvalidArgument, ShmqError
 from .seektime import Start, When
 from .settle import Settle
@@ -198,6 +199,15 @@ class Message(tuple):  # type: ignore[type-arg]
         """Send the message to the dead-letter queue now."""
         self[0]._settle(self, Settle.DEAD, 0.0)
 
+    def reply(self, payload: Payload, headers: Headers | None = None) -> bool:
+        """Answer a request (``Broker.request``): put ``payload`` to its ``reply-to`` queue
+        with its ``correlation-id``, without waiting.  False when the reply was dropped (the
+        requester is gone, or its reply queue is full; counted in ``shmq.reply.stats()``).
+        ``InvalidArgument`` (nothing sent) for a message that is no request.  This does not
+        settle the request: ack it as any message."""
+        name, h = _reply.reply_target(self.headers, headers)
+        return _reply.send_reply(self[0], name, payload, h)
+
     def __repr__(self) -> str:
         return (f"Message(queue={self.queue!r}, offset={self[3]}, group={self[2]!r}, "
                 f"deliveries={self[4]}, payload={bytes(self[5][:32])!r})")
@@ -298,6 +308,10 @@ class Queue(ABC):
 
     @abstractmethod
     def _settle(self, msg: Message, action: Settle, arg: float | None) -> None: ...
+
+    @abstractmethod
+    def _reply_queue(self, name: str) -> Queue:
+        """A handle of reply queue ``name`` on this one's broker (``Message.reply``)."""
 
     def _ack(self, msg: Message) -> None:
         self._settle(msg, Settle.ACK, 0.0)
@@ -419,6 +433,16 @@ class Broker(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    def request(self, queue: str, payload: Payload, timeout: float = options.DEFAULT_REQUEST_TIMEOUT, *,
+                headers: Headers | None = None) -> Message:
+        """Put ``payload`` to ``queue`` as a request and wait up to ``timeout`` seconds for its
+        reply (``Message.reply``), which is returned (it needs no ack: the requester acks
+        it); ``Timeout`` when none came in time (a later one is dropped).  Adds the headers
+        ``reply-to`` (this handle's reply queue, made on the first request) and
+        ``correlation-id``.  Threads may share a broker's requests (``shmq.reply``)."""
+        r: Message = _reply.requester_of(self).request(queue, payload, timeout, headers)
+        return r
 
     def __enter__(self) -> Broker:
         return self

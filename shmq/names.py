@@ -10,6 +10,7 @@ name cut short (``text.shown``).
 from __future__ import annotations
 
 import re
+import secrets
 
 from . import options
 from .errors import InvalidName
@@ -43,6 +44,20 @@ def check_new_queue_name(name: object, dead_letter: bool = False) -> str:
                           f"dead-letter queues, made by the broker when {shown(source_name(name))} first "
                           "dead-letters a message")
     return name
+
+
+_REPLY_RE = re.compile(rf"{re.escape(options.REPLY_PREFIX)}[0-9a-f]{{24}}\Z")
+
+
+def new_reply_name() -> str:
+    """A fresh reply queue's name: ``reply.`` and 24 random hex digits (``shmq.reply``)."""
+    return f"{options.REPLY_PREFIX}{secrets.token_hex(12)}"
+
+
+def is_reply_name(name: str) -> bool:
+    """Does ``name`` name a reply queue?  Such a queue goes when the process that created it
+    dies (the reaper) or, over TCP, when the connection that created it closes."""
+    return bool(_REPLY_RE.match(name))
 
 
 def check_group_name(name: object) -> str:

@@ -53,6 +53,10 @@ JOURNAL_ADOPT_TIMEOUT = 10.0  # s creating a journaled queue waits for the journ
 # --- timing -------------------------------------------------------------------
 SPIN_CHECKS = 200  # header re-reads (about 20-60 us) before a consumer sleeps
 WAIT_SLICE = 0.05  # longest single sleep of a blocked put/get before it re-checks the header
+REPLY_PREFIX = "reply."  # a reply queue's name: this and 24 hex digits (shmq.names.is_reply_name)
+REPLY_CAPACITY = 1024  # messages a reply queue holds (a reply to a full one is dropped, counted)
+REPLY_MAX_BYTES = 4 * 1024 * 1024  # bytes a reply queue holds (a reply: at most DEFAULT_MAX_MESSAGE_SIZE)
+DEFAULT_REQUEST_TIMEOUT = 30.0  # s broker.request waits for its reply
 REAP_INTERVAL = 0.25  # how often dead processes' leases are looked for (s)
 ATTACH_TIMEOUT = 2.0  # how long to wait for a half-created instance to appear
 CREATION_GRACE = 10.0  # s: objects of an instance with no registry younger than this are being created

@@ -210,6 +210,11 @@ class ShmQueue(Consuming, QueueABC):
             self._wake(self._nf, self._w[L.Q_PRODUCER_WAITERS], 1)
         return self._dur.settle_mark()
 
+    def _reply_queue(self, name: str) -> ShmQueue:
+        q = self._att.queue(name)
+        assert isinstance(q, ShmQueue)
+        return q
+
     def purge(self) -> int:
         """Drop every retained message for every group; the number dropped."""
         n, mark = self._purge_unsynced()

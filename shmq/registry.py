@@ -22,6 +22,7 @@ from . import layout as L
 from .errors import InstanceError, InstanceNotFound, InvalidArgument, LimitExceeded, QueueExists
 from .journal_files import retire_journal
 from .lock import RobustLock
+from .names import is_reply_name
 from .segment import (
     SHM_DIR,
     Mapping,
@@ -421,6 +422,12 @@ class Registry:
 
     def _durable(self, queue_id: int) -> bool:
         return bool(self._segment_word(queue_id, L.Q_DURABILITY))
+
+    def orphan_reply_queues(self) -> list[str]:
+        """The reply queues (``names.is_reply_name``) whose creating process is dead: a
+        co-located requester, or the worker that served a TCP requester."""
+        return [self._entry_name(e) for e in self._entries(L.E_ACTIVE)
+                if is_reply_name(self._entry_name(e)) and not self._creator_alive(e)]
 
     def stale_reservations(self) -> list[int]:
         """Ids of reservations whose creator is dead (read without the lock: a hint)."""

@@ -11,6 +11,7 @@ a client slot of its own on first use.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copyreg
 import multiprocessing.util as mp_util
 import os
@@ -31,6 +32,7 @@ from .journal_files import retire_journal
 from .names import check_new_queue_name, check_queue_name, dlq_name, is_dlq_name
 from .queue import ShmQueue
 from .registry import QueueEntry, Registry
+from .reply import end_requests
 from .ring import Ring
 from .segment import (
     Mapping,
@@ -265,6 +267,9 @@ class Attachment:
         if reg.stale_reservations():
             with reg.lock:
                 reg.repair()
+        for name in reg.orphan_reply_queues():  # a dead requester's (or TCP worker's)
+            with contextlib.suppress(QueueNotFound):
+                self.delete_queue(name)
         for q in list(self._queues.values()):  # the queues this process has mapped (the
             if q._w[L.Q_ORPHANS]:  # broker's supervisor maintains them all)
                 try:
@@ -447,6 +452,7 @@ class ShmBroker(Broker):
     def close(self) -> None:
         if self._closed:
             return
+        end_requests(self)  # its reply queue goes
         self._closed = True
         att = self._att
         with _attach_lock:

@@ -36,6 +36,7 @@ from .commands import (  # re-exported: they were this module's before shmq.comm
 )
 from .connection import ClientConnection, Push, Reply, Request
 from .errors import ConnectionLost, ProtocolError, ShmqError
+from .reply import end_requests
 from .seektime import Start, When
 from .settle import Settle
 from .urls import BrokerUrl, client_settings, parse_tcp_url
@@ -295,6 +296,8 @@ class TcpBroker(Broker):
         return self._execute(cmd.info())
 
     def close(self) -> None:
+        if not self._conn.closed:
+            end_requests(self)  # its reply queue goes (the worker would delete it anyway)
         self._stop_beating.set()
         if not self._conn.closed:
             try:
@@ -374,6 +377,9 @@ class TcpQueue(Queue):
 
     def seek(self, group: str, when: When) -> int:
         return self._b._execute(gcmd.seek(self, group, when))
+
+    def _reply_queue(self, name: str) -> TcpQueue:
+        return TcpQueue(self._b, name)
 
     def purge(self) -> int:
         return self._b._execute(cmd.purge(self))

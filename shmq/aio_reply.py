@@ -1,0 +1,95 @@
+"""Request/reply for the asyncio client (``shmq.aio``): ``shmq.reply``'s, as coroutines.
+
+One reply queue per :class:`~shmq.aio.AsyncBroker`, made on its first request; a reader
+task gets from it while requests wait, and resolves each one's future by correlation id
+(a reply nobody waits for any more is dropped and counted ``late``).  The reply queue
+goes when the connection closes: the worker deletes the reply queues a connection made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+from . import options
+from . import reply as _reply
+from .errors import Empty, Full, QueueNotFound, ShmqError, Timeout
+from .names import new_reply_name
+
+
+class AsyncRequester:
+    def __init__(self, broker: Any) -> None:
+        self.broker = broker
+        self.name = new_reply_name()
+        self._q: Any = None
+        self._prefix = self.name[len(options.REPLY_PREFIX):][:12]
+        self._ids = itertools.count(1)
+        self._waiting: dict[bytes, asyncio.Future[Any]] = {}
+        self._reader: asyncio.Task[None] | None = None
+        self._made: asyncio.Lock = asyncio.Lock()
+
+    async def request(self, queue: str, payload: Any, timeout: float,
+                      headers: Mapping[str, str | bytes] | None) -> Any:
+        timeout = _reply.check_timeout(timeout)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        cid = f"{self._prefix}.{next(self._ids)}"
+        h = _reply.request_headers(headers, self.name, cid)
+        if self._q is None:
+            async with self._made:
+                if self._q is None:
+                    self._q = await self.broker.create_queue(
+                        self.name, capacity=options.REPLY_CAPACITY, max_bytes=options.REPLY_MAX_BYTES,
+                        durability="memory")
+        key = cid.encode()
+        fut = self._waiting[key] = loop.create_future()
+        try:
+            await self.broker.queue(queue).put(payload, timeout=timeout, headers=h)
+            if self._reader is None or self._reader.done():
+                self._reader = loop.create_task(self._read(), name=f"shmq.aio replies {self.name}")
+            try:
+                return await asyncio.wait_for(fut, max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                raise Timeout(f"no reply from {queue!r} within the timeout") from None
+        finally:
+            del self._waiting[key]
+
+    async def _read(self) -> None:
+        """Get replies while requests wait for them."""
+        while self._waiting:
+            try:
+                msg = await self._q.get(timeout=0.5)
+            except Empty:
+                continue
+            except ShmqError as e:  # the connection or the reply queue went: they all fail
+                for fut in self._waiting.values():
+                    if not fut.done():
+                        fut.set_exception(e)
+                return
+            try:
+                await msg.ack(wait=False)
+            except ShmqError:
+                pass
+            waiter = self._waiting.get(msg.headers.get(_reply.CORRELATION_ID, b""))
+            if waiter is not None and not waiter.done():
+                waiter.set_result(msg)
+            else:
+                _reply._count("late")
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+
+
+async def send_reply(broker: Any, name: str, payload: Any, headers: dict[str, str | bytes]) -> bool:
+    try:
+        await broker.queue(name).put(payload, block=False, headers=headers)
+    except QueueNotFound:
+        _reply._count("gone")
+        return False
+    except Full:
+        _reply._count("full")
+        return False
+    return True

@@ -1,0 +1,299 @@
+"""Request/reply (``broker.request``, ``Message.reply``) on both transports."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import shmq
+from shmq import reply as shmq_reply
+from shmq.names import is_reply_name
+from shmq.shm import ShmBroker
+
+from .conftest import Server, wait_until
+
+
+def _names(b: shmq.Broker) -> set[str]:
+    return {i.name for i in b.list_queues()}
+
+
+def _other(b: shmq.Broker) -> shmq.Broker:
+    """A second handle on the same broker (a second connection over TCP)."""
+    return shmq.connect(b.url)
+
+
+class Echo:
+    """A replier thread: answers each request on ``queue`` with ``b"re:" + payload`` and
+    the request's ``x`` header, then acks it, until ``stop``."""
+
+    def __init__(self, b: shmq.Broker, queue: str) -> None:
+        self.b = _other(b)
+        self.q = self.b.queue(queue)
+        self.stop = threading.Event()
+        self.seen: list[dict[str, bytes]] = []
+        self.t = threading.Thread(target=self._run, daemon=True)
+        self.t.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                m = self.q.get(timeout=0.05)
+            except shmq.Empty:
+                continue
+            self.seen.append(dict(m.headers))
+            m.reply(b"re:" + bytes(m.payload), headers={"x": m.headers.get("x", b"-")})
+            m.ack()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.t.join(10)
+        self.b.close()
+
+
+@pytest.fixture
+def echo(broker: shmq.Broker) -> Iterator[Echo]:
+    broker.create_queue("svc")
+    e = Echo(broker, "svc")
+    yield e
+    e.close()
+
+
+def test_round_trip(broker: shmq.Broker, echo: Echo) -> None:
+    r = broker.request("svc", b"hello", timeout=10, headers={"x": "1"})
+    assert r.payload == b"re:hello"
+    assert r.headers["x"] == b"1"
+    (sent,) = echo.seen
+    reply_to = sent["reply-to"].decode()
+    assert is_reply_name(reply_to) and reply_to in _names(broker)
+    (info,) = [i for i in broker.list_queues() if i.name == reply_to]
+    assert (info.config.capacity, info.config.durability) == (1024, "memory")  # small, never journaled
+    assert r.headers["correlation-id"] == sent["correlation-id"]
+    assert r.queue == reply_to
+    r2 = broker.request("svc", "again", timeout=10)  # the same reply queue, a new correlation id
+    assert r2.payload == b"re:again"
+    assert echo.seen[1]["reply-to"] == sent["reply-to"]
+    assert echo.seen[1]["correlation-id"] != sent["correlation-id"]
+    # the requester acks each reply at its next read (off the round trip): one left leased
+    assert broker.queue(reply_to).stats()["groups"]["default"]["in_flight"] == 1
+
+
+def test_concurrent_requests_each_get_their_own_answer(broker: shmq.Broker, echo: Echo) -> None:
+    wrong: list[tuple[bytes, bytes]] = []
+    errors: list[BaseException] = []
+
+    def client(i: int) -> None:
+        try:
+            for j in range(25):
+                want = f"{i}-{j}".encode()
+                got = bytes(broker.request("svc", want, timeout=20).payload)
+                if got != b"re:" + want:
+                    wrong.append((want, got))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and not wrong
+    assert len(echo.seen) == 200
+    assert len({h["correlation-id"] for h in echo.seen}) == 200
+    assert len({h["reply-to"] for h in echo.seen}) == 1
+
+
+def test_timeout_and_late_reply_dropped(broker: shmq.Broker) -> None:
+    svc = broker.create_queue("svc")
+    before = shmq_reply.stats()
+    with pytest.raises(shmq.Timeout):
+        broker.request("svc", b"first", timeout=0.2)
+    m = svc.get(timeout=5)  # answered only now
+    assert m.reply(b"too late") is True  # delivered to the reply queue ...
+    m.ack()
+    e = Echo(broker, "svc")
+    try:
+        r = broker.request("svc", b"second", timeout=10)
+    finally:
+        e.close()
+    assert r.payload == b"re:second"  # ... but never to the next request
+    after = shmq_reply.stats()
+    assert after["late"] == before["late"] + 1
+
+
+def test_bad_arguments(broker: shmq.Broker) -> None:
+    q = broker.create_queue("plain")
+    q.put(b"no reply-to")
+    q.put(b"to a plain queue", headers={"reply-to": "plain", "correlation-id": "1"})
+    q.put(b"no correlation id", headers={"reply-to": "reply." + "0" * 24})
+    for _ in range(3):
+        m = q.get(timeout=5)
+        with pytest.raises(shmq.InvalidArgument):
+            m.reply(b"x")
+        m.ack()
+    assert q.stats()["produced"] == 3  # nothing was sent (to "plain" either)
+    with pytest.raises(shmq.InvalidArgument):
+        broker.request("plain", b"x", timeout=0)
+    with pytest.raises(shmq.InvalidArgument):
+        broker.request("plain", b"x", headers={"reply-to": "mine"})
+    with pytest.raises(shmq.QueueNotFound):
+        broker.request("nosuch", b"x", timeout=1)
+
+
+def test_reply_queue_gone_after_close_and_reply_dropped(broker: shmq.Broker) -> None:
+    svc = broker.create_queue("svc")
+    requester = _other(broker)
+    with pytest.raises(shmq.Timeout):
+        requester.request("svc", b"x", timeout=0.05)
+    m = svc.get(timeout=5)
+    name = m.headers["reply-to"].decode()
+    assert name in _names(broker)
+    requester.close()
+    assert name not in _names(broker)
+    before = shmq_reply.stats()
+    assert m.reply(b"to nobody") is False
+    assert shmq_reply.stats()["gone"] == before["gone"] + 1
+    m.ack()
+
+
+def _request_forever(url: str, queue: str) -> None:
+    shmq.connect(url).request(queue, b"ping", timeout=60)
+
+
+def _reply_to_of_killed_requester(broker: shmq.Broker) -> str:
+    """Start a requester process, read its request's reply-to, SIGKILL it: that name."""
+    svc = broker.create_queue("svc")
+    p = mp.get_context("fork").Process(target=_request_forever, args=(broker.url, "svc"))
+    p.start()
+    try:
+        m = svc.get(timeout=20)
+        name = m.headers["reply-to"].decode()
+        assert name in _names(broker)
+    finally:
+        assert p.pid is not None
+        os.kill(p.pid, signal.SIGKILL)
+        p.join()
+    m.ack()
+    return name
+
+
+def test_killed_requester_reply_queue_reaped(broker: shmq.Broker) -> None:
+    name = _reply_to_of_killed_requester(broker)
+    if isinstance(broker, ShmBroker):
+        broker.reap()  # co-located: the reaper finds its creator dead
+        assert name not in _names(broker)
+    else:  # over TCP: its connection closed, and the worker deleted it
+        wait_until(lambda: name not in _names(broker))
+
+
+def _request_once(url: str, queue: str) -> None:
+    with pytest.raises(shmq.Timeout):
+        shmq.connect(url).request(queue, b"ping", timeout=0.05)  # and no close: the exit deletes it
+
+
+@pytest.mark.parametrize("how", ["multiprocessing", "python"])
+def test_exiting_requester_deletes_its_reply_queue(shm_broker: ShmBroker, how: str) -> None:
+    svc = shm_broker.create_queue("svc")
+    if how == "multiprocessing":  # ends with os._exit: multiprocessing's finalizers, not atexit
+        p = mp.get_context("fork").Process(target=_request_once, args=(shm_broker.url, "svc"))
+        p.start()
+        p.join(30)
+        assert p.exitcode == 0
+    else:
+        code = (f"import shmq\ntry: shmq.connect({shm_broker.url!r}).request('svc', b'ping', timeout=0.05)\n"
+                "except shmq.Timeout: pass\n")
+        subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    name = svc.get(timeout=5).headers["reply-to"].decode()
+    assert name not in _names(shm_broker)  # gone without a reaper
+
+
+def test_killed_worker_reply_queues_reaped() -> None:
+    srv = Server(workers=1)
+    try:
+        b: Any = shmq.connect(srv.url)
+        with pytest.raises(shmq.Timeout):
+            b.request(b.create_queue("svc").name, b"x", timeout=0.05)
+        name = b._requester.name
+        local = ShmBroker(srv.instance, create=False)
+        try:
+            assert name in _names(local)
+            (worker,) = srv.workers()
+            worker.kill()  # no clean-up in the worker: the supervisor's reaper deletes it
+            wait_until(lambda: name not in _names(local), timeout=20)
+        finally:
+            local.close()
+            b.close()
+    finally:
+        assert srv.stop() == 0
+
+
+def test_asyncio_requests_and_replies(server: Server) -> None:
+    import asyncio
+
+    from shmq import aio
+
+    async def main() -> None:
+        async with await aio.connect(server.url) as b, await aio.connect(server.url) as other:
+            svc = await b.create_queue("aio_svc")
+            try:
+                async def serve(n: int) -> None:
+                    for _ in range(n):
+                        m = await other.queue("aio_svc").get(timeout=10)
+                        assert await m.reply(b"re:" + bytes(m.payload)) is True
+                        await m.ack()
+
+                server_task = asyncio.create_task(serve(20))
+                got = await asyncio.gather(*(b.request("aio_svc", f"r{i}", timeout=10) for i in range(20)))
+                await server_task
+                assert [bytes(m.payload) for m in got] == [f"re:r{i}".encode() for i in range(20)]
+                name = got[0].queue
+                assert is_reply_name(name) and name in {i.name for i in await other.list_queues()}
+                before = shmq_reply.stats()
+                with pytest.raises(shmq.Timeout):
+                    await b.request("aio_svc", b"late", timeout=0.05)
+                m = await svc.get(timeout=5)
+                assert await m.reply(b"too late") is True
+                await m.ack()
+                await svc.put(b"no request")
+                plain = await svc.get(timeout=5)
+                with pytest.raises(shmq.InvalidArgument):
+                    await plain.reply(b"no")
+                await plain.ack()
+                late = asyncio.create_task(serve(1))
+                assert (await b.request("aio_svc", b"next", timeout=10)).payload == b"re:next"
+                await late
+                assert shmq_reply.stats()["late"] == before["late"] + 1
+            finally:
+                await b.delete_queue("aio_svc")
+            await b.close()
+            with shmq.connect(server.url) as s:
+                assert name not in _names(s)  # the worker deleted it at the close
+
+    asyncio.run(main())
+
+
+def test_reply_to_a_full_reply_queue_is_dropped(broker: shmq.Broker, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shmq.options, "REPLY_CAPACITY", 2)  # read when the reply queue is made
+    svc = broker.create_queue("svc")
+    requester = _other(broker)
+    try:
+        for _ in range(3):
+            with pytest.raises(shmq.Timeout):
+                requester.request("svc", b"x", timeout=0.05)
+        before = shmq_reply.stats()
+        got = []
+        for _ in range(3):
+            m = svc.get(timeout=5)
+            got.append(m.reply(b"late"))  # nobody reads them: the third finds the queue full
+            m.ack()
+        assert got == [True, True, False]
+        assert shmq_reply.stats()["full"] == before["full"] + 1
+    finally:
+        requester.close()
