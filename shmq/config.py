@@ -213,8 +213,8 @@ def load(path: str) -> FileConfig:
 
 
 def _queues(table: dict[str, Any], path: str) -> tuple[QueueDecl, ...]:
+    from .limits import check_config  # create_queue's own checks, so a bad value is named before any start
     from .names import check_group_name, check_queue_name
-    from .shm import _config  # create_queue's own checks, so a bad value is named before any start
 
     out = []
     for name, body in table.items():
@@ -239,7 +239,7 @@ def _queues(table: dict[str, Any], path: str) -> tuple[QueueDecl, ...]:
             else:
                 limits[key] = value
         try:
-            _config(dict(limits))
+            check_config(dict(limits))
         except InvalidArgument as e:
             raise ConfigError(f"{where} in {path}: {e}") from None
         out.append(QueueDecl(name, limits, groups, path))

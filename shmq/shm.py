@@ -29,6 +29,7 @@ from .api import Broker, BrokerInfo, QueueConfig, QueueInfo
 from .errors import InstanceError, InvalidArgument, QueueExists, QueueNotFound
 from .handle import QueueHandle, monotonic_ms
 from .journal_files import retire_journal
+from .limits import check_config
 from .names import check_new_queue_name, check_queue_name, dlq_name, is_dlq_name
 from .queue import ShmQueue
 from .registry import QueueEntry, Registry
@@ -348,42 +349,6 @@ def _exit_hooks() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def _config(limits: dict[str, Any]) -> QueueConfig:
-    unknown = set(limits) - set(QueueConfig.__dataclass_fields__)
-    if unknown:
-        raise InvalidArgument(f"unknown queue options: {', '.join(sorted(unknown))}")
-    if "max_bytes" in limits and "max_message_size" not in limits:
-        limits["max_message_size"] = min(options.DEFAULT_MAX_MESSAGE_SIZE,
-                                         int(limits["max_bytes"]) - options.MAX_META_SIZE)
-    c = QueueConfig(**limits)
-
-    def need(ok: bool, what: str) -> None:
-        if not ok:
-            raise InvalidArgument(what)
-
-    need(isinstance(c.capacity, int) and 1 <= c.capacity <= options.MAX_CAPACITY,
-         f"capacity must be 1..{options.MAX_CAPACITY}")
-    need(isinstance(c.max_bytes, int) and options.MIN_MAX_BYTES <= c.max_bytes <= options.MAX_MAX_BYTES,
-         f"max_bytes must be {options.MIN_MAX_BYTES}..{options.MAX_MAX_BYTES}")
-    need(isinstance(c.max_message_size, int)
-         and 0 < c.max_message_size <= min(c.max_bytes - options.MAX_META_SIZE, options.MAX_MESSAGE_SIZE),
-         f"max_message_size must be 1..max_bytes - {options.MAX_META_SIZE}, and at most "
-         f"{options.MAX_MESSAGE_SIZE} (every message must fit one TCP frame)")
-    need(0 < c.visibility_timeout <= options.MAX_VISIBILITY_TIMEOUT,
-         f"visibility_timeout must be in (0, {options.MAX_VISIBILITY_TIMEOUT}] seconds")
-    need(isinstance(c.max_deliveries, int) and 1 <= c.max_deliveries <= options.MAX_DELIVERIES_LIMIT,
-         f"max_deliveries must be 1..{options.MAX_DELIVERIES_LIMIT}")
-    need(isinstance(c.max_groups, int) and 1 <= c.max_groups <= options.MAX_GROUPS_LIMIT,
-         f"max_groups must be 1..{options.MAX_GROUPS_LIMIT}")
-    need(not isinstance(c.message_ttl, bool) and isinstance(c.message_ttl, (int, float))
-         and 0 <= c.message_ttl <= options.MAX_MESSAGE_TTL,
-         f"message_ttl must be a number of seconds in [0, {options.MAX_MESSAGE_TTL:g}] (0: none)")
-    need(isinstance(c.expired_to_dlq, bool), "expired_to_dlq must be true or false")
-    need(c.durability in options.DURABILITY_MODES,
-         f"durability must be one of {', '.join(options.DURABILITY_MODES)}")
-    return c
-
-
 class ShmBroker(Broker):
     """A co-located broker handle (``shmq.connect("shm://name")``).
 
@@ -416,7 +381,7 @@ class ShmBroker(Broker):
         """A new queue.  ``dead_letter=True`` makes ``<queue>.dlq`` before the broker would
         (at ``<queue>``'s first dead letter), with limits of its own."""
         check_new_queue_name(name, dead_letter=bool(dead_letter))
-        return self._att.create_queue(name, _config(dict(limits)), is_dlq=bool(dead_letter))
+        return self._att.create_queue(name, check_config(dict(limits)), is_dlq=bool(dead_letter))
 
     def queue(self, name: str) -> ShmQueue:
         if not isinstance(name, str):
