@@ -152,7 +152,7 @@ class Consuming(QueueHandle):
                 raise Empty(f"queue {self.name!r} has no message for group {group!r}")
             if not announce:
                 # A producer is likely mid-put: look again for a moment before sleeping.
-                for _ in range(options.SPIN_CHECKS):
+                for _ in range(self._spin):
                     if w[tw] > w[g + G_CURSOR]:  # Q_NEXT_OFFSET (Q_DURABLE_OFFSET if `always`) > cursor
                         break
                 announce = True

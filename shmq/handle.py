@@ -98,6 +98,7 @@ class QueueHandle:
         self.name = ring.name
         self._max = ring.max_message_size
         self._gcache: dict[str, int] = {}  # group name -> reference (layout.group_ref)
+        self._spin = options.SPIN_CHECKS  # header re-reads of a blocked get before it sleeps
         self._ggen = -1
         self._now = att.now_ms
         self._real_clock = att.now_ms is monotonic_ms  # the hot path reads it inline

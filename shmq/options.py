@@ -52,6 +52,7 @@ JOURNAL_ADOPT_TIMEOUT = 10.0  # s creating a journaled queue waits for the journ
 
 # --- timing -------------------------------------------------------------------
 SPIN_CHECKS = 200  # header re-reads (about 20-60 us) before a consumer sleeps
+REPLY_SPIN_CHECKS = 2000  # ... and before a co-located requester sleeps waiting for its reply
 WAIT_SLICE = 0.05  # longest single sleep of a blocked put/get before it re-checks the header
 REPLY_PREFIX = "reply."  # a reply queue's name: this and 24 hex digits (shmq.names.is_reply_name)
 REPLY_CAPACITY = 1024  # messages a reply queue holds (a reply to a full one is dropped, counted)
