@@ -19,7 +19,7 @@ from typing import Any
 
 from shmq import crashpoints, headers
 from shmq.codec import WAIT_FOREVER, Frame, T, decode_body, frame, produce_ok_frame
-from shmq.errors import Empty, Full, ProtocolError, ShmqError, Status
+from shmq.errors import Empty, Full, ShmqError, Status
 from shmq.producing import DELAY_FLAG, split_delay
 
 from .connection import ServerConnection
@@ -42,11 +42,21 @@ def produce(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> 
 
 
 def decode_produce(f: Frame) -> dict[str, Any]:
-    """The fields of a PRODUCE* request; with ``producing.DELAY_FLAG``, ``delay_ms`` too."""
-    if not f.status & DELAY_FLAG:
-        return decode_body(f.type, f.body)
-    ms, body = split_delay(f.body)
-    return {**decode_body(f.type, body), "delay_ms": ms}
+    """The fields of a PRODUCE* request, its frame flags undone: with
+    ``producing.DELAY_FLAG``, ``delay_ms``; with ``headers.FLAG``, each payload parted from
+    its header block (``meta`` / ``metas``).  A malformed block raises here, before anything
+    is stored."""
+    if f.status & DELAY_FLAG:
+        ms, body = split_delay(f.body)
+        d = {**decode_body(f.type, body), "delay_ms": ms}
+    else:
+        d = decode_body(f.type, f.body)
+    if f.status & headers.FLAG:
+        if f.type == T.PRODUCE:
+            d["meta"], d["payload"] = headers.split(d["payload"])
+        else:
+            d["metas"], d["payloads"] = headers.split_many(d["payloads"])
+    return d
 
 
 def try_produce(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any],
@@ -60,12 +70,6 @@ def try_produce(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any],
     measured A/B on 2 cores)."""
     q = core.queue(d["queue"])
     one = f.type == T.PRODUCE
-    if f.status & headers.FLAG and "split" not in d:  # each payload after its header block: split once
-        d["split"] = True
-        if one:
-            d["meta"], d["payload"] = headers.split(d["payload"])
-        else:
-            d["metas"], d["payloads"] = headers.split_many(d["payloads"])
     try:
         if one:
             off, mark = q.put(d["payload"], d.get("meta", b""), d.get("delay_ms", 0))
@@ -101,8 +105,8 @@ def produce_run(core: Core, conn: ServerConnection, frames: list[Frame], i: int)
     j = i
     while j < len(frames) and frames[j].type == T.PRODUCE and not frames[j].status & DELAY_FLAG:
         try:
-            d = decode_body(T.PRODUCE, frames[j].body)
-        except ProtocolError:
+            d = decode_produce(frames[j])
+        except ShmqError:  # malformed (ProtocolError), or a bad header block: handled alone
             break
         if run and d["queue"] != run[0][1]["queue"]:
             break
@@ -112,12 +116,9 @@ def produce_run(core: Core, conn: ServerConnection, frames: list[Frame], i: int)
     if len(run) < 2 or conn.parked_produces.get(name):
         return i + 1, False
     try:
-        items, metas = [d["payload"] for _, d in run], None
-        if any(f.status & headers.FLAG for f, _ in run):  # some carry headers: each frame's own flag says
-            pairs = [headers.split(p) if f.status & headers.FLAG else (b"", p)
-                     for (f, _), p in zip(run, items, strict=True)]
-            items, metas = [p for _, p in pairs], [m for m, _ in pairs]
-        offs, mark = core.queue(name).put_many(items, metas=metas if metas and any(metas) else None)
+        metas = [d.get("meta", b"") for _, d in run]
+        offs, mark = core.queue(name).put_many([d["payload"] for _, d in run],
+                                               metas=metas if any(metas) else None)
     except ShmqError:
         return j, False
     if _CRASH:

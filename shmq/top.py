@@ -318,13 +318,22 @@ def screen(rows: list[Row], about: BrokerInfo, view: View, url: str, interval: f
 
 
 # ---------------------------------------------------------------- the loop
-def _stats(broker: Broker) -> list[dict[str, Any]]:
+def _stats(broker: Broker, handles: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every queue's ``stats()``.  ``handles`` keeps each queue's handle between readings:
+    opening one costs a request of its own over TCP (``TcpBroker.queue`` checks the queue
+    is there), so a refresh asks once per queue, not twice."""
     out = []
-    for info in broker.list_queues():
+    names = [info.name for info in broker.list_queues()]
+    for name in set(handles) - set(names):
+        del handles[name]  # deleted: a queue made again under its name gets a new handle
+    for name in names:
         try:
-            out.append(broker.queue(info.name).stats())
+            q = handles.get(name)
+            if q is None:
+                q = handles[name] = broker.queue(name)
+            out.append(q.stats())
         except QueueNotFound:
-            pass  # deleted since it was listed
+            handles.pop(name, None)  # deleted since it was listed
     return out
 
 
@@ -348,10 +357,11 @@ def run(broker: Broker, url: str, interval: float = options.TOP_INTERVAL, sort: 
     console = console or Console(width=None if sys.stdout.isatty() else 160)  # pipes get whole rows
     view = View(sort, filter)
     tracker = Tracker()
+    handles: dict[str, Any] = {}
 
     def sample() -> tuple[list[Row], BrokerInfo]:
         about = broker.info()  # first: a broker gone ends here, before its queues look empty
-        return tracker.rows(_stats(broker), time.monotonic()), about
+        return tracker.rows(_stats(broker, handles), time.monotonic()), about
 
     old_term = signal.signal(signal.SIGTERM, _stop)
     try:
