@@ -481,6 +481,17 @@ class ShmqServer:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+def stop_servers(out: Any, servers: dict[int, ShmqServer]) -> bool:
+    """Stop every ``shmq serve`` of a run; True when one left a warning (each said on ``out``)."""
+    warned = False
+    for srv in servers.values():
+        srv.stop()
+        for note in srv.notes:
+            out.line(f"warning (shmq serve, {srv.workers} worker(s)): {note}", style="bold red")
+            warned = True
+    return warned
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -1083,11 +1094,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             rserver.stop()
             for note in rserver.notes:
                 out.line(f"warning (redis-server): {note}", style="yellow")
-        for srv in servers.values():
-            srv.stop()
-            for note in srv.notes:
-                out.line(f"warning (shmq serve, {srv.workers} worker(s)): {note}", style="bold red")
-                code = code or 1
+        if stop_servers(out, servers):
+            code = code or 1
         signal.signal(signal.SIGTERM, previous)
         if common.warn_alive(out):
             code = code or 1

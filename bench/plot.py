@@ -138,7 +138,10 @@ def _finish(f: Figure, results: dict[str, Any], fig: dict[str, Any]) -> Figure:
     return f
 
 
-def _grid(ax: Axes) -> None:
+def _label(ax: Axes, fig: dict[str, Any], y_label: str | None = None) -> None:
+    """Axis labels (the figure's, or ``y_label``) and the grid."""
+    ax.set_xlabel(fig["x_label"])
+    ax.set_ylabel(y_label or fig["y_label"])
     ax.grid(True, which="major", alpha=0.4)
     ax.grid(True, which="minor", alpha=0.15)
 
@@ -152,9 +155,7 @@ def throughput_vs_size(results: dict[str, Any], fig: dict[str, Any]) -> Figure:
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.xaxis.set_major_formatter(FuncFormatter(_bytes))
-        ax.set_xlabel(fig["x_label"])
-        ax.set_ylabel(ylabel)
-        _grid(ax)
+        _label(ax, fig, ylabel)
     for ax in (a1, a2):
         ax.yaxis.set_major_formatter(FuncFormatter(_count))
     a1.set_title("messages per second", fontsize=10)
@@ -171,9 +172,7 @@ def throughput_vs_batch(results: dict[str, Any], fig: dict[str, Any]) -> Figure:
     ax.set_yscale("log")
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}"))
     ax.yaxis.set_major_formatter(FuncFormatter(_count))
-    ax.set_xlabel(fig["x_label"])
-    ax.set_ylabel(fig["y_label"])
-    _grid(ax)
+    _label(ax, fig)
     _legend(ax, fig, "upper left")
     return _finish(f, results, fig)
 
@@ -199,11 +198,9 @@ def latency_cdf(results: dict[str, Any], fig: dict[str, Any]) -> Figure:
     ax.set_xscale("log")
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}"))
     ax.set_ylim(0, 1)
-    ax.set_xlabel(fig["x_label"])
-    ax.set_ylabel(fig["y_label"])
+    _label(ax, fig)
     ax.axhline(0.5, color="grey", linewidth=0.6, linestyle=":")
     ax.axhline(0.99, color="grey", linewidth=0.6, linestyle=":")
-    _grid(ax)
     _legend(ax, fig, "lower right")
     return _finish(f, results, fig)
 
@@ -225,9 +222,7 @@ def throughput_vs_workers(results: dict[str, Any], fig: dict[str, Any]) -> Figur
         ax.set_xlim(min(xs) - 0.5, max(xs) + 0.5)
     ax.set_ylim(bottom=0)
     ax.yaxis.set_major_formatter(FuncFormatter(_count))
-    ax.set_xlabel(fig["x_label"])
-    ax.set_ylabel(fig["y_label"])
-    _grid(ax)
+    _label(ax, fig)
     _legend(ax, fig, "lower right")
     return _finish(f, results, fig)
 

@@ -297,11 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         broker.destroy()
         if rserver is not None:
             rserver.stop()
-        for srv in servers.values():
-            srv.stop()
-            for note in srv.notes:
-                out.line(f"warning (shmq serve, {srv.workers} worker(s)): {note}", style="bold red")
-                code = code or 1
+        if bench_tcp.stop_servers(out, servers):
+            code = code or 1
         signal.signal(signal.SIGTERM, previous)
         code = common.check_clean(out, instance, code)
     return code
