@@ -234,10 +234,6 @@ class QueueHandle:
             sem.release()
 
     # ------------------------------------------------------------ groups by name
-    def _group(self, name: str, create: bool = True) -> int:
-        """The index of a group (created, from the earliest retained offset, if new)."""
-        return self._group_ref(name, create) & L.GI_MASK
-
     def _group_ref(self, name: str, create: bool = True) -> int:
         """The reference of a group, which its deliveries carry (``layout.group_ref``)."""
         gen = self._w[L.Q_GROUP_GEN]
