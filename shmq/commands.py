@@ -181,8 +181,13 @@ def _fields_frame(msg_id: int, type_: int, fields: dict[str, Any]) -> bytes:
     return frame(type_, msg_id, **fields)
 
 
-def _flagged_frame(msg_id: int, type_: int, fields: dict[str, Any], status: int) -> bytes:
-    return frame(type_, msg_id, status, **fields)
+def _produce_frame(msg_id: int, type_: int, fields: dict[str, Any], status: int, ms: int = 0) -> bytes:
+    """A PRODUCE* frame with its flags: header blocks (``status``) and a delay (``ms``: the
+    flag and its prefix, ``producing.delayed``)."""
+    if not ms:
+        return frame(type_, msg_id, status, **fields)
+    status, body = delayed(status, encode_body(type_, **fields), ms)
+    return encode_frame(type_, msg_id, body, status)
 
 
 def _call(type_: T, reply: T, result: str | None = None, /, **fields: Any) -> Request[Any]:
@@ -280,15 +285,13 @@ def put(q: Handle[Any], payload: Payload, block: bool, timeout: float | None,
     (``producing``)."""
     if type(payload) is not bytes:
         payload = bytes(as_bytes(payload))
-    if delay is not None and (ms := delay_ms(delay)):
-        meta = _headers.encode(headers) if headers is not None else b""
-        fields = {"queue": q.name, "timeout_ms": _timeout_ms(block, timeout),
-                  "payload": _headers.flagged(meta, payload) if meta else payload}
-        return Request(_delayed_frame, (T.PRODUCE, fields, _headers.FLAG if meta else 0, ms), _pick, _OFFSET)
-    if headers is not None and (meta := _headers.encode(headers)):
-        return Request(_flagged_frame, (T.PRODUCE, {"queue": q.name, "timeout_ms": _timeout_ms(
-            block, timeout), "payload": meta + payload}, _headers.FLAG), _pick, _OFFSET)
-    return Request(produce_frame, (q._qb, _timeout_ms(block, timeout), payload), _pick, _OFFSET)
+    meta = _headers.encode(headers) if headers is not None else b""
+    ms = delay_ms(delay) if delay is not None else 0
+    if not (meta or ms):
+        return Request(produce_frame, (q._qb, _timeout_ms(block, timeout), payload), _pick, _OFFSET)
+    fields = {"queue": q.name, "timeout_ms": _timeout_ms(block, timeout),
+              "payload": meta + payload if meta else payload}
+    return Request(_produce_frame, (T.PRODUCE, fields, _headers.FLAG if meta else 0, ms), _pick, _OFFSET)
 
 
 def put_many(q: Handle[Any], payloads: Sequence[Payload], block: bool, timeout: float | None,
@@ -299,14 +302,7 @@ def put_many(q: Handle[Any], payloads: Sequence[Payload], block: bool, timeout: 
     req = produce_request(q.name, payloads, _timeout_ms(block, timeout), producer, seq, headers)
     if req is None:
         return Batch([], [], _no_offsets)
-    if ms:
-        return Request(_delayed_frame, (*req, ms), _offsets)
-    return Request(_flagged_frame, req, _offsets)
-
-
-def _delayed_frame(msg_id: int, type_: int, fields: dict[str, Any], status: int, ms: int) -> bytes:
-    status, body = delayed(status, encode_body(type_, **fields), ms)
-    return encode_frame(type_, msg_id, body, status)
+    return Request(_produce_frame, (*req, ms), _offsets)
 
 
 def _offsets(f: Frame, _: Any) -> list[int]:
