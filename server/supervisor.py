@@ -184,11 +184,10 @@ class Supervisor:
         if (v["tls_cert"] or v["tls_client_ca"]) and not (v["tls_cert"] and v["tls_key"]):
             raise InvalidArgument("TLS needs both --tls-cert and --tls-key")
         tls = ServerTls(v["tls_cert"], v["tls_key"], v["tls_client_ca"]) if v["tls_cert"] else None
-        extra = {"metrics": v["metrics"]} if v["metrics"] else {}  # off unless asked for
         return cls(v["instance"], v["host"], v["port"], v["workers"], token, v["max_connections"], v["keep"],
                    v["data_dir"] or None, v["sync_interval"], v["journal_segment_bytes"], v["log_level"],
                    v["log_format"], None if v["unix"] in ("", "off") else v["unix"], v["no_auth"], tls,
-                   heartbeat=v["heartbeat"], queues=eff.queues, **extra)
+                   heartbeat=v["heartbeat"], queues=eff.queues, metrics=v["metrics"] or None)
 
     def _start(self, i: int) -> None:
         ready = self.ctx.Event()
