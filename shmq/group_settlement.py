@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import crashpoints
-from .group_table import FREED, NACK, OK, STALE, TO_DLQ, TOUCH, DeadItem, GroupTable
+from .group_table import FREED, NACK, OK, STALE, TO_DLQ, TOUCH, DeadItem, GroupTable, settled
 from .layout import (
     DC_MASK,
     DC_SHIFT,
@@ -253,7 +253,9 @@ class Settlement(GroupTable):
         for o in range(w[g + G_FLOOR], end):
             base = self.sl + (o % self.cap) * self.sw + lw
             if w[base] & STATE_MASK != DEADING:  # a dead-letter copy in flight finishes on its own
-                w[base] = DONE | (w[base] & (DC_MASK << DC_SHIFT))
+                w[base] = settled(w[base])  # (a delayed one keeps its due time)
+                if _CRASH:
+                    crashpoints.hit("commit.word")
         if _CRASH:
             crashpoints.hit("commit.words")
         if w[g + G_CURSOR] < end:
