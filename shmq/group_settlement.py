@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import crashpoints
-from .group_table import FREED, NACK, OK, STALE, TO_DLQ, TOUCH, DeadItem, GroupTable
+from .group_table import FREED, NACK, OK, STALE, TO_DLQ, TOUCH, DeadItem, GroupTable, settled
 from .layout import (
     DC_MASK,
     DC_SHIFT,
@@ -252,8 +252,15 @@ class Settlement(GroupTable):
         lw = S_GROUPS + gi
         for o in range(w[g + G_FLOOR], end):
             base = self.sl + (o % self.cap) * self.sw + lw
-            if w[base] & STATE_MASK != DEADING:  # a dead-letter copy in flight finishes on its own
-                w[base] = DONE | (w[base] & (DC_MASK << DC_SHIFT))
+            x = w[base]
+            if not x:  # NEW
+                w[base] = DONE
+            elif x & STATE_MASK != DEADING:  # (a dead-letter copy in flight finishes on its own)
+                w[base] = settled(x)  # (a delayed one keeps its due time)
+            else:
+                continue
+            if _CRASH:
+                crashpoints.hit("commit.word")
         if _CRASH:
             crashpoints.hit("commit.words")
         if w[g + G_CURSOR] < end:
