@@ -19,7 +19,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from shmq import crashpoints, options
-from shmq.codec import Frame, T, decode_body, frame
+from shmq.codec import Frame, T, decode_body, encode_frame, frame
 from shmq.consuming import decode_consume
 from shmq.durability import Mark
 from shmq.errors import InvalidArgument, LimitExceeded, ProtocolError, ShmqError, StaleAck, Status
@@ -157,7 +157,7 @@ def ack(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None
     if _CRASH:
         crashpoints.hit("worker.ack.unanswered")
     if f.type == T.ACK:  # an unwaited ack: nobody waits for the journal either
-        core.answer(conn, f.msg_id, frame(T.ACK_OK, f.msg_id), mark)
+        core.answer(conn, f.msg_id, encode_frame(T.ACK_OK, f.msg_id), mark)  # (no body: one pack)
 
 
 def _ack_one(core: Core, conn: ServerConnection, d: dict[str, Any], off: int, deliveries: int
