@@ -136,16 +136,12 @@ sp_encode_headers(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
-/* parse_headers(meta) -> (dict, block length) | None
- * None when the block is malformed (the pure-Python parser then raises InvalidArgument). */
+/* The headers of the block at the start of b[0:n] as a new dict, its length in *end;
+ * Py_None (a new reference) when the block is malformed, NULL on an error. */
 static PyObject *
-sp_parse_headers(PyObject *mod, PyObject *meta)
+parse_block(const unsigned char *b, Py_ssize_t n, Py_ssize_t *end)
 {
-    Py_buffer view;
-    if (PyObject_GetBuffer(meta, &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    const unsigned char *b = (const unsigned char *)view.buf;
-    Py_ssize_t n = view.len, at = 3;
+    Py_ssize_t at = 3;
     PyObject *d = NULL, *result = NULL;
     if (n < 3 || b[0] != HEADER_TAG)
         goto malformed;
@@ -188,17 +184,59 @@ sp_parse_headers(PyObject *mod, PyObject *meta)
     }
     if (PyDict_GET_SIZE(d) != count)  /* a key repeated */
         goto malformed;
-    result = Py_BuildValue("(Nn)", d, at);
-    d = NULL;
-    goto done;
+    *end = at;
+    return d;
 malformed:
     result = Py_None;
     Py_INCREF(result);
 error:
-done:
     Py_XDECREF(d);
-    PyBuffer_Release(&view);
     return result;
+}
+
+/* parse_headers(meta) -> (dict, block length) | None
+ * None when the block is malformed (the pure-Python parser then raises InvalidArgument). */
+static PyObject *
+sp_parse_headers(PyObject *mod, PyObject *meta)
+{
+    Py_buffer view;
+    Py_ssize_t end = 0;
+    if (PyObject_GetBuffer(meta, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *d = parse_block((const unsigned char *)view.buf, view.len, &end);
+    PyBuffer_Release(&view);
+    if (d == NULL || d == Py_None)
+        return d;
+    return Py_BuildValue("(Nn)", d, end);
+}
+
+/* decode_headers(meta, empty) -> mappingproxy | None
+ * ``headers.decode``: ``empty`` when meta holds no header block (empty, or not starting
+ * with the tag), a read-only view of the headers, or None when the block is malformed. */
+static PyObject *
+sp_decode_headers(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "decode_headers(meta, empty)");
+        return NULL;
+    }
+    Py_buffer view;
+    Py_ssize_t end = 0;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *b = (const unsigned char *)view.buf;
+    if (view.len == 0 || b[0] != HEADER_TAG) {
+        PyBuffer_Release(&view);
+        Py_INCREF(args[1]);
+        return args[1];
+    }
+    PyObject *d = parse_block(b, view.len, &end);
+    PyBuffer_Release(&view);
+    if (d == NULL || d == Py_None)
+        return d;
+    PyObject *proxy = PyDictProxy_New(d);
+    Py_DECREF(d);
+    return proxy;
 }
 
 /* ------------------------------------------------------------------ delivered records
@@ -341,6 +379,8 @@ static PyMethodDef methods[] = {
      "encode_headers(headers, max_headers, max_bytes) -> bytes | None: a dict's header block."},
     {"parse_headers", (PyCFunction)sp_parse_headers, METH_O,
      "parse_headers(meta) -> (dict, length) | None: the header block at the start of meta."},
+    {"decode_headers", (PyCFunction)(void (*)(void))sp_decode_headers, METH_FASTCALL,
+     "decode_headers(meta, empty) -> mappingproxy | None: the headers a record's metadata holds."},
     {"records", (PyCFunction)(void (*)(void))sp_records, METH_FASTCALL,
      "records(out, cls, prefix, w, mm, b0, sw, k, offset, data_off, size): append k delivered records."},
     {NULL, NULL, 0, NULL},

@@ -42,6 +42,7 @@ _LENS = [_U16.pack(n) for n in range(_SHORT)]  # the length prefixes of short ke
 # the compiled twins of encode and _parse (shmq.accel): None where these would raise
 _encode_c = None if ext is None else ext.encode_headers
 _parse_c = None if ext is None else ext.parse_headers
+_decode_c = None if ext is None else ext.decode_headers
 
 
 def encode(headers: Mapping[str, str | bytes] | None) -> bytes:
@@ -131,6 +132,10 @@ def _parse(meta: bytes | memoryview) -> tuple[dict[str, bytes], int]:
 
 def decode(meta: bytes | memoryview) -> Mapping[str, bytes]:
     """The headers a record's metadata holds (read-only; empty when none)."""
+    if _decode_c is not None:
+        h = _decode_c(meta, EMPTY)
+        if h is not None:
+            return h  # type: ignore[no-any-return]
     if not meta or meta[0] != TAG:
         return EMPTY
     return MappingProxyType(_parse(meta)[0])

@@ -183,10 +183,10 @@ class Ring:
         """Append one record (``meta``: its metadata); its offset, or -1 when there is no room now."""
         w = self.w
         n = lens = len(payload)
-        if meta:
-            payload = meta + payload
-            lens |= len(meta) << LEN_META_SHIFT
-            n = len(payload)
+        mlen = len(meta)
+        if mlen:
+            lens |= mlen << LEN_META_SHIFT
+            n += mlen
         size = self.size
         addr = self.plock.address
         rc = trylock(addr)
@@ -211,7 +211,11 @@ class Ring:
                 return -1
             start = self.data_off + p % size
             mm = self.mm
-            mm[start:start + n] = payload
+            if mlen:  # metadata || payload, each copied once into place
+                mm[start:start + mlen] = meta
+                mm[start + mlen:start + n] = payload
+            else:
+                mm[start:start + n] = payload
             base = self.slots_w + (off % self.capacity) * self.slot_words
             mm[base * WORD:(base + S_FIXED_WORDS) * WORD] = _pack_slot(off, p, lens, ts)
             b = (base + S_FIXED_WORDS) * WORD

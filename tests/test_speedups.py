@@ -42,6 +42,7 @@ def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
         monkeypatch.setattr(mod, "unlock", unlock)
     monkeypatch.setattr(headers, "_encode_c", None if ext is None else ext.encode_headers)
     monkeypatch.setattr(headers, "_parse_c", None if ext is None else ext.parse_headers)
+    monkeypatch.setattr(headers, "_decode_c", None if ext is None else ext.decode_headers)
     monkeypatch.setattr(group_delivery, "_records",
                         group_delivery._records_py if ext is None else ext.records)
     yield request.param
@@ -49,7 +50,8 @@ def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
 
 def test_the_extension_is_built_and_chosen_unless_pure_is_asked() -> None:
     ext = compiled()
-    assert {"trylock", "unlock", "encode_headers", "parse_headers", "records"} <= set(dir(ext))
+    assert {"trylock", "unlock", "encode_headers", "parse_headers", "decode_headers",
+            "records"} <= set(dir(ext))
     pure = os.environ.get(accel.PURE_ENV, "") not in ("", "0")
     assert (accel.ext is None) == pure
     assert lock.trylock is (lock._trylock if pure else ext.trylock)
@@ -60,7 +62,7 @@ def test_shmq_pure_forces_the_twins_and_the_queue_still_works(instance: str) -> 
         "import sys\n"
         "from shmq import accel, group_delivery, headers, lock\n"
         "from shmq.shm import ShmBroker\n"
-        "assert accel.ext is None and headers._encode_c is None and headers._parse_c is None\n"
+        "assert accel.ext is None and headers._encode_c is headers._parse_c is headers._decode_c is None\n"
         "assert group_delivery._records is group_delivery._records_py and lock.trylock is lock._trylock\n"
         "b = ShmBroker(sys.argv[1])\n"
         "q = b.create_queue('pure')\n"
@@ -108,6 +110,17 @@ def _pure_encode(h: Any) -> bytes | Exception:
         return e
     finally:
         headers._encode_c = saved
+
+
+def _pure_decode(meta: bytes) -> Any:
+    saved = headers._parse_c, headers._decode_c
+    headers._parse_c = headers._decode_c = None
+    try:
+        return headers.decode(meta)
+    except Exception as e:  # noqa: BLE001
+        return e
+    finally:
+        headers._parse_c, headers._decode_c = saved
 
 
 def _pure_parse(meta: bytes) -> tuple[dict[str, bytes], int] | Exception:
@@ -170,6 +183,18 @@ def test_compiled_parse_matches_the_twin_on_any_bytes(blob: bytes) -> None:
         assert got == want
 
 
+@given(st.one_of(st.binary(max_size=40), st.binary(max_size=40).map(lambda b: b"\x01" + b)))
+@settings(max_examples=500)
+def test_compiled_decode_matches_the_twin_on_any_metadata(meta: bytes) -> None:
+    want = _pure_decode(meta)
+    got = compiled().decode_headers(meta, headers.EMPTY)
+    if isinstance(want, Exception):
+        assert got is None
+    else:
+        assert type(got) is type(want) and got == want
+        assert (got is headers.EMPTY) == (want is headers.EMPTY)
+
+
 @given(st.dictionaries(keys.filter(bool), st.binary(max_size=40), max_size=6), st.binary(max_size=20))
 @settings(max_examples=300)
 def test_compiled_parse_reads_every_encoded_block(h: dict[str, bytes], tail: bytes) -> None:
@@ -181,6 +206,8 @@ def test_compiled_parse_reads_every_encoded_block(h: dict[str, bytes], tail: byt
         got = compiled().parse_headers(meta)
         assert got == _pure_parse(bytes(meta)) == (h, len(block))
         assert list(got[0]) == list(h)  # the order kept
+        view = compiled().decode_headers(meta, headers.EMPTY)
+        assert view == _pure_decode(bytes(meta)) == h and list(view) == list(h)
 
 
 def test_decode_errors_are_the_typed_ones_on_both(impl: str) -> None:
