@@ -305,7 +305,12 @@ class Ring:
             i = 0
             if one_run:
                 start = data + positions[0] % size
-                mm[start:start + total] = b"".join(payloads)
+                if total < count * 2048:  # small records: one join, one copy into place
+                    mm[start:start + total] = b"".join(payloads)
+                else:  # large ones: each copied once, straight into place (no joined copy)
+                    for pl, at in zip(payloads, positions, strict=True):
+                        a = data + at % size
+                        mm[a:a + len(pl)] = pl
                 i = count
             while i < count:
                 j = i + 1

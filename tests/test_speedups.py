@@ -284,3 +284,18 @@ def test_hot_paths_behave_the_same_on_both(impl: str, instance: str) -> None:
             m.ack()
     finally:
         b.destroy()
+
+
+def test_a_batch_of_large_records_is_copied_whole_across_the_ring_end(impl: str, instance: str) -> None:
+    b = ShmBroker(instance)
+    try:
+        q = b.create_queue("large", capacity=16, max_bytes=40_000)
+        for lap in range(4):  # each batch copies record by record (no joined copy), laps the ring
+            batch = [os.urandom(3000 + lap) for _ in range(4)]
+            q.put_many(batch)
+            got = q.get_many(10, timeout=1)
+            assert [m.payload for m in got] == batch
+            q.ack_many(got)
+        q._ring.check_invariants()
+    finally:
+        b.destroy()
