@@ -16,12 +16,12 @@ $(VENV)/bin/python:
 	$(PIP) install --quiet --upgrade pip
 
 # the broker alone: posix-ipc, typer, rich, psutil, prometheus-client
-$(BASE): pyproject.toml | $(VENV)/bin/python
+$(BASE): pyproject.toml setup.py shmq/_speedups.c | $(VENV)/bin/python
 	$(PIP) install --quiet -e .
 	touch $(BASE)
 
 # everything: the broker, the test tools, the benchmarks' peers and plots, PySpark
-$(FULL): pyproject.toml | $(VENV)/bin/python
+$(FULL): pyproject.toml setup.py shmq/_speedups.c | $(VENV)/bin/python
 	$(PIP) install --quiet -e '.[test,bench,spark]'
 	touch $(FULL) $(BASE)
 
@@ -45,6 +45,8 @@ lint: $(FULL)
 
 test: java lint
 	$(VENV)/bin/pytest -n 2 tests
+	@# the pure-Python twins of the C accelerator (shmq/accel.py), on the paths it speeds up
+	SHMQ_PURE=1 $(VENV)/bin/pytest -n 2 -q tests/test_speedups.py tests/test_queue.py tests/test_headers.py tests/test_crashpoints.py
 
 check: lint
 	$(VENV)/bin/pytest -n 2 -m "not slow and not spark and not crash" tests
