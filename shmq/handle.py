@@ -190,7 +190,8 @@ class QueueHandle:
 
     def _put_wait(self, items: list[Any], metas: list[bytes] | None, block: bool,
                   timeout: float | None, first_try: bool = False, producer: int = 0, seq: int = 0,
-                  delay: int = 0) -> int:
+                  delay: int = 0, ttl: int = 0) -> int:
+        """Store a batch (``delay``, ``ttl``: ms, 0 for none), sleeping for room as asked."""
         ring = self._ring
         nbytes = sum(map(len, items)) + (sum(map(len, metas)) if metas else 0)
         if not ring.fits_empty(nbytes, len(items)):
@@ -201,8 +202,9 @@ class QueueHandle:
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def attempt() -> int | None:
-            off = ring.try_put_many(items, metas, self._wall(), producer, seq,
-                                    self._now() + delay if delay else 0)
+            ts = self._wall()
+            off = ring.try_put_many(items, metas, ts, producer, seq, self._now() + delay if delay else 0,
+                                    ts + ttl * 1_000_000 if ttl else 0)
             if off == DUPLICATE:
                 raise Duplicate(f"producer already wrote sequence {seq} (or a later one) to "
                                 f"{self.name!r}: nothing was written")
@@ -305,6 +307,32 @@ class QueueHandle:
             self._dead_letter(dead)
         if n:
             self._wake_consumers(n)
+        return n
+
+    def sweep_ttl(self, budget: int = options.TTL_SWEEP_BATCH) -> int:
+        """Expire, in every group, what a delivery would expire now (``Groups.sweep``: from
+        the cursor up to the first live message), looking at most at ``budget`` lease words
+        per group, in one hold of the consumer lock per group; the number expired.  The
+        broker's maintenance calls it on every queue with a TTL, so that expired messages
+        reach the dead-letter queue (or are dropped) with nobody consuming."""
+        w = self._w
+        if not self._ring.message_ttl_ms and not w[L.Q_EXPIRES_MAX]:
+            return 0
+        self._alive()
+        now = self._now()
+        owner = self._att.client_slot()
+        free = w[L.Q_FREE_OFFSET]
+        dead: list[DeadItem] = []
+        n = 0
+        for gi, _ in self._groups.active():
+            with self._ring.clock:  # (a group deleted meanwhile is skipped there)
+                n += self._groups.sweep(gi, owner, now, budget, dead)
+        if dead:
+            self._dead_letter(dead)
+        if n and self._durable:
+            self._dur.poke()
+        if w[L.Q_FREE_OFFSET] != free and w[L.Q_PRODUCER_WAITERS]:
+            self._wake(self._nf, w[L.Q_PRODUCER_WAITERS], w[L.Q_PRODUCER_WAITERS])
         return n
 
     def _reap_client(self, client: int, now: int, identity: tuple[int, int] | None = None) -> int:
