@@ -177,15 +177,12 @@ class QueueHandle:
 
     def _put_meta(self, payload: bytes, meta: bytes, timeout: float) -> int:
         """Internal: append with metadata (dead-letter origin); on an ``always`` queue,
-        returns once the copy is journaled, so the original can be settled safely."""
+        the caller waits for ``_dur.put_mark(off + 1)`` before it settles the original."""
         self._alive()
         if self._durable:
             self._dur.check()
         off = self._put_wait([payload], [meta], True, timeout, first_try=True)
         self._wake_consumers(1)
-        mark = self._dur.put_mark(off + 1)
-        if mark is not None:
-            mark.wait(time.monotonic() + timeout)
         return off
 
     def _put_wait(self, items: list[Any], metas: list[bytes] | None, block: bool,
@@ -262,7 +259,10 @@ class QueueHandle:
         would saturate) is moved to the tail of the same queue, its origin kept.  ``wait``:
         how long a copy may wait for room in a full DLQ before it is orphaned (retried by
         the next reap): only a caller's own nack or dead-letter waits, never a reaper, an
-        expiry or a give-back done for others."""
+        expiry or a give-back done for others.  On an ``always`` DLQ the originals are
+        settled once the journal has every copy (one mark for the batch), waited for at
+        least ``DEAD_LETTER_SYNC_WAIT``: a copy orphaned for want of an fsync would be
+        copied again at every retry."""
         ring = self._ring
         dlq: QueueHandle | None = self
         if not self.is_dlq:
@@ -271,6 +271,8 @@ class QueueHandle:
             except ShmqError:  # e.g. a journaled DLQ while no journal writer runs: retried later
                 dlq = None
         names = dict(self._groups.active())
+        copied: list[tuple[int, int, int]] = []  # (group, offset, deliveries) of the copies made
+        last = -1
         for gi, off, dc, reason in items:
             payload, meta, ts = ring.record(off)
             origin = meta if self.is_dlq else block_of(meta) + json.dumps(
@@ -279,17 +281,31 @@ class QueueHandle:
             try:
                 if dlq is None:
                     raise Full("no dead-letter queue")
-                dlq._put_meta(payload, origin, wait)
+                last = dlq._put_meta(payload, origin, wait)
             except (Full, QueueNotFound, Timeout, StorageError):  # retried by maintenance
                 with ring.clock:
                     self._groups.orphan_dead(gi, off, dc)
                 continue
-            if _CRASH:
-                crashpoints.hit("dlq.copied")
+            copied.append((gi, off, dc))
+        if not copied or dlq is None:
+            return
+        try:
+            mark = dlq._dur.put_mark(last + 1)
+            if mark is not None:  # an `always` DLQ: the originals stay until the copies are on disk
+                mark.wait(time.monotonic() + max(wait, options.DEAD_LETTER_SYNC_WAIT))
+        except (QueueNotFound, Timeout, StorageError):  # retried by maintenance
             with ring.clock:
-                freed = self._groups.finish_dead(gi, off, dc)
-            if freed and self._w[L.Q_PRODUCER_WAITERS]:
-                self._wake(self._nf, self._w[L.Q_PRODUCER_WAITERS], 1)
+                for gi, off, dc in copied:
+                    self._groups.orphan_dead(gi, off, dc)
+            return
+        if _CRASH:
+            crashpoints.hit("dlq.copied")
+        freed = False
+        with ring.clock:
+            for gi, off, dc in copied:
+                freed = self._groups.finish_dead(gi, off, dc) or freed
+        if freed and self._w[L.Q_PRODUCER_WAITERS]:
+            self._wake(self._nf, self._w[L.Q_PRODUCER_WAITERS], 1)
 
     # ------------------------------------------------------------ maintenance
     def maintain(self, now: int | None = None) -> int:

@@ -60,6 +60,7 @@ REPLY_MAX_BYTES = 4 * 1024 * 1024  # bytes a reply queue holds (a reply: at most
 DEFAULT_REQUEST_TIMEOUT = 30.0  # s broker.request waits for its reply
 REAP_INTERVAL = 0.25  # how often dead processes' leases are looked for (s)
 TTL_SWEEP_BATCH = 1024  # lease words the broker's maintenance looks at per group and tick, expiring TTLs
+DEAD_LETTER_SYNC_WAIT = 1.0  # s dead-letter copies into an `always` DLQ wait for its journal, at least
 ATTACH_TIMEOUT = 2.0  # how long to wait for a half-created instance to appear
 CREATION_GRACE = 10.0  # s: objects of an instance with no registry younger than this are being created
 

@@ -87,7 +87,8 @@ def test_every_message_meets_its_own_fate_in_each_group(clocked: ShmBroker, cloc
     assert check.check_instance(clocked.instance) == []
 
 
-def test_the_shorter_of_the_queue_ttl_and_the_message_ttl_counts(clocked: ShmBroker, clock: FakeClock) -> None:
+def test_the_shorter_of_the_queue_ttl_and_the_message_ttl_counts(clocked: ShmBroker,
+                                                                 clock: FakeClock) -> None:
     q = clocked.create_queue("m", message_ttl=10)
     q.put(b"long", ttl=20)  # the queue's 10 s count
     q.put(b"short", ttl=3)  # its own 3 s count
@@ -338,7 +339,7 @@ def test_the_broker_refuses_a_bad_ttl_prefix(status: int, body: str) -> None:
 
 
 def test_a_bad_ttl_frame_gets_an_error_and_stores_nothing(instance: str) -> None:
-    from shmq.codec import encode_frame, encode_body
+    from shmq.codec import encode_body, encode_frame
     from shmq.errors import Status
     from shmq.server.core import Core
     from shmq.serverqueue import ServerBroker
