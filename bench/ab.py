@@ -96,8 +96,9 @@ def _checkout(rev: str, where: Path) -> Path:
 
 def _round(tree: Path) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, check=True,
-                         timeout=600)
+    # run in the tree: `python -c` puts the working directory first on sys.path, ahead of PYTHONPATH
+    out = subprocess.run([sys.executable, "-c", CHILD], env=env, cwd=tree, capture_output=True, text=True,
+                         check=True, timeout=600)
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 

@@ -115,11 +115,13 @@ def shmq_produce(q: Any, payload: bytes, n: int, batch: int) -> None:
 
 
 def shmq_consume(q: Any, n: int, batch: int, nowait: bool = False, push: bool = False,
-                 credit: int = PUSH_CREDIT) -> tuple[int, bytes]:
+                 credit: int = PUSH_CREDIT, chained: bool = False) -> tuple[int, bytes]:
     """Get and ack ``n`` messages from the shmq queue ``q``, ``batch`` per call: the count and
     the last payload.  ``nowait``: ``ack(wait=False)`` (no round trip of its own).  ``push``:
     subscribe (with ``credit``) and ack each ``batch`` messages as one (one message:
-    ``msg.ack``)."""
+    ``msg.ack``).  ``chained``: each get acks what the one before got (``get(ack=...)``)."""
+    if chained:
+        return _shmq_consume_chained(q, n, batch)
     if push:
         return _shmq_consume_pushed(q, n, batch, not nowait, credit)
     if batch == 1:
@@ -134,6 +136,27 @@ def shmq_consume(q: Any, n: int, batch: int, nowait: bool = False, push: bool = 
         msgs = get_many(batch)
         ack_many(msgs, wait)
         got += len(msgs)
+    return got, msgs[-1].payload
+
+
+def _shmq_consume_chained(q: Any, n: int, batch: int) -> tuple[int, bytes]:
+    """Each get carries the ack of what the get before it got (over TCP in the same request:
+    one round trip per get, each ack confirmed by the next get's answer); the last is acked
+    on its own."""
+    if batch == 1:
+        get = q.get
+        m = get()
+        for _ in range(n - 1):
+            m = get(ack=m)
+        m.ack()
+        return n, m.payload
+    get_many = q.get_many
+    msgs = get_many(batch)
+    got = len(msgs)
+    while got < n:
+        msgs = get_many(batch, ack=msgs)
+        got += len(msgs)
+    q.ack_many(msgs)
     return got, msgs[-1].payload
 
 
@@ -163,31 +186,47 @@ def _shmq_consume_pushed(q: Any, n: int, batch: int, wait: bool, credit: int) ->
     return got, last
 
 
-def shmq_ping(put: Callable[[bytes], Any], get: Callable[[], Any], payload: bytes, total: int,
-              nowait: bool = False) -> array[int]:
+def shmq_ping(put: Callable[[bytes], Any], get: Callable[..., Any], payload: bytes, total: int,
+              nowait: bool = False, chained: bool = False) -> array[int]:
     """``total`` timed round trips (ns): from ``put`` of the payload until ``get`` has the
     answer; the answer is acked after that (``nowait``: ``ack(wait=False)``), before the
-    next ping."""
+    next ping (``chained``: by the next ping's get, ``get(ack=...)``, inside its timing)."""
     lat = array("q", bytes(8 * total))
     clock = time.perf_counter_ns
     wait = not nowait
+    m = None
     for i in range(total):
         t0 = clock()
         put(payload)
+        if chained:
+            m = get(ack=m)
+            lat[i] = clock() - t0
+            continue
         m = get()
         lat[i] = clock() - t0
         m.ack(wait)
+    if chained and m is not None:
+        m.ack()
     return lat
 
 
-def shmq_pong(get: Callable[[], Any], put: Callable[[bytes], Any], total: int, nowait: bool = False) -> None:
+def shmq_pong(get: Callable[..., Any], put: Callable[[bytes], Any], total: int, nowait: bool = False,
+              chained: bool = False) -> None:
     """Answer ``total`` pings: ``get`` each, ``put`` its payload back, then ack it (the order
-    of an at-least-once pipeline: the input is acked once its output is stored)."""
+    of an at-least-once pipeline: the input is acked once its output is stored; ``chained``:
+    by the next get, ``get(ack=...)``)."""
     wait = not nowait
+    m = None
     for _ in range(total):
+        if chained:
+            m = get(ack=m)
+            put(m.payload)
+            continue
         m = get()
         put(m.payload)
         m.ack(wait)
+    if chained and m is not None:
+        m.ack()
 
 
 # =============================================================== parent: process control

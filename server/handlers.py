@@ -14,11 +14,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, replace
+from functools import partial
 from time import perf_counter_ns
 from typing import Any
 
 from shmq import crashpoints, options
-from shmq.codec import Frame, T, decode_body, frame
+from shmq.codec import Frame, T, decode_body, encode_frame, frame
+from shmq.consuming import decode_consume
+from shmq.durability import Mark
 from shmq.errors import InvalidArgument, LimitExceeded, ProtocolError, ShmqError, StaleAck, Status
 from shmq.names import is_reply_name
 from shmq.serverqueue import ServerQueue
@@ -94,7 +97,8 @@ def handle(core: Core, conn: ServerConnection, f: Frame) -> None:
         conn.error(f.msg_id, Status.INVALID_TYPE, f"type 0x{f.type:02x} is not a request")
         return
     try:
-        handler(core, conn, f, decode_produce(f) if handler is produce else decode_body(f.type, f.body))
+        handler(core, conn, f, decode_produce(f) if handler is produce
+                else decode_consume(f) if f.status and handler is get else decode_body(f.type, f.body))
     except ShmqError as e:  # ProtocolError too
         conn.error(f.msg_id, e.code, str(e))
     except (ValueError, TypeError, KeyError) as e:
@@ -149,17 +153,22 @@ def _leases(core: Core, d: dict[str, Any]) -> tuple[ServerQueue, int]:
 
 def ack(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
     """ACK, answered; ACK_NO_REPLY, answered only when it fails (by ``handle``)."""
-    q, ref = _leases(core, d)
-    off = d["offset"]
-    held = conn.leases.require(q, ref, off, d["deliveries"])
-    try:
-        mark = q.ack(ref, off, d["deliveries"])
-    finally:
-        conn.leases.settled(held, off)
+    mark = _ack_one(core, conn, d, d["offset"], d["deliveries"])
     if _CRASH:
         crashpoints.hit("worker.ack.unanswered")
     if f.type == T.ACK:  # an unwaited ack: nobody waits for the journal either
-        core.answer(conn, f.msg_id, frame(T.ACK_OK, f.msg_id), mark)
+        core.answer(conn, f.msg_id, encode_frame(T.ACK_OK, f.msg_id), mark)  # (no body: one pack)
+
+
+def _ack_one(core: Core, conn: ServerConnection, d: dict[str, Any], off: int, deliveries: int
+             ) -> Mark | None:
+    """Ack one lease of ours (:class:`StaleAck` when it is not); the mark confirming it."""
+    q, ref = _leases(core, d)
+    held = conn.leases.require(q, ref, off, deliveries)
+    try:
+        return q.ack(ref, off, deliveries)
+    finally:
+        conn.leases.settled(held, off)
 
 
 def ack_batch(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
@@ -182,16 +191,62 @@ def ack_range(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -
 
 def _ack_many(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any], offsets: list[int],
               asked: list[int]) -> None:
+    stale, mark = _ack_offsets(core, conn, d, offsets, asked)
+    if f.type in WAITED_BATCH_ACKS:
+        core.answer(conn, f.msg_id, frame(T.ACK_BATCH_OK, f.msg_id, stale=stale), mark)
+    elif stale:  # an unwaited one: nobody waits for the journal either
+        raise StaleAck.of_batch(stale, len(offsets))
+
+
+def _ack_offsets(core: Core, conn: ServerConnection, d: dict[str, Any], offsets: list[int],
+                 asked: list[int]) -> tuple[list[int], Mark | None]:
+    """Ack the leases of ours among (``offsets``, ``asked`` deliveries): (the offsets that
+    were stale, the mark confirming the others)."""
     q, ref = _leases(core, d)
     mine, dcs, stale = conn.leases.take(conn.leases.of(q, ref), offsets, asked)
     mark = None
     if mine:
         more, mark = q.ack_offsets(ref, mine, dcs)
         stale += more
-    if f.type in WAITED_BATCH_ACKS:
-        core.answer(conn, f.msg_id, frame(T.ACK_BATCH_OK, f.msg_id, stale=stale), mark)
-    elif stale:  # an unwaited one: nobody waits for the journal either
-        raise StaleAck.of_batch(stale, len(offsets))
+    return stale, mark
+
+
+def get(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    """CONSUME and CONSUME_BATCH (``parking.consume``).  With ``consuming.ACK_FLAG`` they
+    carry leases (``acks``) that are acked first, as ACK / ACK_BATCH would: when one was
+    stale the request fails with STALE_ACK (the others are acked) and nothing is delivered;
+    else the get goes on once the journal has the acks (an ``always`` queue), so its
+    answer confirms them."""
+    acks = d.get("acks")
+    if acks is None:
+        consume(core, conn, f, d)
+        return
+    if f.type == T.CONSUME:
+        (off, dc), = acks
+        mark = _ack_one(core, conn, d, off, dc)
+    else:
+        offsets, asked = map(list, zip(*acks, strict=True)) if acks else ([], [])
+        stale, mark = _ack_offsets(core, conn, d, offsets, asked)
+        if stale:
+            raise StaleAck.of_batch(stale, len(offsets))
+    if mark is None or mark.reached():
+        consume(core, conn, f, d)
+    else:
+        core.held.after(mark, conn, partial(_get_after_ack, core, conn, f, d))
+
+
+def _get_after_ack(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any],
+                   err: ShmqError | None) -> None:
+    """The get of a CONSUME* whose acks the journal now has (or could not write: ``err``)."""
+    if err is not None:
+        conn.error(f.msg_id, err.code, str(err))
+        return
+    if conn.closed:
+        return
+    try:
+        consume(core, conn, f, d)
+    except ShmqError as e:
+        conn.error(f.msg_id, e.code, str(e))
 
 
 def _settle(core: Core, conn: ServerConnection, d: dict[str, Any], action: Settle, arg: float | None
@@ -351,7 +406,7 @@ WAITED_BATCH_ACKS = frozenset((T.ACK_BATCH, T.ACK_RANGE))  # answered with ACK_B
 
 HANDLERS: dict[int, Handler] = {
     T.PRODUCE: produce, T.PRODUCE_BATCH: produce, T.PRODUCE_IDEMPOTENT: produce,
-    T.CONSUME: consume, T.CONSUME_BATCH: consume,
+    T.CONSUME: get, T.CONSUME_BATCH: get,
     T.ACK: ack, T.ACK_NO_REPLY: ack, T.ACK_BATCH: ack_batch, T.ACK_BATCH_NO_REPLY: ack_batch,
     T.ACK_RANGE: ack_range, T.ACK_RANGE_NO_REPLY: ack_range,
     T.NACK: nack, T.TOUCH: touch, T.DEAD_LETTER: dead_letter,

@@ -41,6 +41,7 @@ from .api import BrokerInfo, Headers, Message, Payload, QueueInfo
 from .codec import HEARTBEAT_FRAME, Frame
 from .commands import Batch, Command, Feed
 from .connection import ClientConnection, Event, Push, Reply, Request
+from .consuming import rides
 from .errors import ConnectionLost, ProtocolError, ShmqError
 from .names import check_queue_name
 from .seektime import Start, When
@@ -412,14 +413,22 @@ class AsyncQueue:
                                                     delay, ttl))
 
     async def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
-                  visibility_timeout: float | None = None) -> AsyncMessage:
-        return await self._b._execute(cmd.get(self, group, block, timeout, visibility_timeout))
+                  visibility_timeout: float | None = None, *, ack: Message | None = None) -> AsyncMessage:
+        """``shmq.Queue.get``: with ``ack``, that message is acked first, in the same request."""
+        if ack is not None and not rides(self, group, (ack,)):
+            await self._settle(ack, Settle.ACK, 0.0)  # not a lease of this queue and group here
+            ack = None
+        return await self._b._execute(cmd.get(self, group, block, timeout, visibility_timeout, ack))
 
     async def get_many(self, max_messages: int, group: str = options.DEFAULT_GROUP, block: bool = True,
-                       timeout: float | None = None,
-                       visibility_timeout: float | None = None) -> list[AsyncMessage]:
+                       timeout: float | None = None, visibility_timeout: float | None = None, *,
+                       ack: Iterable[Message] = ()) -> list[AsyncMessage]:
+        acks = list(ack)
+        if acks and not rides(self, group, acks):
+            await self.ack_many(acks)  # not all leases of this queue and group here: acked apart
+            acks = []
         return await self._b._execute(cmd.get_many(self, max_messages, group, block, timeout,
-                                                   visibility_timeout))
+                                                   visibility_timeout, acks))
 
     async def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:
         """Ack many leases: one ACK_RANGE when they are one run, else one ACK_BATCH per group

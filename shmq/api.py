@@ -279,11 +279,19 @@ class Queue(ABC):
 
     @abstractmethod
     def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
-            visibility_timeout: float | None = None) -> Message: ...
+            visibility_timeout: float | None = None, *, ack: Message | None = None) -> Message:
+        """Lease one message of ``group``.  ``ack``: a message to acknowledge first, as
+        ``ack.ack()`` would (``StaleAck``, and nothing got, when its lease is not held);
+        over TCP a lease of this queue and group goes in the same request, so a consumer
+        that acks each message before the next costs one round trip per message, not two."""
 
     @abstractmethod
     def get_many(self, max_messages: int, group: str = options.DEFAULT_GROUP, block: bool = True,
-                 timeout: float | None = None, visibility_timeout: float | None = None) -> list[Message]: ...
+                 timeout: float | None = None, visibility_timeout: float | None = None, *,
+                 ack: Iterable[Message] = ()) -> list[Message]:
+        """Lease up to ``max_messages``.  ``ack``: messages to acknowledge first, as
+        ``ack_many(ack)`` would (``StaleAck`` and nothing got when some were stale; the
+        others are applied); over TCP in the same request, as ``get``'s."""
 
     @abstractmethod
     def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:

@@ -23,8 +23,8 @@ What is checked (the invariants are stated where they are kept: ``registry``,
   NEW or DONE past the cursor, or READY never delivered (a delayed message, due no later
   than Q_DELAY_MAX), never NEW below it, the floor not on a DONE word), owners of leases are
   taken client slots, dead-letter orphans flagged, a message dead-lettered undelivered
-  only by a TTL that dead-letters (the queue's or its own), and the hints true bounds
-  (G_REDELIVER, G_READY_LO, G_NEXT_READY, G_NEXT_EXPIRY);
+  only by a TTL that dead-letters (the queue's or its own), the hints true bounds
+  (G_REDELIVER, G_READY_LO, G_NEXT_READY, G_NEXT_EXPIRY), and no seek left unfinished;
 * free offset = min(next offset, durable mark, every active group's floor).
 """
 
@@ -212,6 +212,8 @@ def _check_group(ring: Ring, groups: Groups, gi: int, reg: Registry | None) -> l
     if not w[L.Q_FREE_OFFSET] <= floor <= cur <= nxt:
         return [f"not free {w[L.Q_FREE_OFFSET]} <= floor {floor} <= cursor {cur} <= next {nxt}"]
     bad = []
+    if w[g + L.G_SEEK_TO]:  # (a seek cut short is finished by the lock's repair, before this)
+        bad.append(f"a seek to offset {w[g + L.G_SEEK_TO] - 1} was left unfinished")
     lw = L.S_GROUPS + gi
 
     def word(o: int) -> int:

@@ -214,11 +214,14 @@ def produce_frame(msg_id: int, queue: bytes, timeout_ms: int, payload: bytes) ->
 
 
 @_hot
-def consume_frame(msg_id: int, queue: bytes, group: bytes, timeout_ms: int, visibility_ms: int) -> bytes:
-    """``frame(T.CONSUME, msg_id, queue=..., group=..., timeout_ms=..., visibility_ms=...)``."""
+def consume_frame(msg_id: int, queue: bytes, group: bytes, timeout_ms: int, visibility_ms: int,
+                  status: int = 0, tail: bytes = b"") -> bytes:
+    """``frame(T.CONSUME, msg_id, queue=..., group=..., timeout_ms=..., visibility_ms=...)``;
+    ``status`` a flag, and ``tail`` the bytes it adds after the fields (``shmq.consuming``)."""
     n = len(queue)
-    return b"".join((_NAMED.pack(MAGIC, n + len(group) + 12, T.CONSUME, VERSION, 0, msg_id, n), queue,
-                     _U16.pack(len(group)), group, _U32_U32.pack(timeout_ms, visibility_ms)))
+    return b"".join((_NAMED.pack(MAGIC, n + len(group) + 12 + len(tail), T.CONSUME, VERSION, status, msg_id,
+                                 n), queue, _U16.pack(len(group)), group,
+                     _U32_U32.pack(timeout_ms, visibility_ms), tail))
 
 
 @_hot

@@ -58,6 +58,7 @@ from .codec import (
     settle_frame,
 )
 from .connection import Request
+from .consuming import ACK_FLAG, acking_batch_frame, lease_suffix, settles_suffix
 from .errors import AuthError, InvalidArgument, ShmqError, StaleAck
 from .names import check_new_queue_name
 from .producing import batch_payloads, prefixed, produce_request
@@ -329,10 +330,13 @@ def _no_offsets(results: list[Any]) -> list[int]:
 
 
 def get(q: Handle[M], group: str, block: bool, timeout: float | None,
-        visibility_timeout: float | None) -> Request[M]:
-    """Lease one message."""
-    return Request(consume_frame, (q._qb, str.encode(group), _timeout_ms(block, timeout),
-                                   _vis(visibility_timeout)), _delivered, (q, group))
+        visibility_timeout: float | None, ack: Message | None = None) -> Request[M]:
+    """Lease one message; with ``ack`` (a lease that ``consuming.rides`` with it), ack that
+    first, in the same request."""
+    args: tuple[Any, ...] = (q._qb, str.encode(group), _timeout_ms(block, timeout), _vis(visibility_timeout))
+    if ack is not None:
+        args += (ACK_FLAG, lease_suffix(ack[3], ack[4]))
+    return Request(consume_frame, args, _delivered, (q, group))
 
 
 def _delivered(f: Frame, ctx: tuple[Handle[M], str]) -> M:
@@ -344,14 +348,17 @@ def _delivered(f: Frame, ctx: tuple[Handle[M], str]) -> M:
 
 
 def get_many(q: Handle[M], max_messages: int, group: str, block: bool, timeout: float | None,
-             visibility_timeout: float | None) -> Request[list[M]]:
-    """Lease up to ``max_messages`` (at most MAX_BATCH) messages."""
+             visibility_timeout: float | None, acks: Sequence[Message] = ()) -> Request[list[M]]:
+    """Lease up to ``max_messages`` (at most MAX_BATCH) messages; with ``acks`` (leases that
+    ``consuming.rides`` with it), ack those first, in the same request."""
     if max_messages < 1:
         raise InvalidArgument("max_messages must be >= 1")
-    return Request(_fields_frame, (T.CONSUME_BATCH, {
-        "queue": q.name, "group": group, "max": min(max_messages, options.MAX_BATCH),
-        "timeout_ms": _timeout_ms(block, timeout), "visibility_ms": _vis(visibility_timeout)}),
-        _delivered_batch, (q, group))
+    fields = {"queue": q.name, "group": group, "max": min(max_messages, options.MAX_BATCH),
+              "timeout_ms": _timeout_ms(block, timeout), "visibility_ms": _vis(visibility_timeout)}
+    if acks:
+        return Request(acking_batch_frame, (fields, settles_suffix(list(map(_settle_of, acks)))),
+                       _delivered_batch, (q, group))
+    return Request(_fields_frame, (T.CONSUME_BATCH, fields), _delivered_batch, (q, group))
 
 
 def _delivered_batch(f: Frame, ctx: tuple[Handle[M], str]) -> list[M]:

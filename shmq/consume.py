@@ -53,7 +53,9 @@ class Consuming(QueueHandle):
     """get / get_many, and the settling of what they lease."""
 
     def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
-            visibility_timeout: float | None = None) -> Message:
+            visibility_timeout: float | None = None, *, ack: Message | None = None) -> Message:
+        if ack is not None:
+            ack.ack()
         if visibility_timeout is None:
             one = self._take_one(group)
             if one is not None and one[0] is not None:
@@ -86,9 +88,13 @@ class Consuming(QueueHandle):
         return m, gi, now
 
     def get_many(self, max_messages: int, group: str = options.DEFAULT_GROUP, block: bool = True,
-                 timeout: float | None = None, visibility_timeout: float | None = None) -> list[Message]:
+                 timeout: float | None = None, visibility_timeout: float | None = None, *,
+                 ack: Iterable[Message] = ()) -> list[Message]:
         if max_messages < 1:
             raise InvalidArgument("max_messages must be >= 1")
+        acks = list(ack)
+        if acks:
+            self.ack_many(acks)
         return self._take(group, max_messages, block, timeout, visibility_timeout)
 
     def _take(self, group: str, max_n: int, block: bool, timeout: float | None,

@@ -56,10 +56,15 @@ POINTS: dict[str, str] = {
     "nack.hints": "a give-back (nack, expiry, reap) raised the hints, not the lease word",
     "touch.extended": "a touch stored the new deadline, not the expiry hint",
     "dead.marked": "a dead-letter marked the word DEADING, before the copy",
+    "commit.word": "a commit (or a seek forward) stored DONE for some of its words, not the rest",
     "commit.words": "a commit stored DONE words, not the cursor",
     "group.create.active": "a group create stored ACTIVE, not the generation",
     "group.delete.freed": "a group delete stored FREE, not the generation",
     "reap.partial": "a reaper gave back part of a dead client's leases in one queue",
+    # group.py: seeks, under the consumer lock (G_SEEK_TO stored first)
+    "seek.floor": "a seek back stored its target and lowered the floor (if it had to), no word changed",
+    "seek.word": "a seek back rewrote some of its words (DONE below the target, READY from it), not the rest",
+    "seek.words": "a seek back rewrote every word, not the hints, the floor or the free offset",
     # handle.py, serverqueue.py, shm.py: copies, give-backs, reaping, queues
     "dlq.copied": "a dead-letter copy is in the DLQ, the original is still DEADING",
     "dlq.orphaned": "a failed dead-letter copy was orphaned, Q_ORPHANS not set",

@@ -38,8 +38,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import crashpoints
 from .group_delivery import Delivery
-from .group_table import ACK, DEAD, FREED, NACK, OK, STALE, TO_DLQ, TOUCH, DeadItem
+from .group_table import ACK, DEAD, FREED, NACK, OK, STALE, TO_DLQ, TOUCH, DeadItem, reopened, settled
 from .layout import (
     DC_MASK,
     DC_SHIFT,
@@ -60,6 +61,7 @@ from .layout import (
     G_READY_LO,
     G_REDELIVER,
     G_REDELIVERED,
+    G_SEEK_TO,
     G_SERIAL,
     G_STATE,
     G_TTL_EXPIRED,
@@ -90,6 +92,8 @@ from .layout import (
 from .ring import Ring
 
 __all__ = ["ACK", "DEAD", "FREED", "NACK", "OK", "STALE", "TO_DLQ", "TOUCH", "DeadItem", "Groups"]
+
+_CRASH = crashpoints.watch(__name__)
 
 
 class Groups(Delivery):
@@ -131,8 +135,9 @@ class Groups(Delivery):
 
     def delays(self, tail: int, now: int) -> list[tuple[int, int]]:
         """(offset, ms still to wait) of every delayed message below ``tail`` not due at
-        ``now`` (READY, never delivered, in some active group), for the journal; call under
-        the consumer lock.  Nothing to scan unless Q_DELAY_MAX is ahead of ``now``."""
+        ``now`` (READY never delivered, or DONE settled before its time, in some active
+        group), for the journal; call under the consumer lock.  Nothing to scan unless
+        Q_DELAY_MAX is ahead of ``now``."""
         w = self.w
         if w[Q_DELAY_MAX] <= now:
             return []
@@ -140,7 +145,7 @@ class Groups(Delivery):
         out = []
         for o in range(w[Q_FREE_OFFSET], tail):
             slot = self.sl + (o % self.cap) * self.sw
-            due = max((x >> TIME_SHIFT for c in cols if (x := w[slot + c]) & STATE_DC_MASK == READY),
+            due = max((x >> TIME_SHIFT for c in cols if (x := w[slot + c]) & STATE_DC_MASK in (READY, DONE)),
                       default=0)
             if due > now:
                 out.append((o, due - now))
@@ -148,7 +153,8 @@ class Groups(Delivery):
 
     def restore_delays(self, delays: list[tuple[int, int]], first: int, tail: int) -> None:
         """Recovery, after ``restore``: each (offset, due in monotonic ms) is delayed again,
-        in every group whose word is NEW or READY never delivered (and every free group's)."""
+        in every group whose word is NEW or READY never delivered (and every free group's);
+        a group that settled it undelivered (DONE) keeps the due time (``settled``)."""
         w = self.w
         for o, due in delays:
             if not first <= o < tail:
@@ -158,6 +164,8 @@ class Groups(Delivery):
                 b = slot + S_GROUPS + gi
                 if w[b] == NEW or w[b] & STATE_DC_MASK == READY:
                     w[b] = READY | ((due & TIME_MASK) << TIME_SHIFT)
+                elif w[b] & STATE_MASK == DONE:  # (not due: it was never delivered)
+                    w[b] = DONE | ((due & TIME_MASK) << TIME_SHIFT)
             w[Q_DELAY_MAX] = max(w[Q_DELAY_MAX], due)
 
     def restore(self, groups: list[dict[str, Any]], first: int, tail: int) -> None:
@@ -242,16 +250,30 @@ class Groups(Delivery):
         offset]), as Kafka's seek: every message below it is settled for the group (DONE,
         as ``commit``: a lease on one turns stale), and every retained one from it up to
         the cursor is delivered again (READY now: acked, leased -- that lease turns stale --
-        or given back), except a dead-letter copy in flight and a message that had its
+        or given back; a delayed message settled before it was due waits for its time
+        again), except a dead-letter copy in flight and a message that had its
         ``max_deliveries`` already.  True when storage was freed.
 
-        The floor is lowered before any word below it changes, so a crash in between
-        leaves DONE words above a floor, which ``repair`` steps over."""
+        All or nothing across a crash: the target is stored first (G_SEEK_TO), and a
+        process killed anywhere after that leaves the seek to ``repair``, which runs it
+        again (a seek is idempotent: a second run finds every word already where the
+        first put it).  The floor is lowered before any word below it changes, so the
+        state a kill leaves is one ``repair`` can read: DONE words above a floor, which it
+        steps over, never a delivered-again word below it."""
         w = self.w
         if self.journaled:  # the journal writer snapshots the groups once this moves
             w[Q_SETTLE_SEQ] += 1
         g = self.gw + gi * G_WORDS
         to = min(max(to, w[Q_FREE_OFFSET]), w[Q_NEXT_OFFSET])
+        w[g + G_SEEK_TO] = to + 1
+        freed = self._move(gi, to, now)
+        w[g + G_SEEK_TO] = 0
+        return freed
+
+    def _move(self, gi: int, to: int, now: int) -> bool:
+        """``seek``'s stores, after its target is recorded."""
+        w = self.w
+        g = self.gw + gi * G_WORDS
         cur = w[g + G_CURSOR]
         if to >= cur:
             return self.commit(gi, to)
@@ -259,6 +281,8 @@ class Groups(Delivery):
         start = w[g + G_FLOOR]
         if to < start:
             w[g + G_FLOOR] = start = to
+        if _CRASH:
+            crashpoints.hit("seek.floor")
         for o in range(start, cur):
             slot = self.sl + (o % self.cap) * self.sw
             word = w[slot + lw]
@@ -266,9 +290,15 @@ class Groups(Delivery):
             if state == DEADING:  # a dead-letter copy in flight finishes on its own
                 continue
             if o < to:
-                w[slot + lw] = DONE | (dc << DC_SHIFT)
+                w[slot + lw] = settled(word)
             elif state != READY and dc < self.give_up_at and w[slot + S_TIMESTAMP]:  # (0: a tombstone)
-                w[slot + lw] = READY | (dc << DC_SHIFT) | (now << TIME_SHIFT)
+                w[slot + lw] = reopened(word, now)
+            else:
+                continue
+            if _CRASH:
+                crashpoints.hit("seek.word")
+        if _CRASH:
+            crashpoints.hit("seek.words")
         self._exact_hints(gi)
         freed = self.advance_floor(gi)
         return self._recompute_free() or freed
@@ -280,6 +310,7 @@ class Groups(Delivery):
 
         * A create or delete cut short: FREE groups get serial 0 (their leases are
           stale), and a fresh generation makes every process re-read the active set.
+        * A seek cut short (G_SEEK_TO set) is run again, to its end (``seek``).
         * LEASED words past a cursor belong to a delivery that never returned (its
           deliverer died before moving the cursor): NEW again; so do DEADING ones there
           (a TTL expiry whose deliverer died before moving the cursor).  (READY ones there are
@@ -296,6 +327,8 @@ class Groups(Delivery):
         orphans = False
         for gi, _name in self.active():
             g = self.gw + gi * G_WORDS
+            if w[g + G_SEEK_TO]:  # (its lease words are READY from time 0: deliverable at once)
+                self.seek(gi, w[g + G_SEEK_TO] - 1, 0)
             lw = S_GROUPS + gi
             cur = w[g + G_CURSOR]
             for o in range(cur, tail):

@@ -23,6 +23,7 @@ from itertools import accumulate
 from typing import Any
 
 from . import crashpoints
+from .accel import ext
 from .group_settlement import Settlement
 from .group_table import DeadItem
 from .layout import (
@@ -75,6 +76,30 @@ def _none_expired(expires: Any, now: int) -> bool:
     if lo:
         return bool(lo > now)
     return min(filter(None, expires), default=now + 1) > now
+
+
+def _records_py(out: list[Any], cls: type, prefix: tuple[Any, ...], w: memoryview, mm: Any, b0: int,
+                sw: int, k: int, offset: int, data: int, size: int) -> None:
+    """Append ``cls((*prefix, offset + i, 1, payload, metadata, timestamp_ns))`` to ``out``
+    for the ``k`` slots whose heads start at words ``b0``, ``b0 + sw``, ... of ``w`` (the
+    words of the mapping ``mm``): a run of first deliveries.  ``shmq._speedups.records``
+    is its compiled twin (``shmq.accel``)."""
+    end = b0 + k * sw
+    new = tuple.__new__
+    append = out.append
+    for o, pos, lens, ts in zip(range(offset, offset + k), w[b0 + S_BYTEPOS:end:sw].tolist(),
+                                w[b0 + S_LENS:end:sw].tolist(), w[b0 + S_TIMESTAMP:end:sw].tolist(),
+                                strict=True):
+        start = data + pos % size
+        mlen = lens >> LEN_META_SHIFT
+        if mlen:
+            append(new(cls, (*prefix, o, 1, mm[start + mlen:start + mlen + (lens & LEN_PAYLOAD_MASK)],
+                             mm[start:start + mlen], ts)))
+        else:
+            append(new(cls, (*prefix, o, 1, mm[start:start + lens], b"", ts)))
+
+
+_records = _records_py if ext is None else ext.records
 
 
 def _within(lens: list[int], used: int, max_bytes: int, got: int) -> tuple[int, int]:
@@ -152,10 +177,10 @@ class Delivery(Settlement):
                         break
                     end = b0 + k * sw
                 w[b0 + lw:end:sw] = array("Q", [word]) * k
-                runs = zip(range(cur, cur + k), w[b0 + S_BYTEPOS:end:sw].tolist(),
-                           w[b0 + S_LENS:end:sw].tolist(), w[b0 + S_TIMESTAMP:end:sw].tolist(), strict=True)
+                _records(out, cls, prefix, w, mm, b0, sw, k, cur, data, size)
                 got += k
                 cur += k
+                continue
             else:  # one at a time, stepping over DONE words (settled without a delivery)
                 if w[b0 + lw]:
                     if w[b0 + lw] & STATE_MASK == READY:  # delayed: the READY scan takes it when due
@@ -175,18 +200,18 @@ class Delivery(Settlement):
                     k, used = _within([w[b0 + S_LENS]], used, max_bytes, got)
                     if not k:
                         break
-                cur += 1
                 w[b0 + lw] = word
                 got += 1
-                runs = (unpack(mm, b0 * WORD),)  # type: ignore[assignment]
-            for o, pos, lens, ts in runs:
+                _o, pos, lens, ts = unpack(mm, b0 * WORD)
                 start = data + pos % size
                 mlen = lens >> LEN_META_SHIFT
                 if mlen:
-                    append(new(cls, (*prefix, o, 1, mm[start + mlen:start + mlen + (lens & LEN_PAYLOAD_MASK)],
+                    plen = lens & LEN_PAYLOAD_MASK
+                    append(new(cls, (*prefix, cur, 1, mm[start + mlen:start + mlen + plen],
                                      mm[start:start + mlen], ts)))
                 else:
-                    append(new(cls, (*prefix, o, 1, mm[start:start + lens], b"", ts)))
+                    append(new(cls, (*prefix, cur, 1, mm[start:start + lens], b"", ts)))
+                cur += 1
         if _CRASH:
             crashpoints.hit("deliver.run.leased")
         w[g + G_CURSOR] = cur

@@ -20,6 +20,7 @@ from . import crashpoints, options
 from .errors import GroupNotFound, InvalidArgument, LimitExceeded, QueueExists
 from .layout import (
     DC_MASK,
+    DC_SHIFT,
     DONE,
     F_TTL_DROP,
     G_ACKED,
@@ -53,6 +54,7 @@ from .layout import (
     STATE_DC_MASK,
     STATE_MASK,
     TIME_SHIFT,
+    UNTIMED_MASK,
     WORD,
     group_ref,
 )
@@ -74,6 +76,26 @@ _CRASH = crashpoints.watch(__name__)
 DeadItem = tuple[int, int, int, str]
 
 assert options.MAX_GROUPS_LIMIT <= GI_MASK + 1  # a group reference holds any index
+
+_TIME_BITS = ((1 << 64) - 1) & ~UNTIMED_MASK  # a lease word's time
+_DC_BITS = DC_MASK << DC_SHIFT  # a lease word's delivery count
+
+
+def settled(word: int) -> int:
+    """The DONE word that settles ``word`` without a delivery (a commit, a seek, a group's
+    start): its delivery count kept and, for a delayed message never delivered (READY or
+    DONE with 0 deliveries), its due time, so that ``reopened`` can wait for it again."""
+    if word & STATE_DC_MASK in (READY, DONE):
+        return DONE | (word & _TIME_BITS)
+    return DONE | (word & _DC_BITS)
+
+
+def reopened(word: int, now: int) -> int:
+    """A settled ``word`` delivered again (a seek back) at ``now``, or at its due time when
+    it is a delayed message settled before its first delivery (``settled``): READY."""
+    if word & STATE_DC_MASK == DONE and word & _TIME_BITS:
+        return READY | (word & _TIME_BITS)
+    return READY | (word & _DC_BITS) | (now << TIME_SHIFT)
 
 
 class GroupTable:
@@ -152,9 +174,12 @@ class GroupTable:
             lw = S_GROUPS + gi
             for o in range(free, tail):  # a reused index may hold an old group's words
                 b = self.sl + (o % self.cap) * self.sw + lw
+                x = w[b]
                 if o < first:
-                    w[b] = DONE
-                elif w[b] & STATE_DC_MASK != READY:  # READY, 0 deliveries: delayed (ring._delay)
+                    w[b] = settled(x)
+                elif x & STATE_DC_MASK == DONE and x & _TIME_BITS:  # delayed, settled by the old group
+                    w[b] = READY | (x & _TIME_BITS)
+                elif x & STATE_DC_MASK != READY:  # READY, 0 deliveries: delayed (ring._delay)
                     w[b] = NEW
             w[g + G_CURSOR] = first
             w[g + G_FLOOR] = first

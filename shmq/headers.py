@@ -28,6 +28,7 @@ from types import MappingProxyType
 from typing import Any
 
 from . import options
+from .accel import ext
 from .errors import InvalidArgument, LimitExceeded
 
 TAG = 0x01  # the first byte of a header block (its version)
@@ -38,12 +39,20 @@ _U16 = struct.Struct(">H")
 EMPTY: Mapping[str, bytes] = MappingProxyType({})
 _SHORT = 256
 _LENS = [_U16.pack(n) for n in range(_SHORT)]  # the length prefixes of short keys and values, made once
+# the compiled twins of encode and _parse (shmq.accel): None where these would raise
+_encode_c = None if ext is None else ext.encode_headers
+_parse_c = None if ext is None else ext.parse_headers
+_decode_c = None if ext is None else ext.decode_headers
 
 
 def encode(headers: Mapping[str, str | bytes] | None) -> bytes:
     """The header block of ``headers``; ``b""`` for None or an empty mapping.  Raises
     ``InvalidArgument`` (not a mapping, a key not a non-empty ``str``, a value neither
     ``str`` nor bytes) or ``LimitExceeded`` (over ``MAX_HEADERS`` or ``MAX_HEADERS_BYTES``)."""
+    if _encode_c is not None:
+        block = _encode_c(headers, options.MAX_HEADERS, options.MAX_HEADERS_BYTES)
+        if block is not None:
+            return block  # type: ignore[no-any-return]
     if not headers:
         if headers is None or isinstance(headers, Mapping):
             return b""
@@ -91,6 +100,10 @@ def encode_many(headers: Sequence[Mapping[str, str | bytes] | None] | None, n: i
 
 def _parse(meta: bytes | memoryview) -> tuple[dict[str, bytes], int]:
     """The headers of a block at the start of ``meta``, and the block's length."""
+    if _parse_c is not None:
+        parsed = _parse_c(meta)
+        if parsed is not None:
+            return parsed  # type: ignore[no-any-return]
     meta = bytes(meta)
     try:
         if len(meta) < 3 or meta[0] != TAG:
@@ -119,6 +132,10 @@ def _parse(meta: bytes | memoryview) -> tuple[dict[str, bytes], int]:
 
 def decode(meta: bytes | memoryview) -> Mapping[str, bytes]:
     """The headers a record's metadata holds (read-only; empty when none)."""
+    if _decode_c is not None:
+        h = _decode_c(meta, EMPTY)
+        if h is not None:
+            return h  # type: ignore[no-any-return]
     if not meta or meta[0] != TAG:
         return EMPTY
     return MappingProxyType(_parse(meta)[0])

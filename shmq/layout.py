@@ -99,7 +99,10 @@ Lease word (one per message per group)::
     A delayed message (``put(delay=)``) is stored with every group's word READY, 0
     deliveries, time = when it is due: the only word other than NEW or DONE past a
     group's cursor.  The cursor steps over it (adding it to the READY hints) and the
-    redelivery scan leases it when due, as a first delivery (deliveries 0 -> 1).
+    redelivery scan leases it when due, as a first delivery (deliveries 0 -> 1).  A group
+    that settles it undelivered (commit, seek, a later start) stores DONE, 0 deliveries,
+    time = its due time (every other DONE word has time 0), so a group created later at
+    that index, or a seek back, still waits for it (``group_table.settled``, ``reopened``).
 
     TTL (``Q_MESSAGE_TTL_MS``): a word about to be delivered for the first time (NEW, or
     READY with 0 deliveries) whose slot's S_TIMESTAMP + TTL has passed (wall clock) is
@@ -256,6 +259,7 @@ G_NAME = 14  # 8 words = 64 bytes
 G_SERIAL = 22  # Q_GROUP_GEN when this group was created, 0 while free: see group_ref
 G_DELIVERED = 23  # first deliveries (G_REDELIVERED counts the others)
 G_TTL_EXPIRED = 24  # messages whose TTL (Q_MESSAGE_TTL_MS) passed before this group's first delivery
+G_SEEK_TO = 25  # 1 + the offset a seek in progress moves the group to (0: none); ``repair`` finishes it
 G_WORDS = 32
 GS_FREE = 0
 GS_ACTIVE = 1

@@ -21,6 +21,7 @@ import errno
 import mmap
 from collections.abc import Callable
 
+from .accel import ext
 from .errors import InstanceError
 from .layout import MUTEX_SIZE
 
@@ -54,8 +55,10 @@ def init_mutex(address: int) -> None:
         raise InstanceError(f"pthread_mutex_init failed: {errno.errorcode.get(rc, rc)}")
 
 
-trylock = _trylock  # for hot paths: rc = trylock(lock.address); if rc: lock.acquire_slow(rc)
-unlock = _unlock
+# for hot paths: rc = trylock(lock.address); if rc: lock.acquire_slow(rc).  The compiled
+# ones (shmq.accel) make the same libc calls as the ctypes ones, at a fraction of the cost.
+trylock: Callable[[int], int] = _trylock if ext is None else ext.trylock
+unlock: Callable[[int], int] = _unlock if ext is None else ext.unlock
 
 
 class RobustLock:
@@ -80,7 +83,7 @@ class RobustLock:
 
     def acquire(self) -> bool:
         # Try without letting go of the GIL (cheap); sleep in the kernel only when busy.
-        rc = _trylock(self.address)
+        rc = trylock(self.address)
         if rc:
             return self.acquire_slow(rc)
         return False
@@ -107,7 +110,7 @@ class RobustLock:
         raise InstanceError(f"pthread_mutex_lock failed: {errno.errorcode.get(rc, rc)}")
 
     def release(self) -> None:
-        _unlock(self.address)
+        unlock(self.address)
 
     def __enter__(self) -> RobustLock:
         self.acquire()
@@ -115,7 +118,7 @@ class RobustLock:
 
 
     def __exit__(self, *exc: object) -> None:
-        _unlock(self.address)
+        unlock(self.address)
 
     def detach(self) -> None:
         """Drop the export of the mapping so that it can be closed."""

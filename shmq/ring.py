@@ -184,10 +184,10 @@ class Ring:
         """Append one record (``meta``: its metadata); its offset, or -1 when there is no room now."""
         w = self.w
         n = lens = len(payload)
-        if meta:
-            payload = meta + payload
-            lens |= len(meta) << LEN_META_SHIFT
-            n = len(payload)
+        mlen = len(meta)
+        if mlen:
+            lens |= mlen << LEN_META_SHIFT
+            n += mlen
         size = self.size
         addr = self.plock.address
         rc = trylock(addr)
@@ -212,7 +212,11 @@ class Ring:
                 return -1
             start = self.data_off + p % size
             mm = self.mm
-            mm[start:start + n] = payload
+            if mlen:  # metadata || payload, each copied once into place
+                mm[start:start + mlen] = meta
+                mm[start + mlen:start + n] = payload
+            else:
+                mm[start:start + n] = payload
             base = self.slots_w + (off % self.capacity) * self.slot_words
             mm[base * WORD:(base + S_EXPIRES) * WORD] = _pack_slot(off, p, lens, ts)
             b = (base + S_EXPIRES) * WORD
@@ -305,7 +309,12 @@ class Ring:
             i = 0
             if one_run:
                 start = data + positions[0] % size
-                mm[start:start + total] = b"".join(payloads)
+                if total < count * 2048:  # small records: one join, one copy into place
+                    mm[start:start + total] = b"".join(payloads)
+                else:  # large ones: each copied once, straight into place (no joined copy)
+                    for pl, at in zip(payloads, positions, strict=True):
+                        a = data + at % size
+                        mm[a:a + len(pl)] = pl
                 i = count
             while i < count:
                 j = i + 1

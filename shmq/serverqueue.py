@@ -83,7 +83,7 @@ class ServerQueue:
         return bool(self._w[L.Q_STATE] != L.QS_ACTIVE)
 
     # ------------------------------------------------------------ produce
-    def put(self, payload: bytes, meta: bytes = b"", delay_ms: int = 0, ttl_ms: int = 0
+    def put(self, payload: Payload, meta: bytes = b"", delay_ms: int = 0, ttl_ms: int = 0
             ) -> tuple[int, Mark | None]:
         """Store one message now (``meta``: its header block, checked; ``delay_ms``: when it
         is due; ``ttl_ms``: its own TTL, checked): (its offset, the mark confirming it).
@@ -101,6 +101,10 @@ class ServerQueue:
         """Store a batch now, all or none (an idempotent producer's with ``producer`` and
         ``seq``; ``metas``: their header blocks, checked; ``delay_ms``: when they are due;
         ``ttl_ms``: their own TTL): (the offsets, the mark confirming them)."""
+        if len(payloads) == 1 and metas is None and not delay_ms and not ttl_ms and producer is None \
+                and seq is None:
+            off, mark = self.put(payloads[0])  # one plain message: put's path costs a third of put_many's
+            return [off], mark
         if metas is None and not delay_ms and not ttl_ms:
             offs = self._q.put_many(payloads, block=False, producer=producer, seq=seq, wait_durable=False)
         else:

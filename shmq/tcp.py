@@ -35,6 +35,7 @@ from .commands import (  # re-exported: they were this module's before shmq.comm
     settles_by_group,
 )
 from .connection import ClientConnection, Push, Reply, Request
+from .consuming import rides
 from .errors import ConnectionLost, ProtocolError, ShmqError
 from .reply import end_requests
 from .seektime import Start, When
@@ -345,12 +346,21 @@ class TcpQueue(Queue):
         return req.parse(self._b._wait(box), req.ctx)
 
     def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
-            visibility_timeout: float | None = None) -> Message:
-        return self._b._execute(cmd.get(self, group, block, timeout, visibility_timeout))
+            visibility_timeout: float | None = None, *, ack: Message | None = None) -> Message:
+        if ack is not None and not rides(self, group, (ack,)):
+            ack.ack()  # not a lease of this queue and group here: acked apart
+            ack = None
+        return self._b._execute(cmd.get(self, group, block, timeout, visibility_timeout, ack))
 
     def get_many(self, max_messages: int, group: str = options.DEFAULT_GROUP, block: bool = True,
-                 timeout: float | None = None, visibility_timeout: float | None = None) -> list[Message]:
-        return self._b._execute(cmd.get_many(self, max_messages, group, block, timeout, visibility_timeout))
+                 timeout: float | None = None, visibility_timeout: float | None = None, *,
+                 ack: Iterable[Message] = ()) -> list[Message]:
+        acks = list(ack)
+        if acks and not rides(self, group, acks):
+            self.ack_many(acks)  # not all leases of this queue and group here: acked apart
+            acks = []
+        return self._b._execute(cmd.get_many(self, max_messages, group, block, timeout, visibility_timeout,
+                                             acks))
 
     def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:
         self._b._execute(cmd.ack_many(self, messages, wait))  # unwaited: they ride with the next request

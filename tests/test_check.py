@@ -53,6 +53,8 @@ DAMAGE: dict[str, tuple[Callable[[ShmQueue], None], str]] = {
                                "free group index 5 keeps serial"),
     "lease of a free client slot": (lambda q: q._w.__setitem__(
         _word(q, q.offsets()[1] - 1), L.lease_word(L.LEASED, 1, 900, 1 << 30)), "client slot 900"),
+    "seek left unfinished": (lambda q: q._w.__setitem__(q._ring.groups_w + L.G_SEEK_TO, 3),
+                             "seek to offset 2 was left unfinished"),
 }
 
 

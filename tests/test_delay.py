@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,9 +12,11 @@ import pytest
 import shmq
 from shmq import check
 from shmq import layout as L
+from shmq.queue import ShmQueue
 from shmq.shm import ShmBroker
 
 from .conftest import FakeClock
+from .test_durability import Durable
 
 
 def test_delayed_message_waits_then_goes_to_every_group(clocked: ShmBroker, clock: FakeClock) -> None:
@@ -77,6 +81,74 @@ def test_commit_and_seek_past_a_delayed_message(clocked: ShmBroker, clock: FakeC
     clock.advance(10)
     with pytest.raises(shmq.Empty):
         q.get(block=False)
+
+
+def _settle_early(q: ShmQueue, group: str, how: str) -> None:
+    """``group`` settles everything produced so far without a delivery."""
+    if how == "commit":
+        q.commit(group, q.offsets()[1])
+    elif how == "seek":
+        q.seek(group, time.time() + 3600)  # (after every message: the next offset)
+    else:  # a group made after them, at "latest", then dropped
+        q.delete_group(group)
+        q.create_group(group, start="latest")
+
+
+@pytest.mark.parametrize("how", ["commit", "seek", "start"])
+def test_a_group_made_at_an_index_that_settled_a_delayed_message_waits(
+        clocked: ShmBroker, clock: FakeClock, how: str) -> None:
+    q = clocked.create_queue("d")  # (the default group keeps the message)
+    q.create_group("a")
+    off = q.put(b"x", delay=30)
+    _settle_early(q, "a", how)  # before it is due
+    gi = q._groups.index("a")
+    q.delete_group("a")
+    q.create_group("b", start="earliest")
+    assert q._groups.index("b") == gi  # the index "a" had
+    with pytest.raises(shmq.Empty):
+        q.get(group="b", block=False)
+    assert q.stats()["groups"]["b"]["delayed"] == 1
+    clock.advance(30)
+    m = q.get(group="b", block=False)
+    assert (m.offset, m.deliveries, m.redelivered) == (off, 1, False)
+
+
+def test_a_seek_back_over_a_delayed_message_settled_early_waits(clocked: ShmBroker, clock: FakeClock) -> None:
+    q = clocked.create_queue("d")
+    q.create_group("audit")  # keeps both messages retained
+    off = q.put(b"x", delay=30)
+    q.put(b"y")
+    q.commit("default", 2)  # settles the delayed one before it is due
+    assert q.seek("default", 0) == 0  # back: y is delivered again at once, x when due
+    assert q.get(block=False).payload == b"y"
+    with pytest.raises(shmq.Empty):
+        q.get(block=False)
+    clock.advance(30)
+    m = q.get(block=False)
+    assert (m.offset, m.payload, m.deliveries) == (off, b"x", 1)
+
+
+@pytest.mark.slow
+def test_a_delayed_message_settled_early_keeps_its_due_time_through_recovery(tmp_path: Path) -> None:
+    durable = Durable(tmp_path)
+    try:
+        with shmq.connect(durable.srv.url) as b:
+            q = b.create_queue("d", durability="always")  # (the default group keeps the message)
+            q.create_group("a")
+            q.put(b"x", delay=600)
+            q.commit("a", 1)  # before it is due: DONE for "a", with its due time
+        durable.crash(reboot=True)
+        durable.start()
+        with shmq.connect(durable.srv.url) as b:
+            q = b.queue("d")
+            q.delete_group("a")
+            q.create_group("b", start="earliest")  # at the index "a" had
+            with pytest.raises(shmq.Empty):
+                q.get(group="b", block=False)
+            assert q.stats()["groups"]["b"]["delayed"] == 1
+    finally:
+        if durable.srv.proc.poll() is None:
+            assert durable.srv.stop() == 0
 
 
 def test_leased_then_expired_delayed_message_comes_back(clocked: ShmBroker, clock: FakeClock) -> None:

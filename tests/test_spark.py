@@ -490,3 +490,24 @@ def test_stream_sink_replays_a_failed_batch_without_duplicates(spark: Any, srv: 
         assert got == sorted(payloads(200))
         b.delete_queue(src.name)
         b.delete_queue(out.name)
+
+
+def test_a_stream_from_starting_timestamp_reads_exactly_what_came_after(spark: Any, srv: Server,
+                                                                        tmp_path: Path) -> None:
+    with shmq.connect(srv.url) as b:
+        for transport, url in (("tcp", srv.url), ("shm", f"shm://{srv.instance}")):
+            q = fresh(b)
+            ts = spaced(q, 5)  # m0 .. m4, at least 1 ms apart
+            ms = ts[2] // 1_000_000  # after m1, at or before m2
+            assert ts[1] < ms * 1_000_000 <= ts[2]
+            df = stream(spark, url, q.name, startingTimestamp=ms, maxOffsetsPerTrigger=2)
+            query = (df.writeStream.format("parquet").option("path", str(tmp_path / transport))
+                     .option("checkpointLocation", str(tmp_path / f"ck-{transport}"))
+                     .trigger(availableNow=True).start())
+            assert query.awaitTermination(90)
+            assert query.exception() is None
+            assert [p["numInputRows"] for p in query.recentProgress] == [2, 1]
+            rows = spark.read.parquet(str(tmp_path / transport)).select("offset", "payload").collect()
+            got = sorted((r.offset, bytes(r.payload)) for r in rows)
+            assert got == [(2, b"m2"), (3, b"m3"), (4, b"m4")], transport  # every one, none twice
+            b.delete_queue(q.name)

@@ -1,0 +1,398 @@
+/* shmq._speedups: the optional compiled accelerator of the co-located hot paths.
+ *
+ * Every function here has a pure-Python twin (shmq.accel names them) and does exactly
+ * what the twin does, or returns None where the twin would raise or where the input is
+ * unusual (the caller then runs the twin, which raises the same typed error as ever).
+ *
+ * Nothing here writes shared memory: the lock functions call the same libc functions the
+ * ctypes path calls (pthread_mutex_trylock / pthread_mutex_unlock on a robust,
+ * process-shared mutex), and ``records`` only reads published slots and record bytes
+ * under the consumer lock the caller holds.  So the crash-safety protocol (layout.py:
+ * one aligned 8-byte store commits what was written before it) is untouched.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ locks */
+
+static PyObject *
+sp_trylock(PyObject *mod, PyObject *addr)
+{
+    void *p = PyLong_AsVoidPtr(addr);
+    if (p == NULL && PyErr_Occurred())
+        return NULL;
+    if (p == NULL) {
+        PyErr_SetString(PyExc_ValueError, "null mutex address");
+        return NULL;
+    }
+    return PyLong_FromLong(pthread_mutex_trylock((pthread_mutex_t *)p));
+}
+
+static PyObject *
+sp_unlock(PyObject *mod, PyObject *addr)
+{
+    void *p = PyLong_AsVoidPtr(addr);
+    if (p == NULL && PyErr_Occurred())
+        return NULL;
+    if (p == NULL) {
+        PyErr_SetString(PyExc_ValueError, "null mutex address");
+        return NULL;
+    }
+    return PyLong_FromLong(pthread_mutex_unlock((pthread_mutex_t *)p));
+}
+
+/* ------------------------------------------------------------------ headers
+ * The header block (shmq.headers, big-endian):
+ *   tag u8 = 0x01 | count u16 | count x (key length u16, key UTF-8, value length u16, value)
+ */
+
+#define HEADER_TAG 0x01
+#define SHORT_LEN 256
+
+/* encode_headers(headers, max_headers, max_bytes) -> bytes | None
+ * None for anything but a dict of non-empty str keys to str / bytes values within the
+ * limits (the pure-Python encoder then raises, or handles the rarer types). */
+static PyObject *
+sp_encode_headers(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "encode_headers(headers, max_headers, max_bytes)");
+        return NULL;
+    }
+    PyObject *h = args[0];
+    Py_ssize_t max_headers = PyLong_AsSsize_t(args[1]);
+    Py_ssize_t max_bytes = PyLong_AsSsize_t(args[2]);
+    if ((max_headers == -1 || max_bytes == -1) && PyErr_Occurred())
+        return NULL;
+    if (!PyDict_CheckExact(h))
+        Py_RETURN_NONE;
+    Py_ssize_t count = PyDict_GET_SIZE(h);
+    if (count == 0)
+        return PyBytes_FromStringAndSize(NULL, 0);
+    if (count > max_headers || count > 0xFFFF)
+        Py_RETURN_NONE;
+    Py_ssize_t total = 3, pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(h, &pos, &k, &v)) {
+        Py_ssize_t kn, vn;
+        if (!PyUnicode_CheckExact(k))
+            Py_RETURN_NONE;
+        if (PyUnicode_AsUTF8AndSize(k, &kn) == NULL) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        if (kn == 0)
+            Py_RETURN_NONE;
+        if (PyBytes_CheckExact(v))
+            vn = PyBytes_GET_SIZE(v);
+        else if (PyUnicode_CheckExact(v)) {
+            if (PyUnicode_AsUTF8AndSize(v, &vn) == NULL) {
+                PyErr_Clear();
+                Py_RETURN_NONE;
+            }
+        }
+        else
+            Py_RETURN_NONE;
+        if (kn > 0xFFFF || vn > 0xFFFF)
+            Py_RETURN_NONE;
+        total += 4 + kn + vn;
+        if (total > max_bytes)
+            Py_RETURN_NONE;
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL)
+        return NULL;
+    unsigned char *o = (unsigned char *)PyBytes_AS_STRING(out);
+    *o++ = HEADER_TAG;
+    *o++ = (unsigned char)(count >> 8);
+    *o++ = (unsigned char)count;
+    pos = 0;
+    while (PyDict_Next(h, &pos, &k, &v)) {
+        Py_ssize_t kn, vn;
+        const char *ks = PyUnicode_AsUTF8AndSize(k, &kn);  /* cached by the first pass */
+        const char *vs;
+        if (PyBytes_CheckExact(v)) {
+            vs = PyBytes_AS_STRING(v);
+            vn = PyBytes_GET_SIZE(v);
+        }
+        else
+            vs = PyUnicode_AsUTF8AndSize(v, &vn);
+        if (ks == NULL || vs == NULL) {  /* cannot happen: the first pass encoded both */
+            Py_DECREF(out);
+            return NULL;
+        }
+        *o++ = (unsigned char)(kn >> 8);
+        *o++ = (unsigned char)kn;
+        memcpy(o, ks, kn);
+        o += kn;
+        *o++ = (unsigned char)(vn >> 8);
+        *o++ = (unsigned char)vn;
+        memcpy(o, vs, vn);
+        o += vn;
+    }
+    return out;
+}
+
+/* The headers of the block at the start of b[0:n] as a new dict, its length in *end;
+ * Py_None (a new reference) when the block is malformed, NULL on an error. */
+static PyObject *
+parse_block(const unsigned char *b, Py_ssize_t n, Py_ssize_t *end)
+{
+    Py_ssize_t at = 3;
+    PyObject *d = NULL, *result = NULL;
+    if (n < 3 || b[0] != HEADER_TAG)
+        goto malformed;
+    Py_ssize_t count = (b[1] << 8) | b[2];
+    d = PyDict_New();
+    if (d == NULL)
+        goto error;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (at + 2 > n)
+            goto malformed;
+        Py_ssize_t kn = (b[at] << 8) | b[at + 1];
+        at += 2;
+        if (kn == 0 || at + kn + 2 > n)
+            goto malformed;
+        PyObject *key = PyUnicode_DecodeUTF8((const char *)b + at, kn, "strict");
+        if (key == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+                goto error;
+            PyErr_Clear();
+            goto malformed;
+        }
+        at += kn;
+        Py_ssize_t vn = (b[at] << 8) | b[at + 1];
+        at += 2;
+        if (at + vn > n) {
+            Py_DECREF(key);
+            goto malformed;
+        }
+        PyObject *value = PyBytes_FromStringAndSize((const char *)b + at, vn);
+        if (value == NULL) {
+            Py_DECREF(key);
+            goto error;
+        }
+        at += vn;
+        int rc = PyDict_SetItem(d, key, value);
+        Py_DECREF(key);
+        Py_DECREF(value);
+        if (rc < 0)
+            goto error;
+    }
+    if (PyDict_GET_SIZE(d) != count)  /* a key repeated */
+        goto malformed;
+    *end = at;
+    return d;
+malformed:
+    result = Py_None;
+    Py_INCREF(result);
+error:
+    Py_XDECREF(d);
+    return result;
+}
+
+/* parse_headers(meta) -> (dict, block length) | None
+ * None when the block is malformed (the pure-Python parser then raises InvalidArgument). */
+static PyObject *
+sp_parse_headers(PyObject *mod, PyObject *meta)
+{
+    Py_buffer view;
+    Py_ssize_t end = 0;
+    if (PyObject_GetBuffer(meta, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *d = parse_block((const unsigned char *)view.buf, view.len, &end);
+    PyBuffer_Release(&view);
+    if (d == NULL || d == Py_None)
+        return d;
+    return Py_BuildValue("(Nn)", d, end);
+}
+
+/* decode_headers(meta, empty) -> mappingproxy | None
+ * ``headers.decode``: ``empty`` when meta holds no header block (empty, or not starting
+ * with the tag), a read-only view of the headers, or None when the block is malformed. */
+static PyObject *
+sp_decode_headers(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "decode_headers(meta, empty)");
+        return NULL;
+    }
+    Py_buffer view;
+    Py_ssize_t end = 0;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *b = (const unsigned char *)view.buf;
+    if (view.len == 0 || b[0] != HEADER_TAG) {
+        PyBuffer_Release(&view);
+        Py_INCREF(args[1]);
+        return args[1];
+    }
+    PyObject *d = parse_block(b, view.len, &end);
+    PyBuffer_Release(&view);
+    if (d == NULL || d == Py_None)
+        return d;
+    PyObject *proxy = PyDictProxy_New(d);
+    Py_DECREF(d);
+    return proxy;
+}
+
+/* ------------------------------------------------------------------ delivered records
+ * records(out, cls, prefix, w, mm, b0, sw, k, offset, data_off, size) -> None
+ *
+ * Appends ``cls((*prefix, offset + i, 1, payload, metadata, timestamp_ns))`` to ``out``
+ * for the k slots whose head starts at word b0 + i * sw of ``mm`` (S_OFFSET, S_BYTEPOS,
+ * S_LENS, S_TIMESTAMP: layout.py), the record at data_off + bytepos % size:
+ * ``metadata || payload``, their lengths in S_LENS (payload low 32 bits, metadata high).
+ * ``cls`` is a tuple subclass (api.Message).  Slices are clamped to the mapping as
+ * Python's slicing clamps them.  ``w`` (the words of ``mm``, which the pure-Python twin
+ * reads) is not used here.
+ */
+
+#define S_BYTEPOS 1
+#define S_LENS 2
+#define S_TIMESTAMP 3
+
+static PyObject *
+slice_bytes(const char *buf, Py_ssize_t len, Py_ssize_t a, Py_ssize_t b)
+{
+    if (a > len)
+        a = len;
+    if (b > len)
+        b = len;
+    if (b < a)
+        b = a;
+    return PyBytes_FromStringAndSize(buf + a, b - a);
+}
+
+static PyObject *
+sp_records(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 11) {
+        PyErr_SetString(PyExc_TypeError,
+                        "records(out, cls, prefix, w, mm, b0, sw, k, offset, data_off, size)");
+        return NULL;
+    }
+    PyObject *out = args[0], *cls = args[1], *prefix = args[2], *mm = args[4];
+    args += 1;  /* past w */
+    if (!PyList_Check(out) || !PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)
+            || !PyTuple_Check(prefix)) {
+        PyErr_SetString(PyExc_TypeError, "records: out must be a list, cls a tuple type, prefix a tuple");
+        return NULL;
+    }
+    Py_ssize_t b0 = PyLong_AsSsize_t(args[4]);
+    Py_ssize_t sw = PyLong_AsSsize_t(args[5]);
+    Py_ssize_t k = PyLong_AsSsize_t(args[6]);
+    unsigned long long offset = PyLong_AsUnsignedLongLong(args[7]);
+    Py_ssize_t data = PyLong_AsSsize_t(args[8]);
+    unsigned long long size = PyLong_AsUnsignedLongLong(args[9]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (b0 < 0 || sw < 4 || k < 0 || data < 0 || size == 0) {
+        PyErr_SetString(PyExc_ValueError, "records: bad geometry");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(mm, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const char *buf = (const char *)view.buf;
+    Py_ssize_t len = view.len;
+    if ((b0 + (k ? (k - 1) * sw : 0) + 4) * 8 > len) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "records: slots past the end of the mapping");
+        return NULL;
+    }
+    PyTypeObject *type = (PyTypeObject *)cls;
+    Py_ssize_t np = PyTuple_GET_SIZE(prefix);
+    PyObject *one = PyLong_FromLong(1);
+    PyObject *empty = PyBytes_FromStringAndSize(NULL, 0);
+    if (one == NULL || empty == NULL)
+        goto error;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        const uint64_t *slot = (const uint64_t *)(buf + (b0 + i * sw) * 8);
+        /* one aligned 8-byte load per word, as memoryview.cast("Q") reads them */
+        uint64_t pos = ((volatile const uint64_t *)slot)[S_BYTEPOS];
+        uint64_t lens = ((volatile const uint64_t *)slot)[S_LENS];
+        uint64_t ts = ((volatile const uint64_t *)slot)[S_TIMESTAMP];
+        uint64_t start = (uint64_t)data + pos % size;
+        uint64_t mlen = lens >> 32, plen = lens & 0xFFFFFFFFull;
+        PyObject *payload, *meta, *off, *stamp, *t;
+        if ((uint64_t)len < start || start + mlen + plen > (uint64_t)PY_SSIZE_T_MAX)
+            start = (uint64_t)len, mlen = plen = 0;  /* out of the mapping: clamped to nothing */
+        if (mlen) {
+            payload = slice_bytes(buf, len, (Py_ssize_t)(start + mlen), (Py_ssize_t)(start + mlen + plen));
+            meta = payload ? slice_bytes(buf, len, (Py_ssize_t)start, (Py_ssize_t)(start + mlen)) : NULL;
+        }
+        else {
+            payload = slice_bytes(buf, len, (Py_ssize_t)start, (Py_ssize_t)(start + plen));
+            meta = empty;
+            Py_INCREF(meta);
+        }
+        off = PyLong_FromUnsignedLongLong(offset + (uint64_t)i);
+        stamp = PyLong_FromUnsignedLongLong(ts);
+        t = type->tp_alloc(type, np + 5);
+        if (payload == NULL || meta == NULL || off == NULL || stamp == NULL || t == NULL) {
+            Py_XDECREF(payload);
+            Py_XDECREF(meta);
+            Py_XDECREF(off);
+            Py_XDECREF(stamp);
+            Py_XDECREF(t);
+            goto error;
+        }
+        for (Py_ssize_t j = 0; j < np; j++) {
+            PyObject *x = PyTuple_GET_ITEM(prefix, j);
+            Py_INCREF(x);
+            PyTuple_SET_ITEM(t, j, x);
+        }
+        Py_INCREF(one);
+        PyTuple_SET_ITEM(t, np, off);
+        PyTuple_SET_ITEM(t, np + 1, one);
+        PyTuple_SET_ITEM(t, np + 2, payload);
+        PyTuple_SET_ITEM(t, np + 3, meta);
+        PyTuple_SET_ITEM(t, np + 4, stamp);
+        int rc = PyList_Append(out, t);
+        Py_DECREF(t);
+        if (rc < 0)
+            goto error;
+    }
+    Py_DECREF(one);
+    Py_DECREF(empty);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+error:
+    Py_XDECREF(one);
+    Py_XDECREF(empty);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ module */
+
+static PyMethodDef methods[] = {
+    {"trylock", (PyCFunction)sp_trylock, METH_O,
+     "trylock(address) -> int: pthread_mutex_trylock on the mutex at address (0: taken)."},
+    {"unlock", (PyCFunction)sp_unlock, METH_O,
+     "unlock(address) -> int: pthread_mutex_unlock on the mutex at address."},
+    {"encode_headers", (PyCFunction)(void (*)(void))sp_encode_headers, METH_FASTCALL,
+     "encode_headers(headers, max_headers, max_bytes) -> bytes | None: a dict's header block."},
+    {"parse_headers", (PyCFunction)sp_parse_headers, METH_O,
+     "parse_headers(meta) -> (dict, length) | None: the header block at the start of meta."},
+    {"decode_headers", (PyCFunction)(void (*)(void))sp_decode_headers, METH_FASTCALL,
+     "decode_headers(meta, empty) -> mappingproxy | None: the headers a record's metadata holds."},
+    {"records", (PyCFunction)(void (*)(void))sp_records, METH_FASTCALL,
+     "records(out, cls, prefix, w, mm, b0, sw, k, offset, data_off, size): append k delivered records."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "shmq._speedups",
+    "The optional compiled accelerator of shmq's co-located hot paths (shmq.accel).", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,36 @@
+"""The optional compiled accelerator: whether this process uses ``shmq._speedups``.
+
+``shmq/_speedups.c`` (built by ``pip install``, skipped without a compiler) speeds up a
+few hot primitives; each has a pure-Python twin next to its use, which the C function
+matches exactly (it returns None where the twin would raise or for input it leaves to
+the twin).  ``SHMQ_PURE=1`` in the environment forces the pure-Python twins, as does a
+missing or broken build.  Nothing in the extension writes shared memory.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+PURE_ENV = "SHMQ_PURE"
+
+
+def _load() -> ModuleType | None:
+    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+        return None
+    try:
+        from . import _speedups  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _speedups  # type: ignore[no-any-return]
+
+
+ext: ModuleType | None = _load()  # None: pure Python
+
+
+def describe() -> str:
+    """One line for humans: which implementation this process runs."""
+    if ext is not None:
+        return "compiled (shmq._speedups)"
+    why = f"{PURE_ENV} is set" if os.environ.get(PURE_ENV, "") not in ("", "0") else "not built"
+    return f"pure Python ({why})"

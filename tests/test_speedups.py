@@ -1,0 +1,301 @@
+"""The optional compiled accelerator (``shmq._speedups``, chosen by ``shmq.accel``) and its
+pure-Python twins: each primitive gives the same result, or leaves to its twin exactly the
+input its twin refuses; the co-located hot paths behave the same on either; ``SHMQ_PURE=1``
+forces the twins."""
+
+from __future__ import annotations
+
+import errno
+import importlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shmq import accel, consume, group_delivery, headers, lock, options, ring
+from shmq.api import Message
+from shmq.errors import InvalidArgument, LimitExceeded
+from shmq.shm import ShmBroker
+
+IMPLS = ["compiled", "pure"]
+
+
+def compiled() -> ModuleType:
+    """The extension itself (``make test`` builds it; importable even under SHMQ_PURE)."""
+    return importlib.import_module("shmq._speedups")
+
+
+@pytest.fixture(params=IMPLS)
+def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Every accelerated name of the hot paths bound to one implementation."""
+    ext = compiled() if request.param == "compiled" else None
+    trylock = lock._trylock if ext is None else ext.trylock
+    unlock = lock._unlock if ext is None else ext.unlock
+    for mod in (lock, ring, consume):
+        monkeypatch.setattr(mod, "trylock", trylock)
+        monkeypatch.setattr(mod, "unlock", unlock)
+    monkeypatch.setattr(headers, "_encode_c", None if ext is None else ext.encode_headers)
+    monkeypatch.setattr(headers, "_parse_c", None if ext is None else ext.parse_headers)
+    monkeypatch.setattr(headers, "_decode_c", None if ext is None else ext.decode_headers)
+    monkeypatch.setattr(group_delivery, "_records",
+                        group_delivery._records_py if ext is None else ext.records)
+    yield request.param
+
+
+def test_the_extension_is_built_and_chosen_unless_pure_is_asked() -> None:
+    ext = compiled()
+    assert {"trylock", "unlock", "encode_headers", "parse_headers", "decode_headers",
+            "records"} <= set(dir(ext))
+    pure = os.environ.get(accel.PURE_ENV, "") not in ("", "0")
+    assert (accel.ext is None) == pure
+    assert lock.trylock is (lock._trylock if pure else ext.trylock)
+
+
+def test_shmq_pure_forces_the_twins_and_the_queue_still_works(instance: str) -> None:
+    code = (
+        "import sys\n"
+        "from shmq import accel, group_delivery, headers, lock\n"
+        "from shmq.shm import ShmBroker\n"
+        "assert accel.ext is None and headers._encode_c is headers._parse_c is headers._decode_c is None\n"
+        "assert group_delivery._records is group_delivery._records_py and lock.trylock is lock._trylock\n"
+        "b = ShmBroker(sys.argv[1])\n"
+        "q = b.create_queue('pure')\n"
+        "q.put(b'a', headers={'k': 'v'}); q.put_many([b'b', b'c'])\n"
+        "m = q.get(); assert m.payload == b'a' and dict(m.headers) == {'k': b'v'}; m.ack()\n"
+        "ms = q.get_many(5); assert [x.payload for x in ms] == [b'b', b'c']; q.ack_many(ms)\n"
+        "print(accel.describe()); b.close()\n")
+    out = subprocess.run([sys.executable, "-c", code, instance], env={**os.environ, accel.PURE_ENV: "1"},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "pure Python (SHMQ_PURE is set)"
+
+
+# ------------------------------------------------------------------ locks
+def test_lock_functions_take_and_release_the_robust_mutex(impl: str, instance: str) -> None:
+    b = ShmBroker(instance)
+    try:
+        q = b.create_queue("locks")
+        addr = q._ring.clock.address
+        assert lock.trylock(addr) == 0
+        assert lock.trylock(addr) == errno.EBUSY  # held (by us): a second try does not take it
+        assert lock.unlock(addr) == 0
+        with q._ring.clock:  # the RobustLock path runs on the same functions
+            assert lock.trylock(addr) == errno.EBUSY
+        assert lock.trylock(addr) == 0
+        lock.unlock(addr)
+    finally:
+        b.destroy()
+
+
+def test_compiled_lock_refuses_a_null_address() -> None:
+    with pytest.raises(ValueError, match="null"):
+        compiled().trylock(0)
+    with pytest.raises(TypeError):
+        compiled().unlock("nowhere")
+
+
+# ------------------------------------------------------------------ headers
+def _pure_encode(h: Any) -> bytes | Exception:
+    saved = headers._encode_c
+    headers._encode_c = None
+    try:
+        return headers.encode(h)
+    except Exception as e:  # noqa: BLE001 - the error itself is the result compared
+        return e
+    finally:
+        headers._encode_c = saved
+
+
+def _pure_decode(meta: bytes) -> Any:
+    saved = headers._parse_c, headers._decode_c
+    headers._parse_c = headers._decode_c = None
+    try:
+        return headers.decode(meta)
+    except Exception as e:  # noqa: BLE001
+        return e
+    finally:
+        headers._parse_c, headers._decode_c = saved
+
+
+def _pure_parse(meta: bytes) -> tuple[dict[str, bytes], int] | Exception:
+    saved = headers._parse_c
+    headers._parse_c = None
+    try:
+        return headers._parse(meta)
+    except Exception as e:  # noqa: BLE001
+        return e
+    finally:
+        headers._parse_c = saved
+
+
+keys = st.text(min_size=0, max_size=12)
+values = st.one_of(st.binary(max_size=300), st.text(max_size=300))
+
+
+@given(st.dictionaries(keys, values, max_size=8))
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+def test_compiled_encode_matches_the_twin_or_leaves_it_the_error(h: dict[str, Any]) -> None:
+    want = _pure_encode(h)
+    got = compiled().encode_headers(h, options.MAX_HEADERS, options.MAX_HEADERS_BYTES)
+    if isinstance(want, Exception):
+        assert got is None
+    else:
+        assert got == want
+
+
+@pytest.mark.parametrize("h", [
+    {"a": "\ud800"},  # a lone surrogate: str.encode's own error
+    {"a": bytearray(b"x")}, {"a": memoryview(b"x")},  # rarer value types: the twin takes them
+    {1: b"x"}, {"": b"x"}, {"a": 1},
+    {f"k{i}": b"" for i in range(options.MAX_HEADERS + 1)},
+    {"big": b"x" * options.MAX_HEADERS_BYTES},
+    ["not", "a", "mapping"],
+])
+def test_compiled_encode_leaves_every_odd_input_to_the_twin(h: Any) -> None:
+    assert compiled().encode_headers(h, options.MAX_HEADERS, options.MAX_HEADERS_BYTES) is None
+
+
+def test_encode_errors_are_the_typed_ones_on_both(impl: str) -> None:
+    with pytest.raises(InvalidArgument, match="non-empty str"):
+        headers.encode({"": b"x"})
+    with pytest.raises(LimitExceeded):
+        headers.encode({"big": b"x" * options.MAX_HEADERS_BYTES})
+    with pytest.raises(InvalidArgument, match="mapping"):
+        headers.encode(["k"])  # type: ignore[arg-type]
+    assert headers.encode({"k": bytearray(b"v")}) == headers.encode({"k": b"v"})  # type: ignore[dict-item]
+
+
+@given(st.binary(max_size=64))
+@settings(max_examples=500)
+def test_compiled_parse_matches_the_twin_on_any_bytes(blob: bytes) -> None:
+    meta = b"\x01" + blob  # mostly malformed: the tag, then anything
+    want = _pure_parse(meta)
+    got = compiled().parse_headers(meta)
+    if isinstance(want, Exception):
+        assert got is None
+    else:
+        assert got == want
+
+
+@given(st.one_of(st.binary(max_size=40), st.binary(max_size=40).map(lambda b: b"\x01" + b)))
+@settings(max_examples=500)
+def test_compiled_decode_matches_the_twin_on_any_metadata(meta: bytes) -> None:
+    want = _pure_decode(meta)
+    got = compiled().decode_headers(meta, headers.EMPTY)
+    if isinstance(want, Exception):
+        assert got is None
+    else:
+        assert type(got) is type(want) and got == want
+        assert (got is headers.EMPTY) == (want is headers.EMPTY)
+
+
+@given(st.dictionaries(keys.filter(bool), st.binary(max_size=40), max_size=6), st.binary(max_size=20))
+@settings(max_examples=300)
+def test_compiled_parse_reads_every_encoded_block(h: dict[str, bytes], tail: bytes) -> None:
+    block = _pure_encode(h)
+    assert isinstance(block, bytes)
+    if not block:
+        return
+    for meta in (block + tail, memoryview(block + tail)):
+        got = compiled().parse_headers(meta)
+        assert got == _pure_parse(bytes(meta)) == (h, len(block))
+        assert list(got[0]) == list(h)  # the order kept
+        view = compiled().decode_headers(meta, headers.EMPTY)
+        assert view == _pure_decode(bytes(meta)) == h and list(view) == list(h)
+
+
+def test_decode_errors_are_the_typed_ones_on_both(impl: str) -> None:
+    with pytest.raises(InvalidArgument, match="malformed"):
+        headers.decode(b"\x01\x00\x02\x00\x01k\x00\x00")  # says 2, holds 1
+    with pytest.raises(InvalidArgument, match="repeated"):
+        headers.decode(b"\x01\x00\x02\x00\x01k\x00\x00\x00\x01k\x00\x00")
+    assert dict(headers.decode(b"\x01\x00\x01\x00\x01k\x00\x01v{}")) == {"k": b"v"}
+
+
+# ------------------------------------------------------------------ delivered records
+def test_records_match_the_twin_on_a_real_ring(instance: str) -> None:
+    b = ShmBroker(instance)
+    try:
+        q = b.create_queue("rec", capacity=16, max_bytes=1 << 16)
+        q.put_many([b"p%d" % i * i for i in range(5)], headers=[{"i": str(i)} if i % 2 else None
+                                                                for i in range(5)])
+        q.put(b"", headers={"only": "headers"})
+        q.put(b"z" * 40_000)  # one big record
+        r = q._ring
+        b0 = r.slots_w
+        for fn in (compiled().records, group_delivery._records_py):
+            out: list[Any] = []
+            fn(out, Message, (q, 7, "g"), r.w, r.mm, b0, r.slot_words, 7, 0, r.data_off, r.size)
+            assert all(type(m) is Message for m in out)
+            got = [tuple(m) for m in out]
+            if fn is not group_delivery._records_py:
+                first = got
+        assert got == first
+        assert [m[5] for m in got] == [b"p%d" % i * i for i in range(5)] + [b"", b"z" * 40_000]
+        assert [dict(headers.decode(m[6])) for m in got][:2] == [{}, {"i": b"1"}]
+        assert [m[3] for m in got] == list(range(7)) and {m[4] for m in got} == {1}
+        assert all(m[:3] == (q, 7, "g") and m[7] > 0 for m in got)
+    finally:
+        b.destroy()
+
+
+def test_compiled_records_checks_its_arguments(instance: str) -> None:
+    b = ShmBroker(instance)
+    try:
+        r = b.create_queue("args", capacity=4)._ring
+        ext = compiled()
+        with pytest.raises(TypeError):
+            ext.records([], dict, (), r.w, r.mm, r.slots_w, r.slot_words, 1, 0, r.data_off, r.size)
+        with pytest.raises(ValueError, match="past the end"):
+            ext.records([], Message, (), r.w, r.mm, r.slots_w, r.slot_words, 10 ** 9, 0, r.data_off, r.size)
+        with pytest.raises(ValueError, match="geometry"):
+            ext.records([], Message, (), r.w, r.mm, r.slots_w, r.slot_words, 1, 0, r.data_off, 0)
+    finally:
+        b.destroy()
+
+
+# ------------------------------------------------------------------ the hot paths, on both
+def test_hot_paths_behave_the_same_on_both(impl: str, instance: str) -> None:
+    b = ShmBroker(instance)
+    try:
+        q = b.create_queue("hot", capacity=8, max_bytes=4096)
+        for rnd in range(3):  # three laps: the slot table and the byte ring wrap
+            q.put(b"one", headers={"r": str(rnd)})
+            m = q.get(timeout=1)
+            assert (m.payload, dict(m.headers), m.deliveries) == (b"one", {"r": str(rnd).encode()}, 1)
+            m.ack()
+            payloads = [bytes([65 + i]) * (100 * i + 1) for i in range(6)]
+            q.put_many(payloads, headers=[{"i": str(i)} if i == 3 else None for i in range(6)])
+            got = q.get_many(10, timeout=1)
+            assert [x.payload for x in got] == payloads
+            assert [dict(x.headers) for x in got][2:4] == [{}, {"i": b"3"}]
+            q.ack_many(got)
+            assert q.stats()["groups"]["default"]["depth"] == 0
+        q.put(b"again")
+        m = q.get(timeout=1)
+        m.ack()
+        with pytest.raises(Exception, match="no longer held"):
+            m.ack()
+    finally:
+        b.destroy()
+
+
+def test_a_batch_of_large_records_is_copied_whole_across_the_ring_end(impl: str, instance: str) -> None:
+    b = ShmBroker(instance)
+    try:
+        q = b.create_queue("large", capacity=16, max_bytes=40_000)
+        for lap in range(4):  # each batch copies record by record (no joined copy), laps the ring
+            batch = [os.urandom(3000 + lap) for _ in range(4)]
+            q.put_many(batch)
+            got = q.get_many(10, timeout=1)
+            assert [m.payload for m in got] == batch
+            q.ack_many(got)
+        q._ring.check_invariants()
+    finally:
+        b.destroy()
