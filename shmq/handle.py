@@ -330,8 +330,14 @@ class QueueHandle:
         the cursor up to the first live message), looking at most at ``budget`` lease words
         per group, in one hold of the consumer lock per group; the number expired.  The
         broker's maintenance calls it on every queue with a TTL, so that expired messages
-        reach the dead-letter queue (or are dropped) with nobody consuming."""
+        reach the dead-letter queue (or are dropped) with nobody consuming.  An empty queue
+        forgets that it held messages with a TTL of their own (``Q_EXPIRES_MAX`` back to 0),
+        so its deliveries stop looking at S_EXPIRES."""
         w = self._w
+        if w[L.Q_EXPIRES_MAX] and w[L.Q_FREE_OFFSET] == w[L.Q_NEXT_OFFSET]:
+            with self._ring.plock:  # (no put in progress; the free offset only rises)
+                if w[L.Q_FREE_OFFSET] == w[L.Q_NEXT_OFFSET]:
+                    w[L.Q_EXPIRES_MAX] = 0
         if not self._ring.message_ttl_ms and not w[L.Q_EXPIRES_MAX]:
             return 0
         self._alive()

@@ -63,9 +63,12 @@ Slot of offset ``o`` is entry ``o % N``::
 A message put without a TTL leaves S_EXPIRES 0 (the put zeroes it with the lease
 words: nothing more to write), and ``Q_EXPIRES_MAX`` (plock) stays 0 until a
 message with its own TTL is put on the queue: the batch delivery paths read that one
-header word and skip the S_EXPIRES column while it is 0, so messages without a TTL on
-a queue without one cost nothing extra to put or to get.  Otherwise ``Q_EXPIRES_MAX``
-is a bound: no S_EXPIRES of a retained message is above it.
+header word and skip the S_EXPIRES column while it is 0, and the one-message path
+reads the message's S_EXPIRES (one word, beside the slot head it reads anyway), so
+messages without a TTL cost one word read per delivery call and nothing per message.
+Otherwise ``Q_EXPIRES_MAX`` is a bound: no S_EXPIRES of a retained message is above it
+(written before the commit of the put that raises it; the broker's maintenance sets it
+back to 0 under plock once nothing is retained).
 
 Producer entry (idempotent producers, guarded by plock)::
 

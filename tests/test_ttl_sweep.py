@@ -127,6 +127,23 @@ def test_maintenance_is_bounded_per_group_and_tick(maint: ServerBroker, clock: F
     assert handle.sweep_ttl.__defaults__ == (options.TTL_SWEEP_BATCH,)  # what the broker's ticks use
 
 
+def test_an_empty_queue_forgets_its_own_ttls(maint: ServerBroker, clock: FakeClock) -> None:
+    q = maint.broker.create_queue("s")
+    handle = maint.queue("s").handle
+    q.put(b"x", ttl=60)
+    w = q._w  # type: ignore[attr-defined]
+    handle.sweep_ttl()
+    assert w[L.Q_EXPIRES_MAX] > 0  # "x" is retained: its S_EXPIRES is still to be looked at
+    q.get(block=False).ack()
+    handle.sweep_ttl()
+    assert w[L.Q_EXPIRES_MAX] == 0  # nothing retained: deliveries skip the column again
+    q.put(b"y", ttl=5)
+    assert w[L.Q_EXPIRES_MAX] > 0
+    clock.advance(5)
+    assert handle.sweep_ttl() == 1
+    assert check.check_instance(maint.instance) == []
+
+
 def test_a_queue_without_ttl_is_not_swept(maint: ServerBroker, clock: FakeClock) -> None:
     q = maint.broker.create_queue("s")
     q.put(b"x")
