@@ -390,7 +390,7 @@ def _rebuild(broker: ServerBroker, j: Journal, meta: dict[str, Any], progress: C
     producers = [(int(k), int(s)) for k, s in state.get("producers", [])]
     delays = [(int(o), int(due)) for o, due in state.get("delays", [])]  # wall-clock ms
     fill = partial(restore_fill, records, groups, producers, first, tail, int(meta["created_ns"]),
-                   delays=delays)
+                   delays=delays, expires=rec.expires)
     broker.restore_queue(name, config, bool(meta.get("is_dlq")), fill)
     live = sum(1 for o in records if o >= first)
     return (f"{name}: rebuilt from the journal: offsets {first}..{tail - 1}, "

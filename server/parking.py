@@ -20,7 +20,7 @@ from typing import Any
 from shmq import crashpoints, headers
 from shmq.codec import WAIT_FOREVER, Frame, T, decode_body, frame, produce_ok_frame
 from shmq.errors import Empty, Full, ShmqError, Status
-from shmq.producing import DELAY_FLAG, split_delay
+from shmq.producing import PREFIX_FLAGS, split_prefixes
 
 from .connection import ServerConnection
 from .core import Core, Waiter
@@ -43,12 +43,12 @@ def produce(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> 
 
 def decode_produce(f: Frame) -> dict[str, Any]:
     """The fields of a PRODUCE* request, its frame flags undone: with
-    ``producing.DELAY_FLAG``, ``delay_ms``; with ``headers.FLAG``, each payload parted from
-    its header block (``meta`` / ``metas``).  A malformed block raises here, before anything
-    is stored."""
-    if f.status & DELAY_FLAG:
-        ms, body = split_delay(f.body)
-        d = {**decode_body(f.type, body), "delay_ms": ms}
+    ``producing.DELAY_FLAG`` / ``TTL_FLAG``, ``delay_ms`` and ``ttl_ms``; with ``headers.FLAG``,
+    each payload parted from its header block (``meta`` / ``metas``).  A malformed block or
+    prefix raises here, before anything is stored."""
+    if f.status & PREFIX_FLAGS:
+        ms, tms, body = split_prefixes(f.status, f.body)
+        d = {**decode_body(f.type, body), "delay_ms": ms, "ttl_ms": tms}
     else:
         d = decode_body(f.type, f.body)
     if f.status & headers.FLAG:
@@ -72,10 +72,10 @@ def try_produce(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any],
     one = f.type == T.PRODUCE
     try:
         if one:
-            off, mark = q.put(d["payload"], d.get("meta", b""), d.get("delay_ms", 0))
+            off, mark = q.put(d["payload"], d.get("meta", b""), d.get("delay_ms", 0), d.get("ttl_ms", 0))
         else:  # a batch, maybe an idempotent producer's
             offs, mark = q.put_many(d["payloads"], d.get("producer"), d.get("seq"), d.get("metas"),
-                                    d.get("delay_ms", 0))
+                                    d.get("delay_ms", 0), d.get("ttl_ms", 0))
     except Full:
         if not one and not q.could_fit(d["payloads"], d.get("metas")):
             raise  # a batch that can never fit: waiting would never help
@@ -103,7 +103,7 @@ def produce_run(core: Core, conn: ServerConnection, frames: list[Frame], i: int)
     each frame of the run is to be handled alone, exactly as if it had come by itself."""
     run: list[tuple[Frame, dict[str, Any]]] = []
     j = i
-    while j < len(frames) and frames[j].type == T.PRODUCE and not frames[j].status & DELAY_FLAG:
+    while j < len(frames) and frames[j].type == T.PRODUCE and not frames[j].status & PREFIX_FLAGS:
         try:
             d = decode_produce(frames[j])
         except ShmqError:  # malformed (ProtocolError), or a bad header block: handled alone

@@ -401,15 +401,16 @@ class AsyncQueue:
         return f"AsyncQueue({self._b.url!r}, {self.name!r})"
 
     async def put(self, payload: Payload, block: bool = True, timeout: float | None = None, *,
-                  headers: Headers | None = None, delay: float | None = None) -> int:
-        return await self._b._execute(cmd.put(self, payload, block, timeout, headers, delay))
+                  headers: Headers | None = None, delay: float | None = None,
+                  ttl: float | None = None) -> int:
+        return await self._b._execute(cmd.put(self, payload, block, timeout, headers, delay, ttl))
 
     async def put_many(self, payloads: Sequence[Payload], block: bool = True,
                        timeout: float | None = None, *, producer: str | None = None,
                        seq: int | None = None, headers: Sequence[Headers | None] | None = None,
-                       delay: float | None = None) -> list[int]:
+                       delay: float | None = None, ttl: float | None = None) -> list[int]:
         return await self._b._execute(cmd.put_many(self, payloads, block, timeout, producer, seq, headers,
-                                                    delay))
+                                                    delay, ttl))
 
     async def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
                   visibility_timeout: float | None = None, *, ack: Message | None = None) -> AsyncMessage:

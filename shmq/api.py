@@ -57,6 +57,21 @@ def delay_ms(delay: float | None) -> int:
     return round(delay * 1000)
 
 
+def ttl_ms(ttl: float | None, delay: int = 0) -> int:
+    """A put's own ``ttl`` (seconds) in whole ms, at least 1; 0 for none.  Not a number, not
+    above 0, past ``options.MAX_MESSAGE_TTL``, or not longer than the put's ``delay`` (in
+    ms: the message would expire before it is due) is :class:`InvalidArgument`."""
+    if ttl is None:
+        return 0
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= options.MAX_MESSAGE_TTL:
+        raise InvalidArgument(f"ttl must be a number of seconds in (0, {options.MAX_MESSAGE_TTL:g}]")
+    ms = max(1, round(ttl * 1000))
+    if ms <= delay:
+        raise InvalidArgument(f"ttl ({ms} ms) must be longer than the delay ({delay} ms): the message "
+                              "would expire before it is due")
+    return ms
+
+
 @dataclass(frozen=True)
 class QueueConfig:
     """The limits a queue is created with (``create_queue`` keyword arguments)."""
@@ -245,19 +260,22 @@ class Queue(ABC):
 
     @abstractmethod
     def put(self, payload: Payload, block: bool = True, timeout: float | None = None, *,
-            headers: Headers | None = None, delay: float | None = None) -> int:
+            headers: Headers | None = None, delay: float | None = None, ttl: float | None = None) -> int:
         """Append one message; ``headers``: a mapping of ``str`` to ``str`` or bytes (``shmq.headers``).
         ``delay``: seconds before any group may have it (stored now; messages put later
-        may be delivered first)."""
+        may be delivered first).  ``ttl``: seconds from now within which a group must get it,
+        else it expires for that group, as with the queue's ``message_ttl`` (the shorter of
+        the two counts); longer than ``delay``."""
 
     @abstractmethod
     def put_many(self, payloads: Sequence[Payload], block: bool = True,
                  timeout: float | None = None, *, producer: str | None = None,
                  seq: int | None = None, headers: Sequence[Headers | None] | None = None,
-                 delay: float | None = None) -> list[int]:
+                 delay: float | None = None, ttl: float | None = None) -> list[int]:
         """Append a batch atomically; with ``producer`` and ``seq``, at most once per
         (producer, seq): a sequence not above the last one written raises ``Duplicate``.
-        ``headers``: one mapping (or None) per payload.  ``delay``: as for ``put``, for each."""
+        ``headers``: one mapping (or None) per payload.  ``delay``, ``ttl``: as for ``put``,
+        for each."""
 
     @abstractmethod
     def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
@@ -333,8 +351,8 @@ class Queue(ABC):
         return Publisher(self, window, block, timeout)
 
     @abstractmethod
-    def _publish(self, payload: Payload, block: bool, timeout: float | None, headers: Headers | None = None
-                 ) -> Any:
+    def _publish(self, payload: Payload, block: bool, timeout: float | None, headers: Headers | None = None,
+                 delay: float | None = None, ttl: float | None = None) -> Any:
         """Start one put and return a token for :meth:`_confirm` (a Publisher's half of put)."""
 
     @abstractmethod
@@ -386,10 +404,13 @@ class Publisher:
         """Puts started and not yet confirmed."""
         return len(self._pending)
 
-    def put(self, payload: Payload, headers: Headers | None = None) -> None:
+    def put(self, payload: Payload, headers: Headers | None = None, *, delay: float | None = None,
+            ttl: float | None = None) -> None:
+        """Start one put; ``headers``, ``delay`` and ``ttl`` as for ``Queue.put`` (checked
+        here: a bad one raises at once, and nothing is sent)."""
         while len(self._pending) >= self.window:
             self._collect()
-        token = self.queue._publish(payload, self._block, self._timeout, headers)
+        token = self.queue._publish(payload, self._block, self._timeout, headers, delay, ttl)
         self._pending.append((self.sent, token))
         self.sent += 1
 

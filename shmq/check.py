@@ -16,13 +16,14 @@ What is checked (the invariants are stated where they are kept: ``registry``,
 * each queue segment: magic, version, instance uid, id, name and DLQ flag as listed;
 * the ring: free <= next, next - free <= capacity, each retained slot names its
   offset, records in order, inside one lap and within max_bytes; no idempotent
-  put left pending;
+  put left pending; a message's own TTL (S_EXPIRES) after its put, at most a year past
+  it and no later than Q_EXPIRES_MAX, and none on a dead-letter queue;
 * each group: serials (distinct, at most the generation; zero when free),
   free <= floor <= cursor <= next, lease words by position (DONE below the floor,
   NEW or DONE past the cursor, or READY never delivered (a delayed message, due no later
   than Q_DELAY_MAX), never NEW below it, the floor not on a DONE word), owners of leases are
   taken client slots, dead-letter orphans flagged, a message dead-lettered undelivered
-  only by a TTL that dead-letters (no TTL on a dead-letter queue), the hints true bounds
+  only by a TTL that dead-letters (the queue's or its own), the hints true bounds
   (G_REDELIVER, G_READY_LO, G_NEXT_READY, G_NEXT_EXPIRY), and no seek left unfinished;
 * free offset = min(next offset, durable mark, every active group's floor).
 """
@@ -34,6 +35,7 @@ import os
 import posix_ipc
 
 from . import layout as L
+from . import options
 from .errors import InstanceError
 from .group import Groups
 from .registry import Registry
@@ -177,6 +179,7 @@ def check_ring(ring: Ring, groups: Groups, reg: Registry | None = None) -> list[
         elif prev_end is not None and pos < prev_end:
             bad.append(f"record {o} overlaps the one before")
         prev_end = pos + n
+        bad += _check_expires(ring, o, w[base + L.S_TIMESTAMP], w[base + L.S_EXPIRES])
     if nxt > free and prev_end is not None:
         first = w[ring.slot_base(free) + L.S_BYTEPOS]
         if w[L.Q_TAIL_BYTES] < prev_end or w[L.Q_TAIL_BYTES] - first > ring.size:
@@ -244,7 +247,8 @@ def _check_group(ring: Ring, groups: Groups, gi: int, reg: Registry | None) -> l
                 deadlines.append(x >> L.TIME_SHIFT)
             if dc > groups.give_up_at:
                 bad.append(f"offset {o} was delivered {dc} times, past the limit {groups.give_up_at}")
-            if state == L.DEADING and not dc and (not ring.message_ttl_ms or ring.flags & L.F_TTL_DROP):
+            ttl = ring.message_ttl_ms or w[ring.slot_base(o) + L.S_EXPIRES]
+            if state == L.DEADING and not dc and (not ttl or ring.flags & L.F_TTL_DROP):
                 bad.append(f"offset {o} is dead-lettered undelivered on a queue that dead-letters no "
                            "expired message")
             if state == L.DEADING and owner == L.NO_OWNER:
@@ -264,6 +268,19 @@ def _check_group(ring: Ring, groups: Groups, gi: int, reg: Registry | None) -> l
         bad.append(f"G_NEXT_EXPIRY {w[g + L.G_NEXT_EXPIRY]} is not a lower bound of the lease "
                    f"deadlines (earliest {min(deadlines)})")
     return bad
+
+
+def _check_expires(ring: Ring, o: int, ts: int, exp: int) -> list[str]:
+    """The violations of offset ``o``'s own TTL (S_EXPIRES ``exp``; 0: none)."""
+    if not exp:
+        return []
+    if ring.flags & L.F_DLQ:
+        return [f"offset {o} of a dead-letter queue has a TTL of its own"]
+    if not ts < exp <= ts + int(options.MAX_MESSAGE_TTL * 1e9):
+        return [f"offset {o} expires at {exp}, not within a year after its put at {ts}"]
+    if exp > ring.w[L.Q_EXPIRES_MAX]:
+        return [f"offset {o} expires at {exp}, after Q_EXPIRES_MAX {ring.w[L.Q_EXPIRES_MAX]}"]
+    return []
 
 
 def _slot_taken(reg: Registry, slot: int) -> bool:

@@ -50,6 +50,9 @@ def produce(
                                             help="a header of every message (repeat for more)"),
     delay: float | None = typer.Option(None, "--delay", metavar="SECONDS",
                                        help="deliver each message this many seconds from now"),
+    ttl: float | None = typer.Option(None, "--ttl", metavar="SECONDS",
+                                     help="each message expires for a group that has not had it this many "
+                                     "seconds from now (the queue's --message-ttl, if shorter, counts)"),
     url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
     token_file: str | None = TokenFileOpt, as_json: bool = JsonOpt,
 ) -> None:
@@ -59,7 +62,7 @@ def produce(
 
     Example: seq 1000 | shmq produce orders --header source=seq
     """
-    from .api import delay_ms
+    from .api import delay_ms, ttl_ms
     from .headers import encode
     from .lines import stream_batches
     from .progress import Progress
@@ -71,7 +74,7 @@ def produce(
         fail(InvalidArgument("--header takes KEY=VALUE"))
     try:
         encode(hdrs)  # checked before anything is sent
-        delay_ms(delay)
+        ttl_ms(ttl, delay_ms(delay))
     except ShmqError as e:
         fail(e)
     src: Any = None
@@ -93,7 +96,8 @@ def produce(
             batches = stream_batches(src, batch, lambda: stop.requested)
         try:
             for chunk in batches:
-                offsets += q.put_many(chunk, headers=[hdrs] * len(chunk) if hdrs else None, delay=delay)
+                offsets += q.put_many(chunk, headers=[hdrs] * len(chunk) if hdrs else None, delay=delay,
+                                      ttl=ttl)
                 progress.advance(len(chunk))
                 if stop.requested:
                     break

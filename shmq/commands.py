@@ -30,7 +30,18 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from . import headers as _headers
 from . import options
-from .api import BrokerInfo, Headers, Message, Payload, QueueConfig, QueueInfo, as_bytes, delay_ms, own_leases
+from .api import (
+    BrokerInfo,
+    Headers,
+    Message,
+    Payload,
+    QueueConfig,
+    QueueInfo,
+    as_bytes,
+    delay_ms,
+    own_leases,
+    ttl_ms,
+)
 from .codec import (
     NO_REPLY_ID,
     WAIT_FOREVER,
@@ -50,7 +61,7 @@ from .connection import Request
 from .consuming import ACK_FLAG, acking_batch_frame, lease_suffix, settles_suffix
 from .errors import AuthError, InvalidArgument, ShmqError, StaleAck
 from .names import check_new_queue_name
-from .producing import batch_payloads, delayed, produce_request
+from .producing import batch_payloads, prefixed, produce_request
 from .settle import Settle
 
 R = TypeVar("R")
@@ -182,12 +193,13 @@ def _fields_frame(msg_id: int, type_: int, fields: dict[str, Any]) -> bytes:
     return frame(type_, msg_id, **fields)
 
 
-def _produce_frame(msg_id: int, type_: int, fields: dict[str, Any], status: int, ms: int = 0) -> bytes:
-    """A PRODUCE* frame with its flags: header blocks (``status``) and a delay (``ms``: the
-    flag and its prefix, ``producing.delayed``)."""
-    if not ms:
+def _produce_frame(msg_id: int, type_: int, fields: dict[str, Any], status: int, ms: int = 0,
+                   tms: int = 0) -> bytes:
+    """A PRODUCE* frame with its flags: header blocks (``status``), a delay (``ms``) and a TTL
+    (``tms``): their flags and prefixes, ``producing.prefixed``."""
+    if not ms and not tms:
         return frame(type_, msg_id, status, **fields)
-    status, body = delayed(status, encode_body(type_, **fields), ms)
+    status, body = prefixed(status, encode_body(type_, **fields), ms, tms)
     return encode_frame(type_, msg_id, body, status)
 
 
@@ -281,29 +293,31 @@ _ACKED = (T.ACK_OK, None)
 
 
 def put(q: Handle[Any], payload: Payload, block: bool, timeout: float | None,
-        headers: Headers | None = None, delay: float | None = None) -> Request[int]:
-    """One message; the result is its offset.  With headers or a delay: a flagged PRODUCE
-    (``producing``)."""
+        headers: Headers | None = None, delay: float | None = None, ttl: float | None = None) -> Request[int]:
+    """One message; the result is its offset.  With headers, a delay or a TTL: a flagged
+    PRODUCE (``producing``)."""
     if type(payload) is not bytes:
         payload = bytes(as_bytes(payload))
     meta = _headers.encode(headers) if headers is not None else b""
     ms = delay_ms(delay) if delay is not None else 0
-    if not (meta or ms):
+    tms = ttl_ms(ttl, ms) if ttl is not None else 0
+    if not (meta or ms or tms):
         return Request(produce_frame, (q._qb, _timeout_ms(block, timeout), payload), _pick, _OFFSET)
     fields = {"queue": q.name, "timeout_ms": _timeout_ms(block, timeout),
               "payload": meta + payload if meta else payload}
-    return Request(_produce_frame, (T.PRODUCE, fields, _headers.FLAG if meta else 0, ms), _pick, _OFFSET)
+    return Request(_produce_frame, (T.PRODUCE, fields, _headers.FLAG if meta else 0, ms, tms), _pick, _OFFSET)
 
 
 def put_many(q: Handle[Any], payloads: Sequence[Payload], block: bool, timeout: float | None,
              producer: str | None, seq: int | None, headers: Sequence[Headers | None] | None = None,
-             delay: float | None = None) -> Command[list[int]]:
+             delay: float | None = None, ttl: float | None = None) -> Command[list[int]]:
     """A batch, atomically (at most once per (producer, seq)); the result is their offsets."""
     ms = delay_ms(delay)
+    tms = ttl_ms(ttl, ms)
     req = produce_request(q.name, payloads, _timeout_ms(block, timeout), producer, seq, headers)
     if req is None:
         return Batch([], [], _no_offsets)
-    return Request(_produce_frame, (*req, ms), _offsets)
+    return Request(_produce_frame, (*req, ms, tms), _offsets)
 
 
 def _offsets(f: Frame, _: Any) -> list[int]:

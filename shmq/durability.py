@@ -237,12 +237,18 @@ class Durability:
 
     def records(self, first: int, end: int) -> list[tuple[Any, ...]]:
         """(offset, timestamp_ns, payload), or (offset, timestamp_ns, payload, metadata) for
-        a record with metadata (headers, a dead letter's origin), of the published offsets
+        a record with metadata (headers, a dead letter's origin), or (offset, timestamp_ns,
+        payload, metadata, expires_ns) for one put with its own TTL, of the published offsets
         ``first`` .. ``end``-1 (not freed yet: free <= durable <= next)."""
         out: list[tuple[Any, ...]] = []
+        ring = self._ring
+        timed = self.w[L.Q_EXPIRES_MAX]  # (0: no message here has a TTL of its own)
         for o in range(first, end):
-            payload, meta, ts = self._ring.record(o)
-            out.append((o, ts, payload, meta) if meta else (o, ts, payload))
+            payload, meta, ts = ring.record(o)
+            if timed and (exp := self.w[ring.slot_base(o) + L.S_EXPIRES]):
+                out.append((o, ts, payload, meta, exp))
+            else:
+                out.append((o, ts, payload, meta) if meta else (o, ts, payload))
         return out
 
     def publish(self, next_offset: int, settle_seq: int, new: int, crash: Callable[[], None] | None = None

@@ -7,6 +7,12 @@ cursor and the expiry hint after them, so a deliverer killed in between leaves w
 that ``Groups.repair`` turns back into NEW.  ``deliver`` is the general path (expired
 leases first, then redeliveries, then new messages); ``deliver_one`` and
 ``deliver_block`` are its hot paths for one new message and for a run of them.
+``sweep`` is the broker's maintenance: it expires what a delivery would, with no consumer.
+
+TTL: a message expires for a group when it would be delivered to it for the first time
+after the queue's TTL (``ttl_ns``, counted from S_TIMESTAMP) or its own (S_EXPIRES)
+ran out.  The S_EXPIRES column is read only while ``Q_EXPIRES_MAX`` is set (a message
+with its own TTL was put), so a queue without any pays one header word per call.
 """
 
 from __future__ import annotations
@@ -33,16 +39,20 @@ from .layout import (
     G_READY_LO,
     G_REDELIVER,
     G_REDELIVERED,
+    G_STATE,
     G_TTL_EXPIRED,
     G_WORDS,
+    GS_ACTIVE,
     LEASED,
     LEASED_ONCE,
     LEN_META_SHIFT,
     LEN_PAYLOAD_MASK,
     OWNER_SHIFT,
+    Q_EXPIRES_MAX,
     Q_SETTLE_SEQ,
     READY,
     S_BYTEPOS,
+    S_EXPIRES,
     S_GROUPS,
     S_LENS,
     S_TIMESTAMP,
@@ -58,6 +68,14 @@ _unpack_slot = SLOT_HEAD.unpack_from
 _CRASH = crashpoints.watch(__name__)
 
 TTL_REASON = "ttl_expired"  # a dead letter's origin reason when its message's TTL passed
+
+
+def _none_expired(expires: Any, now: int) -> bool:
+    """No S_EXPIRES of ``expires`` (a strided column) is set and at or before ``now``."""
+    lo = min(expires)
+    if lo:
+        return bool(lo > now)
+    return min(filter(None, expires), default=now + 1) > now
 
 
 def _records_py(out: list[Any], cls: type, prefix: tuple[Any, ...], w: memoryview, mm: Any, b0: int,
@@ -114,13 +132,17 @@ class Delivery(Settlement):
         w = self.w
         g = self.gw + gi * G_WORDS
         ttl = self.ttl_ns
-        cutoff = self.wall_ns() - ttl if ttl else 0  # a message put at or before it has expired
+        own = w[Q_EXPIRES_MAX]  # a message with a TTL of its own (S_EXPIRES) may be here
+        wall = self.wall_ns() if ttl or own else 0
+        cutoff = wall - ttl if ttl else 0  # a message put at or before it has expired
+        mine = wall if own else 0  # a message whose S_EXPIRES is at or before it has expired
         ne = w[g + G_NEXT_EXPIRY]
         if ne and now >= ne:
             self.expire(gi, now, owner, dead)
             ne = w[g + G_NEXT_EXPIRY]
         if w[g + G_REDELIVER] and now >= w[g + G_NEXT_READY]:
-            if self._redeliver(gi, owner, now, max_n, vis_ms, out, cls, prefix, max_bytes, dead, cutoff):
+            if self._redeliver(gi, owner, now, max_n, vis_ms, out, cls, prefix, max_bytes, dead, cutoff,
+                               mine):
                 return  # the byte budget is spent: new messages wait behind the redeliveries
         cur = w[g + G_CURSOR]
         tail = w[self.tail_word]  # Q_NEXT_OFFSET, or Q_DURABLE_OFFSET of an `always` queue
@@ -147,7 +169,8 @@ class Delivery(Settlement):
             b0 = sl + i0 * sw
             end = b0 + k * sw
             if k > 1 and not any(w[b0 + lw:end:sw].tolist()) and (
-                    not ttl or min(w[b0 + S_TIMESTAMP:end:sw]) > cutoff):  # (else one at a time)
+                    not ttl or min(w[b0 + S_TIMESTAMP:end:sw]) > cutoff) and (
+                    not mine or _none_expired(w[b0 + S_EXPIRES:end:sw], mine)):  # (else one at a time)
                 if max_bytes:  # as many as the byte budget holds (at least one in all)
                     k, used = _within(w[b0 + S_LENS:end:sw].tolist(), used, max_bytes, got)
                     if not k:
@@ -167,7 +190,8 @@ class Delivery(Settlement):
                     cur += 1
                     skipped = True
                     continue
-                if ttl and w[b0 + S_TIMESTAMP] <= cutoff:  # expired before its first delivery
+                if (ttl and w[b0 + S_TIMESTAMP] <= cutoff) or (
+                        mine and 0 < w[b0 + S_EXPIRES] <= mine):  # expired before its first delivery
                     self._ttl_expire(g, gi, b0 + lw, cur, owner, dead)
                     cur += 1
                     skipped = True
@@ -199,7 +223,7 @@ class Delivery(Settlement):
         if skipped:  # the floor may stand on one of them
             self.advance_floor(gi)
         if due_now and got < max_n and not (max_bytes and got):  # passed a delayed one that is due
-            self._redeliver(gi, owner, now, max_n, vis_ms, out, cls, prefix, max_bytes, dead, cutoff)
+            self._redeliver(gi, owner, now, max_n, vis_ms, out, cls, prefix, max_bytes, dead, cutoff, mine)
 
     def _ttl_expire(self, g: int, gi: int, lw: int, offset: int, owner: int, dead: list[DeadItem]) -> None:
         """The message at lease word ``lw`` (NEW, or READY with 0 deliveries) outlived its
@@ -235,6 +259,8 @@ class Delivery(Settlement):
             return None
         if self.ttl_ns and w[base + S_TIMESTAMP] <= self.wall_ns() - self.ttl_ns:
             return None  # expired: ``deliver`` expires it
+        if w[base + S_EXPIRES] and w[base + S_EXPIRES] <= self.wall_ns():
+            return None  # its own TTL ran out: ``deliver`` expires it
         w[base + S_GROUPS + gi] = word
         if _CRASH:
             crashpoints.hit("deliver.one.leased")
@@ -294,6 +320,8 @@ class Delivery(Settlement):
         stamps = w[b0 + S_TIMESTAMP:end:sw].tolist()
         if self.ttl_ns and min(stamps) <= self.wall_ns() - self.ttl_ns:
             return None  # some expired: ``deliver`` expires them
+        if w[Q_EXPIRES_MAX] and not _none_expired(w[b0 + S_EXPIRES:end:sw], self.wall_ns()):
+            return None  # some outlived their own TTL: ``deliver`` expires them
         deadline = now + vis_ms
         w[lw:end:sw] = array("Q", [LEASED_ONCE | (owner << OWNER_SHIFT) | (deadline << TIME_SHIFT)]) * k
         if _CRASH:
@@ -306,9 +334,10 @@ class Delivery(Settlement):
 
     def _redeliver(self, gi: int, owner: int, now: int, max_n: int, vis_ms: int,
                    out: list[Any], cls: type, prefix: tuple[Any, ...], max_bytes: int = 0,
-                   dead: list[DeadItem] | None = None, cutoff: int = 0) -> bool:
+                   dead: list[DeadItem] | None = None, cutoff: int = 0, mine: int = 0) -> bool:
         """Lease READY messages whose time has come, lowest offset first.  A delayed one
-        (0 deliveries) put at or before ``cutoff`` (wall ns; the TTL) expires instead.
+        (0 deliveries) put at or before ``cutoff`` (wall ns; the queue's TTL), or whose own
+        TTL ran out at ``mine`` (wall ns: S_EXPIRES at or before it), expires instead.
 
         Scans from the G_READY_LO hint and stops once max_n are taken (or ``max_bytes``
         would be passed: then it returns True), so a long run of given-back messages
@@ -334,8 +363,9 @@ class Delivery(Settlement):
             if word & STATE_MASK == READY:
                 t = word >> TIME_SHIFT
                 if t <= now:
-                    if (cutoff and word & STATE_DC_MASK == READY and dead is not None
-                            and w[base - lw + S_TIMESTAMP] <= cutoff):
+                    if ((cutoff or mine) and word & STATE_DC_MASK == READY and dead is not None
+                            and ((cutoff and w[base - lw + S_TIMESTAMP] <= cutoff)
+                                 or (mine and 0 < w[base - lw + S_EXPIRES] <= mine))):
                         self._ttl_expire(g, gi, base, o, owner, dead)
                         gone += 1
                         o += 1
@@ -379,3 +409,60 @@ class Delivery(Settlement):
             if not ne or deadline < ne:
                 w[g + G_NEXT_EXPIRY] = deadline
         return spent
+
+    # ------------------------------------------------------------ expiry without a consumer
+    def sweep(self, gi: int, owner: int, now: int, budget: int, dead: list[DeadItem]) -> int:
+        """The broker's maintenance of a group nobody may be consuming: expire what a
+        delivery at ``now`` would expire, owned by ``owner`` (DEADING ones are queued in
+        ``dead`` for the dead-letter queue), looking at most at ``budget`` lease words.
+
+        From the cursor on it steps over DONE and delayed words (as ``deliver`` does),
+        expires NEW words whose TTL ran out and moves the cursor past them, and stops at
+        the first message still live: a message behind it waits until that one is
+        delivered or expires (as RabbitMQ's per-message TTL).  Then the delayed words
+        below the cursor (READY, never delivered) that are due and expired.  The words
+        are stored before the cursor moves, as in ``deliver``.  Returns the number expired."""
+        w = self.w
+        g = self.gw + gi * G_WORDS
+        ttl = self.ttl_ns
+        own = w[Q_EXPIRES_MAX]
+        if (not ttl and not own) or w[g + G_STATE] != GS_ACTIVE:
+            return 0
+        wall = self.wall_ns()
+        cutoff = wall - ttl if ttl else -1  # (-1: no timestamp is at or before it)
+        sl, cap, sw = self.sl, self.cap, self.sw
+        lw = S_GROUPS + gi
+        gone = 0
+        cur = o = w[g + G_CURSOR]
+        tail = w[self.tail_word]
+        while o < tail and budget > 0:
+            budget -= 1
+            base = sl + (o % cap) * sw
+            word = w[base + lw]
+            if word:  # DONE (settled without a delivery), or delayed: stepped over
+                if word & STATE_MASK == READY:
+                    self._ready_hint(g, o, word >> TIME_SHIFT)
+            elif w[base + S_TIMESTAMP] <= cutoff or (own and 0 < w[base + S_EXPIRES] <= wall):
+                self._ttl_expire(g, gi, base + lw, o, owner, dead)
+                gone += 1
+            else:
+                break  # live: the messages behind it wait for it
+            o += 1
+        moved = o != cur
+        if moved:
+            w[g + G_CURSOR] = o
+        if w[g + G_REDELIVER] and now >= w[g + G_NEXT_READY]:  # delayed ones that came due
+            o = max(w[g + G_FLOOR], w[g + G_READY_LO])
+            cur = w[g + G_CURSOR]
+            while o < cur and budget > 0:
+                budget -= 1
+                base = sl + (o % cap) * sw
+                word = w[base + lw]
+                if word & STATE_DC_MASK == READY and word >> TIME_SHIFT <= now and (
+                        w[base + S_TIMESTAMP] <= cutoff or (own and 0 < w[base + S_EXPIRES] <= wall)):
+                    self._ttl_expire(g, gi, base + lw, o, owner, dead)  # (the READY hints stay bounds)
+                    gone += 1
+                o += 1
+        if gone or moved:
+            self.advance_floor(gi)
+        return gone

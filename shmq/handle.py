@@ -177,20 +177,18 @@ class QueueHandle:
 
     def _put_meta(self, payload: bytes, meta: bytes, timeout: float) -> int:
         """Internal: append with metadata (dead-letter origin); on an ``always`` queue,
-        returns once the copy is journaled, so the original can be settled safely."""
+        the caller waits for ``_dur.put_mark(off + 1)`` before it settles the original."""
         self._alive()
         if self._durable:
             self._dur.check()
         off = self._put_wait([payload], [meta], True, timeout, first_try=True)
         self._wake_consumers(1)
-        mark = self._dur.put_mark(off + 1)
-        if mark is not None:
-            mark.wait(time.monotonic() + timeout)
         return off
 
     def _put_wait(self, items: list[Any], metas: list[bytes] | None, block: bool,
                   timeout: float | None, first_try: bool = False, producer: int = 0, seq: int = 0,
-                  delay: int = 0) -> int:
+                  delay: int = 0, ttl: int = 0) -> int:
+        """Store a batch (``delay``, ``ttl``: ms, 0 for none), sleeping for room as asked."""
         ring = self._ring
         nbytes = sum(map(len, items)) + (sum(map(len, metas)) if metas else 0)
         if not ring.fits_empty(nbytes, len(items)):
@@ -201,8 +199,9 @@ class QueueHandle:
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def attempt() -> int | None:
-            off = ring.try_put_many(items, metas, self._wall(), producer, seq,
-                                    self._now() + delay if delay else 0)
+            ts = self._wall()
+            off = ring.try_put_many(items, metas, ts, producer, seq, self._now() + delay if delay else 0,
+                                    ts + ttl * 1_000_000 if ttl else 0)
             if off == DUPLICATE:
                 raise Duplicate(f"producer already wrote sequence {seq} (or a later one) to "
                                 f"{self.name!r}: nothing was written")
@@ -260,7 +259,10 @@ class QueueHandle:
         would saturate) is moved to the tail of the same queue, its origin kept.  ``wait``:
         how long a copy may wait for room in a full DLQ before it is orphaned (retried by
         the next reap): only a caller's own nack or dead-letter waits, never a reaper, an
-        expiry or a give-back done for others."""
+        expiry or a give-back done for others.  On an ``always`` DLQ the originals are
+        settled once the journal has every copy (one mark for the batch), waited for at
+        least ``DEAD_LETTER_SYNC_WAIT``: a copy orphaned for want of an fsync would be
+        copied again at every retry."""
         ring = self._ring
         dlq: QueueHandle | None = self
         if not self.is_dlq:
@@ -269,6 +271,8 @@ class QueueHandle:
             except ShmqError:  # e.g. a journaled DLQ while no journal writer runs: retried later
                 dlq = None
         names = dict(self._groups.active())
+        copied: list[tuple[int, int, int]] = []  # (group, offset, deliveries) of the copies made
+        last = -1
         for gi, off, dc, reason in items:
             payload, meta, ts = ring.record(off)
             origin = meta if self.is_dlq else block_of(meta) + json.dumps(
@@ -277,17 +281,31 @@ class QueueHandle:
             try:
                 if dlq is None:
                     raise Full("no dead-letter queue")
-                dlq._put_meta(payload, origin, wait)
+                last = dlq._put_meta(payload, origin, wait)
             except (Full, QueueNotFound, Timeout, StorageError):  # retried by maintenance
                 with ring.clock:
                     self._groups.orphan_dead(gi, off, dc)
                 continue
-            if _CRASH:
-                crashpoints.hit("dlq.copied")
+            copied.append((gi, off, dc))
+        if not copied or dlq is None:
+            return
+        try:
+            mark = dlq._dur.put_mark(last + 1)
+            if mark is not None:  # an `always` DLQ: the originals stay until the copies are on disk
+                mark.wait(time.monotonic() + max(wait, options.DEAD_LETTER_SYNC_WAIT))
+        except (QueueNotFound, Timeout, StorageError):  # retried by maintenance
             with ring.clock:
-                freed = self._groups.finish_dead(gi, off, dc)
-            if freed and self._w[L.Q_PRODUCER_WAITERS]:
-                self._wake(self._nf, self._w[L.Q_PRODUCER_WAITERS], 1)
+                for gi, off, dc in copied:
+                    self._groups.orphan_dead(gi, off, dc)
+            return
+        if _CRASH:
+            crashpoints.hit("dlq.copied")
+        freed = False
+        with ring.clock:
+            for gi, off, dc in copied:
+                freed = self._groups.finish_dead(gi, off, dc) or freed
+        if freed and self._w[L.Q_PRODUCER_WAITERS]:
+            self._wake(self._nf, self._w[L.Q_PRODUCER_WAITERS], 1)
 
     # ------------------------------------------------------------ maintenance
     def maintain(self, now: int | None = None) -> int:
@@ -305,6 +323,38 @@ class QueueHandle:
             self._dead_letter(dead)
         if n:
             self._wake_consumers(n)
+        return n
+
+    def sweep_ttl(self, budget: int = options.TTL_SWEEP_BATCH) -> int:
+        """Expire, in every group, what a delivery would expire now (``Groups.sweep``: from
+        the cursor up to the first live message), looking at most at ``budget`` lease words
+        per group, in one hold of the consumer lock per group; the number expired.  The
+        broker's maintenance calls it on every queue with a TTL, so that expired messages
+        reach the dead-letter queue (or are dropped) with nobody consuming.  An empty queue
+        forgets that it held messages with a TTL of their own (``Q_EXPIRES_MAX`` back to 0),
+        so its deliveries stop looking at S_EXPIRES."""
+        w = self._w
+        if w[L.Q_EXPIRES_MAX] and w[L.Q_FREE_OFFSET] == w[L.Q_NEXT_OFFSET]:
+            with self._ring.plock:  # (no put in progress; the free offset only rises)
+                if w[L.Q_FREE_OFFSET] == w[L.Q_NEXT_OFFSET]:
+                    w[L.Q_EXPIRES_MAX] = 0
+        if not self._ring.message_ttl_ms and not w[L.Q_EXPIRES_MAX]:
+            return 0
+        self._alive()
+        now = self._now()
+        owner = self._att.client_slot()
+        free = w[L.Q_FREE_OFFSET]
+        dead: list[DeadItem] = []
+        n = 0
+        for gi, _ in self._groups.active():
+            with self._ring.clock:  # (a group deleted meanwhile is skipped there)
+                n += self._groups.sweep(gi, owner, now, budget, dead)
+        if dead:
+            self._dead_letter(dead)
+        if n and self._durable:
+            self._dur.poke()
+        if w[L.Q_FREE_OFFSET] != free and w[L.Q_PRODUCER_WAITERS]:
+            self._wake(self._nf, w[L.Q_PRODUCER_WAITERS], w[L.Q_PRODUCER_WAITERS])
         return n
 
     def _reap_client(self, client: int, now: int, identity: tuple[int, int] | None = None) -> int:

@@ -333,7 +333,7 @@ class Journal(SegmentRecovery):
             self._active_size = ends[-1]
             self._prealloc_after = 0
         self._ready = True
-        return Recovery(scan.messages, scan.state, self._next, scan.problems, scan.metas)
+        return Recovery(scan.messages, scan.state, self._next, scan.problems, scan.metas, scan.expires)
 
     # ---------------------------------------------------------------- internals
     def _check_usable(self) -> None:

@@ -33,7 +33,9 @@ HEADER_SIZE = HEAD.size + CRC.size  # 24
 ENTRY = struct.Struct("<QQI")  # offset, timestamp_ns, payload length
 ENTRY_SIZE = ENTRY.size  # 20
 F_META = 1  # MESSAGES flag: each entry's data is ``meta length u32, metadata, payload``
+F_EXPIRES = 2  # MESSAGES flag (with F_META): each entry's data starts with ``expires_ns u64`` (0: none)
 META_LEN = struct.Struct("<I")
+EXPIRES = struct.Struct("<Q")
 _BLANK_HEADER = bytes(HEADER_SIZE)
 
 QUEUE_DIR_PREFIX = "q-"
@@ -136,13 +138,18 @@ def encode_messages(items: Sequence[tuple[Any, ...]], after: int = -1,
     metadata)`` (headers, a dead letter's origin): a record holding one of those has the
     flag ``F_META``, and each of its entries' data is ``metadata length u32, metadata,
     payload`` (a record without is byte for byte what it was before metadata was journaled).
+    An item ``(offset, timestamp_ns, payload, metadata, expires_ns)`` (a message's own TTL,
+    ``layout.S_EXPIRES``; 0: none) makes its record ``F_META | F_EXPIRES``: each entry's
+    data then starts with ``expires_ns u64``.
     Offsets must be above ``after`` and strictly increase; anything wrong raises
     :class:`InvalidArgument` before a byte is written anywhere.
     """
     if any(len(it) > 3 for it in items):
-        items = [(it[0], it[1], META_LEN.pack(len(it[3]) if len(it) > 3 else 0)
+        timed = any(len(it) > 4 and it[4] for it in items)
+        items = [(it[0], it[1], (EXPIRES.pack(it[4] if len(it) > 4 else 0) if timed else b"")
+                  + META_LEN.pack(len(it[3]) if len(it) > 3 else 0)
                   + (bytes(it[3]) if len(it) > 3 else b"") + bytes(it[2])) for it in items]
-        return _encode_parts(items, after, max_body, F_META)
+        return _encode_parts(items, after, max_body, F_META | (F_EXPIRES if timed else 0))
     return _encode_parts(items, after, max_body, 0)
 
 

@@ -21,6 +21,8 @@ from .journal_files import (
     CRC,
     ENTRY,
     ENTRY_SIZE,
+    EXPIRES,
+    F_EXPIRES,
     F_META,
     HEAD,
     HEADER_SIZE,
@@ -46,6 +48,7 @@ class Recovery:
     next_offset: int  # one past the last message offset ever appended (0 if none)
     problems: list[str] = field(default_factory=list)  # torn tails and quarantined corruption, for humans
     metas: dict[int, bytes] = field(default_factory=dict)  # offset: metadata, of the messages that have any
+    expires: dict[int, int] = field(default_factory=dict)  # offset: S_EXPIRES, of the messages put with a TTL
 
 
 @dataclass
@@ -58,6 +61,7 @@ class Scan:
     last: int = -1  # the highest message offset seen
     problems: list[str] = field(default_factory=list)
     metas: dict[int, bytes] = field(default_factory=dict)
+    expires: dict[int, int] = field(default_factory=dict)
 
 
 class SegmentRecovery:
@@ -117,7 +121,8 @@ class SegmentRecovery:
         (header_crc,) = CRC.unpack_from(data, pos + HEAD.size)
         if magic != MAGIC or zlib.crc32(view[pos:pos + HEAD.size]) != header_crc:
             return "mismatch", "bad magic" if magic != MAGIC else "header checksum mismatch", HEADER_SIZE
-        if kind not in (MESSAGES, STATE) or flags & ~(F_META if kind == MESSAGES else 0) or reserved:
+        if (kind not in (MESSAGES, STATE) or flags & ~(F_META | F_EXPIRES if kind == MESSAGES else 0)
+                or flags == F_EXPIRES or reserved):
             return "corrupt", f"unknown record type {kind} (flags {flags}, reserved {reserved})", 0
         if body_len > options.JOURNAL_MAX_RECORD_BYTES:
             return "corrupt", f"impossible body length {body_len}", 0
@@ -133,6 +138,8 @@ class SegmentRecovery:
             return "ok", "", HEADER_SIZE + body_len
         found = []
         metas: dict[int, bytes] = {}
+        expires: dict[int, int] = {}
+        skip = EXPIRES.size if flags & F_EXPIRES else 0  # expires_ns u64 before the metadata length
         prev = max(scan.last, base - 1)
         at = start
         for _ in range(count):
@@ -145,13 +152,16 @@ class SegmentRecovery:
             if off <= prev:
                 return "corrupt", f"offset {off} does not follow {prev}", 0
             if off >= scan.floor:
-                if flags:  # F_META: metadata length u32, metadata, payload
-                    ml = META_LEN.unpack_from(data, at)[0] if n >= META_LEN.size else n
-                    if META_LEN.size + ml > n:
+                if flags:  # F_META: [expires_ns u64,] metadata length u32, metadata, payload
+                    head = skip + META_LEN.size
+                    ml = META_LEN.unpack_from(data, at + skip)[0] if n >= head else n
+                    if head + ml > n:
                         return "corrupt", "a message's metadata overruns its entry", 0
                     if ml:
-                        metas[off] = data[at + META_LEN.size:at + META_LEN.size + ml]
-                    found.append((off, ts, data[at + META_LEN.size + ml:at + n]))
+                        metas[off] = data[at + head:at + head + ml]
+                    if skip and (exp := EXPIRES.unpack_from(data, at)[0]):
+                        expires[off] = exp
+                    found.append((off, ts, data[at + head + ml:at + n]))
                 else:
                     found.append((off, ts, data[at:at + n]))
             prev = off
@@ -160,6 +170,7 @@ class SegmentRecovery:
             return "corrupt", f"a message record of {count} messages with {end - at} stray bytes", 0
         scan.messages += found
         scan.metas.update(metas)
+        scan.expires.update(expires)
         scan.last = prev
         return "ok", "", HEADER_SIZE + body_len
 

@@ -33,7 +33,7 @@ Queue segment  ``/shmq.<instance>.q<id>``  (one per queue, dead-letter queues in
     byte 0         768     832     896     960   1024
     +--------------+-------+-------+-------+-----+-------------+----------------+---------------+------------+
     | queue header | plock | clock | bells | pad | group table | producer table | slot table    | byte ring  |
-    | Q_* words    |       |       | 64 B  |     | G x 32 w    | P x 4 w        | N x (4 + G) w | max_bytes  |
+    | Q_* words    |       |       | 64 B  |     | G x 32 w    | P x 4 w        | N x (5 + G) w | max_bytes  |
     +--------------+-------+-------+-------+-----+-------------+----------------+---------------+------------+
 
     G = max_groups, N = capacity, P = options.MAX_PRODUCERS (idempotent producers remembered).
@@ -56,7 +56,19 @@ Slot of offset ``o`` is entry ``o % N``::
     word 1  S_BYTEPOS    virtual byte position of the record (physical = pos % max_bytes)
     word 2  S_LENS       payload length (low 32 bits) | metadata length (high 32 bits)
     word 3  S_TIMESTAMP  producer's wall clock, ns since the epoch
-    word 4+g             lease word of group g (below)
+    word 4  S_EXPIRES    the message's own TTL (``put(ttl=)``): wall-clock ns when it
+                         expires, S_TIMESTAMP + TTL (0: none; written before the commit)
+    word 5+g             lease word of group g (below)
+
+A message put without a TTL leaves S_EXPIRES 0 (the put zeroes it with the lease
+words: nothing more to write), and ``Q_EXPIRES_MAX`` (plock) stays 0 until a
+message with its own TTL is put on the queue: the batch delivery paths read that one
+header word and skip the S_EXPIRES column while it is 0, and the one-message path
+reads the message's S_EXPIRES (one word, beside the slot head it reads anyway), so
+messages without a TTL cost one word read per delivery call and nothing per message.
+Otherwise ``Q_EXPIRES_MAX`` is a bound: no S_EXPIRES of a retained message is above it
+(written before the commit of the put that raises it; the broker's maintenance sets it
+back to 0 under plock once nothing is retained).
 
 Producer entry (idempotent producers, guarded by plock)::
 
@@ -101,6 +113,12 @@ Lease word (one per message per group)::
     reason "ttl_expired", or made DONE when the queue has F_TTL_DROP.  A DEADING word with
     0 deliveries past a cursor is such an expiry whose deliverer died before moving the
     cursor: ``repair`` makes it NEW again.
+
+    A message's own TTL (S_EXPIRES) works the same way: a word about to be delivered
+    for the first time whose slot has S_EXPIRES != 0 and S_EXPIRES <= the wall clock
+    expires as above, so the effective TTL is the smaller of the queue's and the
+    message's, both counted from the put.  The broker's maintenance expires the same
+    words without a consumer, from each group's cursor on (``Delivery.sweep``).
 """
 
 from __future__ import annotations
@@ -116,7 +134,7 @@ def _magic(tag: bytes) -> int:
 
 REGISTRY_MAGIC = _magic(b"SHMQREG1")
 QUEUE_MAGIC = _magic(b"SHMQQUE1")
-LAYOUT_VERSION = 3
+LAYOUT_VERSION = 4  # 4: S_EXPIRES, Q_EXPIRES_MAX
 MUTEX_SIZE = 64  # room for a pthread_mutex_t (40 B on x86-64 glibc, 48 B on aarch64)
 
 # ---------------------------------------------------------------- registry
@@ -214,6 +232,7 @@ Q_NAME = 40  # 26 words
 Q_LEASES_REAPED = 66  # leases of dead processes given back by a reaper
 Q_LEASES_RETURNED = 67  # leases of closed broker connections given back by their worker
 Q_MESSAGE_TTL_MS = 68  # a message not delivered to a group within this many ms of its put expires (0: none)
+Q_EXPIRES_MAX = 69  # plock: the latest S_EXPIRES of a message put with its own TTL (wall ns; 0: none)
 Q_LOCK_P = 768  # byte offsets
 Q_LOCK_C = 832
 Q_BELLS = 896  # byte offset of the doorbell flags: one byte per worker
@@ -262,12 +281,13 @@ S_OFFSET = 0
 S_BYTEPOS = 1
 S_LENS = 2
 S_TIMESTAMP = 3
-S_GROUPS = 4
-S_FIXED_WORDS = 4
+S_EXPIRES = 4
+S_GROUPS = 5
+S_FIXED_WORDS = 5  # the words before the lease words
 LEN_PAYLOAD_MASK = 0xFFFFFFFF  # S_LENS: the payload length is the low 32 bits
 LEN_META_SHIFT = 32  # S_LENS: the metadata length is the high 32 bits
 
-SLOT_HEAD = struct.Struct("4Q")  # S_OFFSET .. S_TIMESTAMP in one pack/unpack
+SLOT_HEAD = struct.Struct("4Q")  # S_OFFSET .. S_TIMESTAMP in one pack/unpack (S_EXPIRES is not in it)
 
 # lease word
 NEW = 0

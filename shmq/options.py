@@ -29,7 +29,7 @@ DEFAULT_MAX_MESSAGE_SIZE = 1024 * 1024
 MAX_MESSAGE_SIZE = 16 * 1024 * 1024  # a message (+ metadata) fits one TCP frame (MAX_FRAME)
 DEFAULT_VISIBILITY_TIMEOUT = 30.0  # seconds a delivery is leased
 MAX_VISIBILITY_TIMEOUT = 12 * 3600.0
-MAX_MESSAGE_TTL = 365 * 86400.0  # seconds of a queue's message_ttl; a year
+MAX_MESSAGE_TTL = 365 * 86400.0  # seconds of a queue's message_ttl, or a message's own (put(ttl=)); a year
 MAX_DELAY = 7 * 86400.0  # seconds a put may delay its message (put(delay=)); a week
 DEFAULT_MAX_DELIVERIES = 5  # deliveries before dead-lettering
 MAX_DELIVERIES_LIMIT = 255  # the lease word keeps the count in 8 bits
@@ -59,6 +59,8 @@ REPLY_CAPACITY = 1024  # messages a reply queue holds (a reply to a full one is 
 REPLY_MAX_BYTES = 4 * 1024 * 1024  # bytes a reply queue holds (a reply: at most DEFAULT_MAX_MESSAGE_SIZE)
 DEFAULT_REQUEST_TIMEOUT = 30.0  # s broker.request waits for its reply
 REAP_INTERVAL = 0.25  # how often dead processes' leases are looked for (s)
+TTL_SWEEP_BATCH = 1024  # lease words the broker's maintenance looks at per group and tick, expiring TTLs
+DEAD_LETTER_SYNC_WAIT = 1.0  # s dead-letter copies into an `always` DLQ wait for its journal, at least
 ATTACH_TIMEOUT = 2.0  # how long to wait for a half-created instance to appear
 CREATION_GRACE = 10.0  # s: objects of an instance with no registry younger than this are being created
 

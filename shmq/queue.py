@@ -14,7 +14,7 @@ from typing import Any
 from . import headers as _headers
 from . import layout as L
 from . import options
-from .api import Headers, Message, Payload, as_bytes, check_producer, delay_ms
+from .api import Headers, Message, Payload, as_bytes, check_producer, delay_ms, ttl_ms
 from .api import Queue as QueueABC
 from .consume import Consuming
 from .durability import Mark
@@ -37,13 +37,15 @@ class ShmQueue(Consuming, QueueABC):
 
     # ------------------------------------------------------------ produce
     def put(self, payload: Payload, block: bool = True, timeout: float | None = None,
-            *, wait_durable: bool = True, headers: Headers | None = None, delay: float | None = None) -> int:
+            *, wait_durable: bool = True, headers: Headers | None = None, delay: float | None = None,
+            ttl: float | None = None) -> int:
         if type(payload) is not bytes:
             payload = as_bytes(payload)
-        if delay is not None:
+        if delay is not None or ttl is not None:
             metas = None if headers is None else [_headers.encode(headers)]
             ms = delay_ms(delay)
-            return self._put_metas([payload], metas, block, timeout, 0, None, wait_durable, ms)[0]
+            return self._put_metas([payload], metas, block, timeout, 0, None, wait_durable, ms,
+                                   ttl_ms(ttl, ms))[0]
         if headers is not None:
             enc = _headers._encode_c  # the compiled encoder, called at once (shmq.accel)
             meta = enc(headers, options.MAX_HEADERS, options.MAX_HEADERS_BYTES) if enc else None
@@ -75,23 +77,28 @@ class ShmQueue(Consuming, QueueABC):
     def put_many(self, payloads: Sequence[Payload], block: bool = True,
                  timeout: float | None = None, *, producer: str | None = None,
                  seq: int | None = None, wait_durable: bool = True,
-                 headers: Sequence[Headers | None] | None = None, delay: float | None = None) -> list[int]:
+                 headers: Sequence[Headers | None] | None = None, delay: float | None = None,
+                 ttl: float | None = None) -> list[int]:
         """Append a batch atomically.  With ``producer`` and ``seq`` (an idempotent
         producer): raise :class:`Duplicate` and write nothing when this producer already
         wrote ``seq`` or a later sequence to this queue.  ``headers``: one mapping (or
-        None) per payload."""
+        None) per payload; ``delay``, ``ttl``: one for the whole batch."""
         key = producer_key(producer) if check_producer(producer, seq) else 0  # type: ignore[arg-type]
         if set(map(type, payloads)) == {bytes}:  # the usual case, checked at C speed
             items = list(payloads)
         else:
             items = [p if type(p) is bytes else as_bytes(p) for p in payloads]
         metas = _headers.encode_many(headers, len(items)) if headers is not None else None
-        return self._put_metas(items, metas, block, timeout, key, seq, wait_durable, delay_ms(delay))
+        ms = delay_ms(delay)
+        return self._put_metas(items, metas, block, timeout, key, seq, wait_durable, ms, ttl_ms(ttl, ms))
 
     def _put_metas(self, items: list[Any], metas: list[bytes] | None, block: bool, timeout: float | None,
-                   key: int, seq: int | None, wait_durable: bool, delay: int = 0) -> list[int]:
+                   key: int, seq: int | None, wait_durable: bool, delay: int = 0, ttl: int = 0) -> list[int]:
         """put_many of payloads (bytes) with their header blocks (None: no message has any);
-        ``delay``: ms before they are due (0: now)."""
+        ``delay``: ms before they are due (0: now); ``ttl``: ms from the put before they
+        expire, checked (0: none)."""
+        if ttl and self.is_dlq:
+            raise InvalidArgument(f"{self.name!r} is a dead-letter queue: its messages have no TTL")
         if not items:
             return []
         if metas is not None and not any(metas):
@@ -104,16 +111,16 @@ class ShmQueue(Consuming, QueueABC):
             raise MessageTooLarge(f"a {'payload' if metas is None else 'message (payload + headers)'} of "
                                   f"{big} bytes exceeds max_message_size {self._max} of queue {self.name!r}")
         if self._durable:
-            first = self._put_durable(items, block, timeout, wait_durable, key, seq or 0, metas, delay)
+            first = self._put_durable(items, block, timeout, wait_durable, key, seq or 0, metas, delay, ttl)
         else:
             first = self._put_wait(items, metas, block, timeout, first_try=True, producer=key, seq=seq or 0,
-                                   delay=delay)
+                                   delay=delay, ttl=ttl)
             self._wake_consumers(len(items))
         return list(range(first, first + len(items)))
 
-    def _publish(self, payload: Payload, block: bool, timeout: float | None, headers: Headers | None = None
-                 ) -> int:
-        return self.put(payload, block, timeout, wait_durable=False, headers=headers)
+    def _publish(self, payload: Payload, block: bool, timeout: float | None, headers: Headers | None = None,
+                 delay: float | None = None, ttl: float | None = None) -> int:
+        return self.put(payload, block, timeout, wait_durable=False, headers=headers, delay=delay, ttl=ttl)
 
     def _confirm(self, token: int) -> int:
         if self._always:
@@ -121,13 +128,14 @@ class ShmQueue(Consuming, QueueABC):
         return token
 
     def _put_durable(self, items: list[Any], block: bool, timeout: float | None, wait_durable: bool,
-                     key: int, seq: int, metas: list[bytes] | None = None, delay: int = 0) -> int:
+                     key: int, seq: int, metas: list[bytes] | None = None, delay: int = 0, ttl: int = 0
+                     ) -> int:
         """put / put_many on a journaled queue: refused while the journal cannot be written;
         with ``always`` (and ``wait_durable``) it returns once the journal has the batch."""
         self._dur.check()
         deadline = None if timeout is None else time.monotonic() + timeout
         first = self._put_wait(items, metas, block, timeout, first_try=True, producer=key, seq=seq,
-                               delay=delay)
+                               delay=delay, ttl=ttl)
         if not self._always:  # an `always` batch is shown to consumers once journaled
             self._wake_consumers(len(items))
         else:

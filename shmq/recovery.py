@@ -18,15 +18,17 @@ from .ring import Ring
 
 def restore_fill(records: dict[int, tuple[int, bytes, bytes]], groups: list[dict[str, Any]],
                  producers: list[tuple[int, int]], first: int, tail: int, created_ns: int,
-                 ring: Ring, delays: list[tuple[int, int]] | None = None) -> None:
+                 ring: Ring, delays: list[tuple[int, int]] | None = None,
+                 expires: dict[int, int] | None = None) -> None:
     """Write ``records`` ({offset: (timestamp_ns, payload, metadata)}) at their offsets, with
     ``first`` the first retained offset and ``tail`` the next one; restore the
     groups as journaled (without any, the default group starts at ``first``) and
     the idempotent producers' sequences; mark everything below ``tail`` durable.
     ``delays``: (offset, wall-clock ms when due) of the delayed messages (the journal's
-    state), delayed again on this boot's monotonic clock."""
+    state), delayed again on this boot's monotonic clock.  ``expires``: {offset: wall-clock
+    ns when it expires} of the messages put with their own TTL."""
     w = ring.w
-    ring.restore(records, first, tail)
+    ring.restore(records, first, tail, expires)
     if groups:
         Groups(ring).restore(groups, first, tail)
     else:

@@ -39,6 +39,7 @@ from .layout import (  # the hot paths' names: a global load each (L.NAME is an 
     Q_PENDING_PRODUCER,
     Q_TAIL_BYTES,
     S_BYTEPOS,
+    S_EXPIRES,
     S_FIXED_WORDS,
     S_LENS,
     S_OFFSET,
@@ -98,7 +99,7 @@ class Ring:
         self.clock = RobustLock(self.mm, L.Q_LOCK_C, (w, L.Q_CLOCK_RECOVERIES))
         # a producer died holding the producer lock: its idempotent put counts only if committed
         self.plock.on_recover = self._recover_producer
-        self._zero_leases = bytes(L.WORD * self.max_groups)
+        self._zero_leases = bytes(L.WORD * (self.slot_words - S_EXPIRES))  # S_EXPIRES and the lease words
 
     # ------------------------------------------------------------ creation
     @classmethod
@@ -217,8 +218,8 @@ class Ring:
             else:
                 mm[start:start + n] = payload
             base = self.slots_w + (off % self.capacity) * self.slot_words
-            mm[base * WORD:(base + S_FIXED_WORDS) * WORD] = _pack_slot(off, p, lens, ts)
-            b = (base + S_FIXED_WORDS) * WORD
+            mm[base * WORD:(base + S_EXPIRES) * WORD] = _pack_slot(off, p, lens, ts)
+            b = (base + S_EXPIRES) * WORD
             mm[b:b + len(self._zero_leases)] = self._zero_leases
             w[Q_TAIL_BYTES] = p + n
             if _CRASH:
@@ -231,11 +232,12 @@ class Ring:
             unlock(addr)
 
     def try_put_many(self, payloads: list[bytes], metas: list[bytes] | None, ts: int,
-                     producer: int = 0, seq: int = 0, due: int = 0) -> int:
+                     producer: int = 0, seq: int = 0, due: int = 0, expires: int = 0) -> int:
         """Append a batch atomically (all or none); the first offset, -1 when it does not
         fit now, or DUPLICATE when ``producer`` (a key from ``producer_key``) already
         wrote ``seq`` or a later sequence.  ``due`` (monotonic ms, 0: none): delayed
-        messages, READY for every group at ``due`` (``_delay``)."""
+        messages, READY for every group at ``due`` (``_delay``).  ``expires`` (wall ns, 0:
+        none): their own TTL runs out then (S_EXPIRES; Q_EXPIRES_MAX rises to it)."""
         w = self.w
         size = self.size
         cap = self.capacity
@@ -297,6 +299,8 @@ class Ring:
                 block[S_BYTEPOS::sw] = array("Q", positions[i:i + k])
                 block[S_LENS::sw] = array("Q", lens[i:i + k])
                 block[S_TIMESTAMP::sw] = array("Q", [ts]) * k
+                if expires:
+                    block[S_EXPIRES::sw] = array("Q", [expires]) * k
                 w[sl + i0 * sw:sl + (i0 + k) * sw] = block
                 if due:
                     self._delay(sl + i0 * sw, k, due)
@@ -326,6 +330,8 @@ class Ring:
                 mm[start:start + end - positions[i]] = b"".join(parts)
                 i = j
             w[Q_TAIL_BYTES] = p
+            if expires > w[L.Q_EXPIRES_MAX]:  # before the commit: the bound covers what it publishes
+                w[L.Q_EXPIRES_MAX] = expires
             if producer:  # the order matters: see "Producer entry" in layout
                 w[Q_PENDING_PRODUCER] = (pe - self.producers_w) // P_WORDS + 1
                 if _CRASH:
@@ -418,22 +424,25 @@ class Ring:
             w[e + L.P_KEY] = key
 
     # ------------------------------------------------------------ recovery
-    def restore(self, records: dict[int, tuple[int, bytes, bytes]], first: int, tail: int) -> None:
+    def restore(self, records: dict[int, tuple[int, bytes, bytes]], first: int, tail: int,
+                expires: dict[int, int] | None = None) -> None:
         """Fill a new, unpublished segment (recovery): ``records`` maps offset to
         (timestamp_ns, payload, metadata); every offset of [first, tail) not in it becomes a
         tombstone, empty and DONE for every group (lost in a crash window, or never
-        handed out), so offsets keep their meaning and are never reused."""
+        handed out), so offsets keep their meaning and are never reused.  ``expires``:
+        {offset: S_EXPIRES} of the messages put with their own TTL."""
         w = self.w
         size, cap = self.size, self.capacity
         if tail - first > cap:
             raise InstanceError(f"cannot restore {tail - first} offsets into capacity {cap}")
-        done_all = b"".join(L.DONE.to_bytes(L.WORD, "little") for _ in range(self.max_groups))
+        done_all = bytes(L.WORD) + b"".join(L.DONE.to_bytes(L.WORD, "little") for _ in range(self.max_groups))
+        expires = expires or {}
         mm = self.mm
         p = 0
         for o in range(first, tail):
             base = self.slots_w + (o % cap) * self.slot_words
             rec = records.get(o)
-            b = (base + L.S_FIXED_WORDS) * L.WORD
+            b = (base + L.S_EXPIRES) * L.WORD
             if rec is None:
                 mm[base * L.WORD:b] = L.SLOT_HEAD.pack(o, p, 0, 0)
                 mm[b:b + len(done_all)] = done_all
@@ -449,6 +458,9 @@ class Ring:
             mm[start:start + n] = meta + payload
             mm[base * L.WORD:b] = L.SLOT_HEAD.pack(o, p, len(payload) | (len(meta) << L.LEN_META_SHIFT), ts)
             mm[b:b + len(self._zero_leases)] = self._zero_leases
+            if o in expires:
+                w[base + L.S_EXPIRES] = expires[o]
+                w[L.Q_EXPIRES_MAX] = max(w[L.Q_EXPIRES_MAX], expires[o])
             p += n
         w[L.Q_TAIL_BYTES] = p
         w[L.Q_FREE_OFFSET] = first

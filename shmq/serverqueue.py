@@ -83,29 +83,33 @@ class ServerQueue:
         return bool(self._w[L.Q_STATE] != L.QS_ACTIVE)
 
     # ------------------------------------------------------------ produce
-    def put(self, payload: Payload, meta: bytes = b"", delay_ms: int = 0) -> tuple[int, Mark | None]:
+    def put(self, payload: Payload, meta: bytes = b"", delay_ms: int = 0, ttl_ms: int = 0
+            ) -> tuple[int, Mark | None]:
         """Store one message now (``meta``: its header block, checked; ``delay_ms``: when it
-        is due): (its offset, the mark confirming it).  :class:`Full` when there is no room now."""
-        if meta or delay_ms:
-            offs, mark = self.put_many([payload], metas=[meta] if meta else None, delay_ms=delay_ms)
+        is due; ``ttl_ms``: its own TTL, checked): (its offset, the mark confirming it).
+        :class:`Full` when there is no room now."""
+        if meta or delay_ms or ttl_ms:
+            offs, mark = self.put_many([payload], metas=[meta] if meta else None, delay_ms=delay_ms,
+                                       ttl_ms=ttl_ms)
             return offs[0], mark
         off = self._q.put(payload, block=False, wait_durable=False)  # (the writer is poked there)
         return off, self.durability.put_mark(off + 1, poke=False) if self._journaled else None
 
     def put_many(self, payloads: Sequence[Payload], producer: str | None = None,
-                 seq: int | None = None, metas: list[bytes] | None = None, delay_ms: int = 0
-                 ) -> tuple[list[int], Mark | None]:
+                 seq: int | None = None, metas: list[bytes] | None = None, delay_ms: int = 0,
+                 ttl_ms: int = 0) -> tuple[list[int], Mark | None]:
         """Store a batch now, all or none (an idempotent producer's with ``producer`` and
-        ``seq``; ``metas``: their header blocks, checked; ``delay_ms``: when they are due):
-        (the offsets, the mark confirming them)."""
-        if len(payloads) == 1 and metas is None and not delay_ms and producer is None and seq is None:
+        ``seq``; ``metas``: their header blocks, checked; ``delay_ms``: when they are due;
+        ``ttl_ms``: their own TTL): (the offsets, the mark confirming them)."""
+        if len(payloads) == 1 and metas is None and not delay_ms and not ttl_ms and producer is None \
+                and seq is None:
             off, mark = self.put(payloads[0])  # one plain message: put's path costs a third of put_many's
             return [off], mark
-        if metas is None and not delay_ms:
+        if metas is None and not delay_ms and not ttl_ms:
             offs = self._q.put_many(payloads, block=False, producer=producer, seq=seq, wait_durable=False)
         else:
             key = producer_key(producer) if check_producer(producer, seq) else 0  # type: ignore[arg-type]
-            offs = self._q._put_metas(list(payloads), metas, False, None, key, seq, False, delay_ms)
+            offs = self._q._put_metas(list(payloads), metas, False, None, key, seq, False, delay_ms, ttl_ms)
         mark = self.durability.put_mark(offs[-1] + 1, poke=False) if offs and self._journaled else None
         return offs, mark
 
@@ -289,8 +293,8 @@ class ServerBroker:
     """An instance, for a broker process: :class:`ServerQueue` handles, and what the
     supervisor, workers and journal writer do to the instance as a whole."""
 
-    def __init__(self, instance: str) -> None:
-        self._b = ShmBroker(instance)
+    def __init__(self, instance: str, *, clock: Callable[[], float] | None = None) -> None:
+        self._b = ShmBroker(instance, clock=clock)  # (a clock: tests drive leases and TTLs)
         self._att = self._b._att
         self.instance = instance
         self.instance_uid: int = self._att.registry.uid
@@ -313,12 +317,15 @@ class ServerBroker:
 
     def maintain(self) -> None:
         """The lease reaper's round: forget deleted queues, give back dead processes'
-        leases, expire visibility timeouts, retry orphaned dead-letters."""
+        leases, expire visibility timeouts, retry orphaned dead-letters, and expire the
+        messages whose TTL ran out (``QueueHandle.sweep_ttl``: bounded per group, so a
+        queue nobody consumes still expires them)."""
         self.prune()
         self.reap()
         for q in self.queues():
             try:
                 q.handle.maintain()
+                q.handle.sweep_ttl()
             except ShmqError:
                 pass  # deleted meanwhile
 

@@ -326,18 +326,19 @@ class TcpQueue(Queue):
         return f"TcpQueue({self._b.url!r}, {self.name!r})"
 
     def put(self, payload: Payload, block: bool = True, timeout: float | None = None, *,
-            headers: Headers | None = None, delay: float | None = None) -> int:
-        return self._b._execute(cmd.put(self, payload, block, timeout, headers, delay))
+            headers: Headers | None = None, delay: float | None = None, ttl: float | None = None) -> int:
+        return self._b._execute(cmd.put(self, payload, block, timeout, headers, delay, ttl))
 
     def put_many(self, payloads: Sequence[Payload], block: bool = True,
                  timeout: float | None = None, *, producer: str | None = None,
                  seq: int | None = None, headers: Sequence[Headers | None] | None = None,
-                 delay: float | None = None) -> list[int]:
-        return self._b._execute(cmd.put_many(self, payloads, block, timeout, producer, seq, headers, delay))
+                 delay: float | None = None, ttl: float | None = None) -> list[int]:
+        return self._b._execute(cmd.put_many(self, payloads, block, timeout, producer, seq, headers, delay,
+                                             ttl))
 
-    def _publish(self, payload: Payload, block: bool, timeout: float | None, headers: Headers | None = None
-                 ) -> tuple[Request[int], Box]:
-        req = cmd.put(self, payload, block, timeout, headers)
+    def _publish(self, payload: Payload, block: bool, timeout: float | None, headers: Headers | None = None,
+                 delay: float | None = None, ttl: float | None = None) -> tuple[Request[int], Box]:
+        req = cmd.put(self, payload, block, timeout, headers, delay, ttl)
         return req, self._b._begin(req)
 
     def _confirm(self, token: tuple[Request[int], Box]) -> int:

@@ -712,7 +712,7 @@ def test_header_vectors_are_what_the_clients_send_and_the_broker_reads() -> None
 def test_delayed_produce_frame_is_the_documented_bytes() -> None:
     from shmq.commands import put
     from shmq.errors import InvalidArgument
-    from shmq.producing import DELAY_FLAG, split_delay
+    from shmq.producing import DELAY_FLAG, split_prefixes
 
     class Q:
         name, _qb = "orders", b"orders"
@@ -723,8 +723,8 @@ def test_delayed_produce_frame_is_the_documented_bytes() -> None:
                                 "0006 6f7264657273 00000000 6869")
     f = FrameDecoder().feed(raw)[0]
     assert f.status == DELAY_FLAG
-    ms, body = split_delay(f.body)
-    assert ms == 1500
+    ms, tms, body = split_prefixes(f.status, f.body)
+    assert (ms, tms) == (1500, 0)
     assert decode_body(T.PRODUCE, body) == {"queue": "orders", "timeout_ms": 0, "payload": b"hi"}
     with pytest.raises(InvalidArgument):
-        split_delay(bytes.fromhex("ffffffff") + body)
+        split_prefixes(DELAY_FLAG, bytes.fromhex("ffffffff") + body)
