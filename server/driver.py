@@ -20,6 +20,7 @@ from typing import Protocol
 
 from shmq import options
 from shmq.codec import HEARTBEAT_FRAME
+from shmq.doorbell import RINGER
 from shmq.errors import ProtocolError, Status
 
 from . import handlers
@@ -120,7 +121,8 @@ class Driver(asyncio.Protocol):
             return
         self._reads += 1
         try:
-            handlers.receive(self.core, conn, data)
+            with RINGER.held():  # other workers' doorbells rung once our answers are written
+                handlers.receive(self.core, conn, data)
         except ProtocolError as e:
             conn.error(0, e.code, str(e))
             self.close()
