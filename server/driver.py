@@ -120,13 +120,16 @@ class Driver(asyncio.Protocol):
         if conn.closed:  # refused, or closing: what comes is dropped
             return
         self._reads += 1
+        held = RINGER.hold()  # other workers' doorbells are rung once our answers are written
         try:
-            with RINGER.held():  # other workers' doorbells rung once our answers are written
-                handlers.receive(self.core, conn, data)
+            handlers.receive(self.core, conn, data)
         except ProtocolError as e:
             conn.error(0, e.code, str(e))
             self.close()
             return
+        finally:
+            if held:
+                RINGER.release()
         if conn.ready and self._timer is not None and not self._seen:  # the handshake's timer
             self._timer.cancel()
             self._timer = None

@@ -35,8 +35,6 @@ import os
 import socket
 import struct
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 from . import layout as L
 from . import options
@@ -74,20 +72,19 @@ class Ringer:
         self._held: dict[tuple[int, int], tuple[bytes, int]] | None = None  # (uid, queue id) -> flags, skip
         self._holder = 0  # the thread whose rings are held
 
-    @contextmanager
-    def held(self) -> Iterator[None]:
-        """The rings of this thread inside the block are sent when it ends (however it
-        ends), once per queue, to every worker flagged at any of them."""
-        if self._held is not None:  # nested: the outer block sends
-            yield
-            return
+    def hold(self) -> bool:
+        """Hold this thread's rings until :meth:`release` (call it in a ``finally``); False
+        when they are held already (the caller that held them releases)."""
+        if self._held is not None:
+            return False
         self._held, self._holder = {}, threading.get_ident()
-        try:
-            yield
-        finally:
-            rings, self._held = self._held, None
-            for (uid, qid), (flags, skip) in rings.items():
-                self._send(flags, uid, qid, skip)
+        return True
+
+    def release(self) -> None:
+        """Send the rings held, once per queue, to every worker flagged at any of them."""
+        rings, self._held = self._held, None
+        for (uid, qid), (flags, skip) in (rings or {}).items():
+            self._send(flags, uid, qid, skip)
 
     def ring(self, flags: bytes, instance_uid: int, queue_id: int, skip: int) -> None:
         """Send ``queue_id`` to each worker whose byte in ``flags`` (a copy of a queue's
