@@ -20,6 +20,7 @@ from typing import Protocol
 
 from shmq import options
 from shmq.codec import HEARTBEAT_FRAME
+from shmq.doorbell import RINGER
 from shmq.errors import ProtocolError, Status
 
 from . import handlers
@@ -119,12 +120,16 @@ class Driver(asyncio.Protocol):
         if conn.closed:  # refused, or closing: what comes is dropped
             return
         self._reads += 1
+        held = RINGER.hold()  # other workers' doorbells are rung once our answers are written
         try:
             handlers.receive(self.core, conn, data)
         except ProtocolError as e:
             conn.error(0, e.code, str(e))
             self.close()
             return
+        finally:
+            if held:
+                RINGER.release()
         if conn.ready and self._timer is not None and not self._seen:  # the handshake's timer
             self._timer.cancel()
             self._timer = None

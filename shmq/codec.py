@@ -33,14 +33,23 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from . import options
-from .codec_bodies import body_parts, decode_body, encode_body, malformed, records_field
+from .codec_bodies import (
+    Columns,
+    body_parts,
+    decode_body,
+    encode_body,
+    malformed,
+    records_columns,
+    records_field,
+)
 from .codec_schemas import SCHEMAS, TYPES, T
 from .errors import ProtocolError, ShmqError, Status, error_for
 
 __all__ = [
-    "HEADER_SIZE", "HEARTBEAT_FRAME", "MAGIC", "SCHEMAS", "VERSION", "Frame", "FrameDecoder", "T",
+    "HEADER_SIZE", "HEARTBEAT_FRAME", "MAGIC", "SCHEMAS", "VERSION", "Columns", "Frame", "FrameDecoder", "T",
     "consume_frame", "decode_body", "decode_deliver", "deliver_frame", "encode_body", "encode_frame",
-    "error_of", "frame", "produce_frame", "produce_ok_frame", "records_field", "settle_frame",
+    "error_of", "frame", "produce_frame", "produce_ok_frame", "records_columns", "records_field",
+    "settle_frame",
 ]
 
 MAGIC = 0xDEADBEEF

@@ -17,13 +17,15 @@ import sys
 from array import array
 from collections.abc import Callable
 from itertools import accumulate
+from operator import itemgetter
 from typing import Any
 
 from . import options
 from .codec_schemas import SCHEMAS, TYPES, Schema, T
 from .errors import ProtocolError, Status
 
-__all__ = ["body_parts", "decode_body", "encode_body", "malformed", "records_field"]
+__all__ = ["Columns", "body_parts", "decode_body", "encode_body", "malformed", "records_columns",
+           "records_field"]
 
 
 def _count(value: Any) -> int:
@@ -38,6 +40,7 @@ def _seq(value: Any) -> Any:
 
 
 _U32 = struct.Struct(">I")
+_first, _second = itemgetter(0), itemgetter(1)
 _BIG = sys.byteorder == "big"
 for _code, _size in (("H", 2), ("I", 4), ("Q", 8)):
     assert array(_code).itemsize == _size, _code  # the columns below rely on it
@@ -85,7 +88,7 @@ def _dec_blobs(body: bytes, pos: int, n: int, ln: int, what: str) -> tuple[list[
 
 
 def _enc_settles(items: Any) -> bytes:
-    return _column("Q", [o for o, _ in items]) + _column("H", [d for _, d in items])
+    return _column("Q", map(_first, items)) + _column("H", map(_second, items))
 
 
 def _dec_settles(body: bytes, pos: int, n: int, ln: int, what: str) -> tuple[list[tuple[int, int]], int]:
@@ -139,6 +142,16 @@ def records_field(offsets: Any, deliveries: Any, stamps: Any, meta_lens: Any, pa
 
 
 def _dec_records(body: bytes, pos: int, n: int, ln: int, what: str) -> tuple[list[Any], int]:
+    columns, end = _records_columns_at(body, pos, n, ln, what)
+    return list(zip(*columns, strict=True)), end
+
+
+Columns = tuple[Any, Any, Any, list[bytes], list[bytes]]  # offsets, deliveries, stamps, metas, payloads
+
+
+def _records_columns_at(body: bytes, pos: int, n: int, ln: int, what: str) -> tuple[Columns, int]:
+    """The ``ln`` records from ``pos`` as columns (offsets, deliveries, timestamps, metas,
+    payloads), and where they end."""
     a, b, c, d, e = (pos + 8 * ln, pos + 10 * ln, pos + 18 * ln, pos + 22 * ln, pos + 26 * ln)
     if e > n:
         raise malformed(f"truncated {what}")
@@ -149,8 +162,30 @@ def _dec_records(body: bytes, pos: int, n: int, ln: int, what: str) -> tuple[lis
     else:
         payloads, end = _slices(body, plens, e, n, what)
         metas = [b""] * ln
-    return list(zip(_ints("Q", body[pos:a]), _ints("H", body[a:b]), _ints("Q", body[b:c]),
-                    metas, payloads, strict=True)), end
+    return (_ints("Q", body[pos:a]), _ints("H", body[a:b]), _ints("Q", body[b:c]), metas, payloads), end
+
+
+def records_columns(type: int, body: bytes | bytearray | memoryview) -> Columns:
+    """A DELIVER_BATCH or READ_OK body (a ``records`` field alone) as columns: (offsets,
+    deliveries, timestamps, metas, payloads), each of one item per record; the records
+    of ``decode_body(type, body)["records"]`` without a tuple per record (a batch's
+    consumer makes its messages straight from the columns).  Malformed: the same
+    ProtocolError as ``decode_body``."""
+    if type not in (T.DELIVER_BATCH, T.READ_OK):
+        raise ValueError(f"{TYPES[type].name if type in TYPES else type!r} is no records body")
+    if body.__class__ is not bytes:
+        body = bytes(body)
+    n = len(body)
+    name = TYPES[type].name
+    if n < 4:
+        raise malformed(f"truncated records of the {name} body")
+    ln = _U32.unpack_from(body)[0]
+    if ln > options.MAX_BATCH:
+        raise malformed(f"{ln} records in the {name} body (the limit is {options.MAX_BATCH})")
+    columns, end = _records_columns_at(body, 4, n, ln, f"records of the {name} body")
+    if end != n:
+        raise malformed(f"{n - end} bytes past the end of the {name} body")
+    return columns
 
 
 def _json_dumps(value: Any) -> bytes:

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
+from itertools import repeat
 from operator import itemgetter
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
@@ -45,6 +46,7 @@ from .api import (
 from .codec import (
     NO_REPLY_ID,
     WAIT_FOREVER,
+    Columns,
     Frame,
     T,
     consume_frame,
@@ -55,6 +57,7 @@ from .codec import (
     error_of,
     frame,
     produce_frame,
+    records_columns,
     settle_frame,
 )
 from .connection import Request
@@ -209,20 +212,30 @@ def _call(type_: T, reply: T, result: str | None = None, /, **fields: Any) -> Re
     return Request(_fields_frame, (type_, fields), _pick, (reply, result))
 
 
-def _messages(q: Handle[M], gi: int, group: str | None, recs: Iterable[Sequence[Any]]) -> list[M]:
-    """``q``'s messages of records (offset, deliveries, timestamp_ns, meta, payload); ``gi``
-    -1 for read ones (not leases), else 0."""
-    cls, new = q._message, tuple.__new__
-    return [new(cls, (q, gi, group, o, dc, p, m, ts)) for o, dc, ts, m, p in recs]
+def _messages(q: Handle[M], gi: int, group: str | None, columns: Columns) -> list[M]:
+    """``q``'s messages of records in columns (offsets, deliveries, timestamps, metas,
+    payloads: ``codec.records_columns``); ``gi`` -1 for read ones (not leases), else 0.
+    Made at C speed: a tuple per message, no Python call."""
+    o, dc, ts, m, p = columns
+    fields = zip(repeat(q), repeat(gi), repeat(group), o, dc, p, m, ts)
+    return list(map(tuple.__new__, repeat(q._message), fields))
 
 
-def pushed_records(f: Frame) -> list[Sequence[Any]]:
-    """The records (offset, deliveries, timestamp_ns, meta, payload) of a DELIVER or
-    DELIVER_BATCH frame; an ERROR raises its typed error."""
+def _records(f: Frame, reply: T) -> Columns:
+    """The records of answer ``f`` (a DELIVER_BATCH or READ_OK: ``reply``) in columns; an
+    ERROR raises its typed error."""
+    if f.type != reply:
+        _fields(f, reply)  # raises
+    return records_columns(reply, f.body)
+
+
+def pushed_records(f: Frame) -> Columns:
+    """The records of a DELIVER or DELIVER_BATCH frame in columns (offsets, deliveries,
+    timestamps, metas, payloads); an ERROR raises its typed error."""
     if f.type == T.DELIVER_BATCH:
-        return decode_body(T.DELIVER_BATCH, f.body)["records"]  # type: ignore[no-any-return]
+        return records_columns(T.DELIVER_BATCH, f.body)
     if f.type == T.DELIVER:
-        return [decode_deliver(f.body)]
+        return tuple([x] for x in decode_deliver(f.body))  # type: ignore[return-value]
     if f.type == T.ERROR:
         raise error_of(f)
     raise ShmqError(f"unexpected frame type 0x{f.type:02x} on a subscription")
@@ -362,7 +375,7 @@ def get_many(q: Handle[M], max_messages: int, group: str, block: bool, timeout: 
 
 
 def _delivered_batch(f: Frame, ctx: tuple[Handle[M], str]) -> list[M]:
-    return _messages(ctx[0], 0, ctx[1], _fields(f, T.DELIVER_BATCH)["records"])
+    return _messages(ctx[0], 0, ctx[1], _records(f, T.DELIVER_BATCH))
 
 
 def read(q: Handle[M], offset: int, max_messages: int) -> Request[list[M]]:
@@ -372,7 +385,7 @@ def read(q: Handle[M], offset: int, max_messages: int) -> Request[list[M]]:
 
 
 def _read(f: Frame, q: Handle[M]) -> list[M]:
-    return _messages(q, -1, None, _fields(f, T.READ_OK)["records"])
+    return _messages(q, -1, None, _records(f, T.READ_OK))
 
 
 def _ack_frame(msg_id: int, queue: bytes, group: bytes, offset: int, deliveries: int) -> bytes:
@@ -445,7 +458,7 @@ def unclaimed(request: Request[Any], f: Frame) -> Batch[None]:
     if f.type not in _LEASES:
         return Batch([], [], _no_result)
     q, group = request.ctx
-    return give_back(q.name, group, pushed_records(f))
+    return give_back(q.name, group, zip(*pushed_records(f)[:2], strict=True))
 
 
 class Feed(Generic[M]):
@@ -489,7 +502,7 @@ class Feed(Generic[M]):
         self.ready.clear()
         for f in frames:
             if isinstance(f, Frame) and f.type in _LEASES:
-                leases += [(r[0], r[1]) for r in pushed_records(f)]
+                leases += zip(*pushed_records(f)[:2], strict=True)
         return give_back(self.q.name, self.group, leases)
 
 

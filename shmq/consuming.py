@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any
 
 from . import options
@@ -23,6 +24,9 @@ from .errors import ProtocolError, Status
 ACK_FLAG = 0x0008  # the status field of a CONSUME / CONSUME_BATCH: its body ends with leases to ack first
 _LEASE = struct.Struct(">QH")  # CONSUME's suffix: offset, deliveries
 _NAMES = b"\x00\x00\x00\x00"  # an empty queue and group: ACK_BATCH's body before its settles
+
+
+_handle_of, _group_of = itemgetter(0), itemgetter(2)  # of a Message
 
 
 def lease_suffix(offset: int, deliveries: int) -> bytes:
@@ -50,6 +54,8 @@ def rides(q: Any, group: str, acks: Sequence[Any]) -> bool:
     acks them apart (with their own round trip)."""
     if len(acks) > options.MAX_BATCH:
         return False
+    if set(map(_handle_of, acks)) == {q} and set(map(_group_of, acks)) == {group}:
+        return True  # the usual case (what a get of this handle got), checked at C speed
     conn = q._b
     for m in acks:
         h = m[0]  # (a Message: queue handle, group index, group, offset, deliveries, ...)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import threading
 
 from . import layout as L
 from . import options
@@ -59,15 +60,46 @@ def _sender_uid(ancillary: list[tuple[int, int, bytes]]) -> int:
 
 
 class Ringer:
-    """The sending side: one non-blocking datagram socket per process."""
+    """The sending side: one non-blocking datagram socket per process.
+
+    A broker worker holds its rings while it handles what it read (:meth:`held`): they
+    go out once its answers are written, so the answer to a put is not delayed by the
+    datagram, nor by the other worker that the datagram wakes (on a small machine it can
+    take the CPU from the sender at once); a queue rung many times meanwhile is rung once."""
 
     def __init__(self) -> None:
         self._sock: socket.socket | None = None  # made on first use; a forked child shares it
+        self._held: dict[tuple[int, int], tuple[bytes, int]] | None = None  # (uid, queue id) -> flags, skip
+        self._holder = 0  # the thread whose rings are held
+
+    def hold(self) -> bool:
+        """Hold this thread's rings until :meth:`release` (call it in a ``finally``); False
+        when they are held already (the caller that held them releases)."""
+        if self._held is not None:
+            return False
+        self._held, self._holder = {}, threading.get_ident()
+        return True
+
+    def release(self) -> None:
+        """Send the rings held, once per queue, to every worker flagged at any of them."""
+        rings, self._held = self._held, None
+        for (uid, qid), (flags, skip) in (rings or {}).items():
+            self._send(flags, uid, qid, skip)
 
     def ring(self, flags: bytes, instance_uid: int, queue_id: int, skip: int) -> None:
         """Send ``queue_id`` to each worker whose byte in ``flags`` (a copy of a queue's
         bell table) is set, but ``skip`` (the calling worker itself, which retries its
         own requests directly)."""
+        held = self._held
+        if held is not None and self._holder == threading.get_ident():
+            key = (instance_uid, queue_id)
+            before = held.get(key)
+            held[key] = (flags if before is None or before[0] == flags
+                         else bytes(a | b for a, b in zip(flags, before[0], strict=True)), skip)
+            return
+        self._send(flags, instance_uid, queue_id, skip)
+
+    def _send(self, flags: bytes, instance_uid: int, queue_id: int, skip: int) -> None:
         sock = self._sock
         if sock is None:
             sock = self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

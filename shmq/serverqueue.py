@@ -299,6 +299,9 @@ class ServerBroker:
         self.instance = instance
         self.instance_uid: int = self._att.registry.uid
         self._queues: dict[str, ServerQueue] = {}
+        self._registry_w = self._att.registry.w
+        self._known: dict[str, ServerQueue] = {}  # queue() answers of this registry generation
+        self._known_gen = -1
 
     @property
     def broker(self) -> ShmBroker:
@@ -336,11 +339,21 @@ class ServerBroker:
 
     def queue(self, name: str) -> ServerQueue:
         """A queue by name (:class:`QueueNotFound`); cached, and checked against the registry
-        generation, so a queue deleted and made again is seen as the new one."""
+        generation, so a queue deleted and made again is seen as the new one.  While the
+        generation stays, a name answered once is answered again at once (every request
+        asks)."""
+        gen = self._registry_w[L.R_GENERATION]
+        if gen == self._known_gen:
+            sq = self._known.get(name)
+            if sq is not None:
+                return sq
+        else:
+            self._known, self._known_gen = {}, gen
         q = self._att.queue(name)
         sq = self._queues.get(name)
         if sq is None or sq._q is not q:
             sq = self._queues[name] = ServerQueue(q)
+        self._known[name] = sq
         return sq
 
     def queues(self) -> Iterator[ServerQueue]:
@@ -374,6 +387,7 @@ class ServerBroker:
         """Unmap the queues deleted since."""
         self._att.prune()
         self._queues = {k: v for k, v in self._queues.items() if not v.deleted}
+        self._known = {}
 
     def set_journal(self, data_dir: str | None) -> None:
         """Announce (or withdraw) the journal writer and its data dir in the registry."""
@@ -400,11 +414,13 @@ class ServerBroker:
     def close(self) -> None:
         """Detach (the instance stays)."""
         self._queues.clear()
+        self._known.clear()
         self._b.close()
 
     def destroy(self) -> None:
         """Remove the instance: every queue, the registry (``ShmBroker.destroy``)."""
         self._queues.clear()
+        self._known.clear()
         self._b.destroy()
 
 
