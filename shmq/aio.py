@@ -39,13 +39,14 @@ from . import reply as _reply
 from .aio_reply import AsyncRequester, send_reply
 from .api import BrokerInfo, Headers, Message, Payload, QueueInfo
 from .codec import HEARTBEAT_FRAME, Frame
-from .commands import Batch, Command, Feed
+from .commands import Batch, Command
 from .connection import ClientConnection, Event, Push, Reply, Request
 from .consuming import rides
 from .errors import ConnectionLost, ProtocolError, ShmqError
 from .names import check_queue_name
 from .seektime import Start, When
 from .settle import Settle
+from .subscription import Feed
 from .urls import client_settings
 
 __all__ = ["AsyncBroker", "AsyncMessage", "AsyncQueue", "connect"]

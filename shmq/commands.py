@@ -22,7 +22,6 @@ The one-message requests -- put, get, ack -- use the codec's one-struct-call enc
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from itertools import repeat
@@ -461,52 +460,7 @@ def unclaimed(request: Request[Any], f: Frame) -> Batch[None]:
     return give_back(q.name, group, zip(*pushed_records(f)[:2], strict=True))
 
 
-class Feed(Generic[M]):
-    """One subscription as its client sees it: the SUBSCRIBE (``request``), then each frame
-    of the subscription filed with ``take`` -- its answer first, then pushed leases, made
-    messages in ``ready`` (received, not handed out yet; the driver hands them out with
-    ``ready.popleft()``, telling the connection each time: ``handed_out``).
-
-    ``refused``: the broker answered the SUBSCRIBE with an error (it made no
-    subscription: there is nothing to unsubscribe)."""
-
-    __slots__ = ("q", "group", "credit", "request", "ready", "subscribed", "refused")
-
-    def __init__(self, q: Handle[M], group: str, credit: int, visibility_timeout: float | None) -> None:
-        self.q = q
-        self.group = group
-        self.credit = credit
-        self.request = _call(T.SUBSCRIBE, T.SUBSCRIBE_OK, queue=q.name, group=group, credit=credit,
-                             visibility_ms=_vis(visibility_timeout))
-        self.ready: deque[M] = deque()
-        self.subscribed = False
-        self.refused = False
-
-    def take(self, f: Frame | BaseException) -> None:
-        """File a frame of the subscription; an ERROR (or the error the driver failed the
-        subscription's waiter with, on a lost connection) raises."""
-        if isinstance(f, BaseException):
-            raise f
-        if self.subscribed:
-            self.ready.extend(_messages(self.q, 0, self.group, pushed_records(f)))
-            return
-        if f.type == T.ERROR:
-            self.refused = True
-        self.request.parse(f, self.request.ctx)  # SUBSCRIBE_OK, or raises
-        self.subscribed = True
-
-    def leftovers(self, frames: Iterable[Frame | BaseException]) -> Batch[None]:
-        """What gives back the leases received and not handed out: those ``ready``, and
-        those of ``frames`` (what was still waiting once the broker answered UNSUBSCRIBE)."""
-        leases = [(m[3], m[4]) for m in self.ready]
-        self.ready.clear()
-        for f in frames:
-            if isinstance(f, Frame) and f.type in _LEASES:
-                leases += zip(*pushed_records(f)[:2], strict=True)
-        return give_back(self.q.name, self.group, leases)
-
-
-__all__ = ["Batch", "Command", "Feed", "Handle", "ack_batch_nowait_frames", "ack_many", "ack_nowait_frame",
+__all__ = ["Batch", "Command", "Handle", "ack_batch_nowait_frames", "ack_many", "ack_nowait_frame",
            "batch_acks", "batch_payloads", "create_queue",
            "delete_queue", "disconnect", "get", "get_many", "give_back", "handshake", "info",
            "list_queues", "produce_request", "purge", "pushed_records", "put", "put_many",

@@ -29,7 +29,6 @@ from .codec import HEARTBEAT_FRAME
 from .commands import (  # re-exported: they were this module's before shmq.commands
     Batch,
     Command,
-    Feed,
     batch_acks,
     batch_payloads,
     settles_by_group,
@@ -40,6 +39,7 @@ from .errors import ConnectionLost, ProtocolError, ShmqError
 from .reply import end_requests
 from .seektime import Start, When
 from .settle import Settle
+from .subscription import Feed
 from .urls import BrokerUrl, client_settings, parse_tcp_url
 
 RECV_SIZE = 1 << 18  # bytes one read takes at most

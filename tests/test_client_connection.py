@@ -21,6 +21,7 @@ from shmq.codec import NO_REPLY_ID, Frame, FrameDecoder, T, decode_body, encode_
 from shmq.connection import MAX_ID, ClientConnection, Closing, NowaitFailed, Push, Reply
 from shmq.errors import Status
 from shmq.settle import Settle
+from shmq.subscription import Feed
 
 from .conftest import Server, connect_tcp
 
@@ -116,7 +117,7 @@ def _conversation() -> tuple[ClientConnection, bytes, list[Any]]:
     broker answers with, and the events they make."""
     conn = ClientConnection("tcp://here:1")
     conn.send(cmd.stats(_handle()), "stats waiter")
-    conn.subscribe(cmd.Feed(_handle(), "g", 4, None).request, 4, "inbox")
+    conn.subscribe(Feed(_handle(), "g", 4, None).request, 4, "inbox")
     conn.send(LIST, "list waiter")
     frames = [
         answer(T.SUBSCRIBE_OK, 2),
@@ -343,7 +344,7 @@ def test_ack_many_combines_its_batches_and_the_leases_of_other_queues() -> None:
 
 def test_a_feed_takes_the_subscribe_answer_then_pushes_and_gives_back_the_rest() -> None:
     conn, q = ClientConnection(), _handle()
-    feed = cmd.Feed(q, "g", 4, None)
+    feed = Feed(q, "g", 4, None)
     sub, data = conn.subscribe(feed.request, feed.credit, "inbox")
     assert decode_body(T.SUBSCRIBE, sent(data).body) == {"queue": "q", "group": "g", "credit": 4,
                                                         "visibility_ms": 0}
@@ -361,7 +362,7 @@ def test_a_feed_takes_the_subscribe_answer_then_pushes_and_gives_back_the_rest()
     offsets = [decode_body(T.NACK, sent(r.encode(1, *r.args)).body)["offset"] for r in nacks.requests]
     assert offsets == [1, 2, 3]
     assert not feed.ready
-    refused = cmd.Feed(q, "g", 4, None)
+    refused = Feed(q, "g", 4, None)
     with pytest.raises(shmq.QueueNotFound):
         refused.take(sent(error(9, Status.QUEUE_NOT_FOUND, "no queue")))
     assert refused.refused

@@ -24,6 +24,7 @@ from shmq.server.core import Core
 from shmq.server.driver import Driver
 from shmq.serverqueue import ServerBroker
 from shmq.shm import ShmBroker
+from shmq.subscription import Feed
 
 RECORDS = [
     [],
@@ -79,7 +80,7 @@ def test_messages_of_a_batch_answer_and_of_a_read() -> None:
 
 def test_a_push_of_one_and_of_many_make_the_same_messages() -> None:
     q = _Q()
-    one = commands.Feed(q, "g", 10, None)  # type: ignore[arg-type]
+    one = Feed(q, "g", 10, None)  # type: ignore[arg-type]
     one.take(next(iter(FrameDecoder().feed(frame(T.SUBSCRIBE_OK, 1)))))
     one.take(next(iter(FrameDecoder().feed(frame(T.DELIVER, 1, offset=10, deliveries=1, timestamp_ns=6,
                                                  meta=b"\x01meta", payload=b"p")))))
