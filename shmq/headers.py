@@ -40,10 +40,26 @@ _SHORT = 256
 _LENS = [_U16.pack(n) for n in range(_SHORT)]  # the length prefixes of short keys and values, made once
 
 
-def encode(headers: Mapping[str, str | bytes] | None) -> bytes:
-    """The header block of ``headers``; ``b""`` for None or an empty mapping.  Raises
-    ``InvalidArgument`` (not a mapping, a key not a non-empty ``str``, a value neither
-    ``str`` nor bytes) or ``LimitExceeded`` (over ``MAX_HEADERS`` or ``MAX_HEADERS_BYTES``)."""
+class Block(bytes):
+    """A header block encoded and checked already (:func:`block`, or built from one by
+    the same rules): passed as ``headers=`` to a put, it is stored as it is (``shmq.reply``
+    encodes a requester's constant ``reply-to`` once)."""
+
+    __slots__ = ()
+
+
+def block(headers: Mapping[str, str | bytes]) -> Block:
+    """``headers`` encoded once, for many puts (``encode``'s checks and errors)."""
+    return Block(encode(headers))
+
+
+def encode(headers: Mapping[str, str | bytes] | Block | None) -> bytes:
+    """The header block of ``headers``; ``b""`` for None or an empty mapping; a
+    :class:`Block` as it is.  Raises ``InvalidArgument`` (not a mapping, a key not a
+    non-empty ``str``, a value neither ``str`` nor bytes) or ``LimitExceeded`` (over
+    ``MAX_HEADERS`` or ``MAX_HEADERS_BYTES``)."""
+    if isinstance(headers, Block):
+        return headers
     if not headers:
         if headers is None or isinstance(headers, Mapping):
             return b""
