@@ -97,8 +97,10 @@ def checkout(rev: str, where: Path) -> Path:
 
 def _round(tree: Path) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    # run in the tree: ``python -c`` puts the current directory first on sys.path, and from
+    # the repository's root that would import the working tree's shmq on both sides
     out = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, check=True,
-                         timeout=600)
+                         timeout=600, cwd=tree)
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
