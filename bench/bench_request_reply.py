@@ -81,12 +81,13 @@ finally:
 
 
 def run(url: str, mode: str, tag: str, n: int, tree: Path | None = None) -> dict[str, float]:
-    """One pair of children; ``tree``: the source tree they import shmq from (None: this one)."""
-    env = {**os.environ, "PYTHONPATH": str(tree)} if tree is not None else None
+    """One pair of children; ``tree``: the source tree they import shmq from (None: this one).
+    They run in it: ``python -c`` puts the current directory first on ``sys.path``."""
+    env = {**os.environ, "PYTHONPATH": str(tree or ROOT)}
 
     def child(role: str) -> subprocess.Popen[str]:
         return subprocess.Popen([sys.executable, "-c", CHILD, role, mode, url, tag, str(n + WARM), str(WARM)],
-                                stdout=subprocess.PIPE, text=True, env=env)
+                                stdout=subprocess.PIPE, text=True, env=env, cwd=tree or ROOT)
     server = child("server")
     client = child("client")
     try:
