@@ -56,6 +56,15 @@ ReplyHeaders = _headers.Block | dict[str, str | bytes]  # a request's or a reply
 _names: dict[bytes, str] = {}  # reply-to values found valid (reply_target), a few hundred at most
 _counts = {"late": 0, "gone": 0, "full": 0}
 _counts_lock = threading.Lock()
+_pid = os.getpid()  # this process's, renewed in a forked child (os.getpid is a system call)
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _count(what: str, via: Any = None) -> None:
@@ -115,9 +124,10 @@ def reply_target(meta: bytes | memoryview, headers: Mapping[str, str | bytes] | 
     block has one shape, and the reply's block is its correlation-id entry."""
     if not isinstance(meta, bytes):
         meta = bytes(meta)
-    if (headers is None and meta[:_CID_AT - _NAME_LEN] == _REQUEST_START
-            and meta[_CID_AT:_VALUE_AT - 2] == _CID_KEY
-            and len(meta) == _VALUE_AT + int.from_bytes(meta[_VALUE_AT - 2:_VALUE_AT], "big")):
+    n = len(meta)
+    if (headers is None and n >= _VALUE_AT and meta.startswith(_REQUEST_START)
+            and meta.startswith(_CID_KEY, _CID_AT)
+            and n == _VALUE_AT + (meta[_VALUE_AT - 2] << 8 | meta[_VALUE_AT - 1])):
         raw = meta[_CID_AT - _NAME_LEN:_CID_AT]
         known = _names.get(raw)
         if known is None and is_reply_name(text := raw.decode("ascii", "replace")):
@@ -289,10 +299,10 @@ _make_lock = threading.Lock()
 def requester_of(broker: Any) -> Requester:
     """``broker``'s requester in this process, made on first use."""
     r = broker.__dict__.get("_requester")
-    if r is None or r.pid != os.getpid() or r.closed:
+    if r is None or r.pid != _pid or r.closed:
         with _make_lock:
             r = broker.__dict__.get("_requester")
-            if r is None or r.pid != os.getpid() or r.closed:
+            if r is None or r.pid != _pid or r.closed:
                 r = broker._requester = Requester(broker)
     return r
 

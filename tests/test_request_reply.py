@@ -388,8 +388,9 @@ def test_reply_target_reads_a_request_as_decoding_would() -> None:
     assert (to, H.encode(h)) == (name, one)
     to, h = shmq_reply.reply_target(memoryview(block), {"x": "1"})  # the reply's own headers: decoded
     assert (to, H.decode(H.encode(h))) == (name, {"x": b"1", "correlation-id": b"abababababab.7"})
-    for other in ({"correlation-id": "c", "reply-to": name}, {"reply-to": name, "correlation-id": "c", "z": "1"}):
-        to, h = shmq_reply.reply_target(H.encode(other), None)  # another order, another header
+    for other in ({"correlation-id": "c", "reply-to": name},  # another order
+                  {"reply-to": name, "correlation-id": "c", "z": "1"}):  # another header
+        to, h = shmq_reply.reply_target(H.encode(other), None)
         assert (to, H.encode(h)) == (name, H.encode({"correlation-id": "c"}))
     origin = block + b'{"queue": "svc"}'  # a dead letter's origin after the block
     assert shmq_reply.reply_target(origin, None)[0] == name
@@ -397,3 +398,28 @@ def test_reply_target_reads_a_request_as_decoding_would() -> None:
     for meta in (not_reply, block[:-1], b""):
         with pytest.raises(shmq.InvalidArgument):
             shmq_reply.reply_target(meta, None)
+
+
+def _child_request(b: shmq.Broker, parent_reply_queue: str, out: Any) -> None:
+    r = b.request("svc", b"from the child", timeout=20)
+    out.send((bytes(r.payload), r.queue != parent_reply_queue))
+
+
+def test_a_forked_child_asks_through_a_reply_queue_of_its_own(shm_broker: ShmBroker) -> None:
+    shm_broker.create_queue("svc")
+    echo = Echo(shm_broker, "svc")
+    try:
+        first = shm_broker.request("svc", b"parent", timeout=10)
+        ctx = mp.get_context("fork")
+        mine, theirs = ctx.Pipe()
+        p = ctx.Process(target=_child_request, args=(shm_broker, first.queue, theirs))
+        p.start()
+        try:
+            assert mine.poll(30)
+            assert mine.recv() == (b"re:from the child", True)  # its own requester, not the parent's
+        finally:
+            p.join(30)
+        assert p.exitcode == 0
+        assert shm_broker.request("svc", b"parent again", timeout=10).queue == first.queue
+    finally:
+        echo.close()
