@@ -14,7 +14,9 @@ Each round runs, per transport and in alternating order, two pairs of fresh proc
 A times each of ``--n`` round trips (after 200 untimed ones) with
 ``time.perf_counter_ns``; the table gives each mode's median p50 and p99 over the
 rounds, in µs, and request/reply ÷ ping-pong (the issue's target: co-located p50 at most
-2x).  TCP runs against one ``shmq serve --workers 1``.
+2x).  Each round's p50s go to stderr as it ends: on a loaded machine, a round where
+ping-pong stayed near its quiet figure is one where nothing had to sleep.  TCP runs
+against one ``shmq serve --workers 1``.
 
 ``--against REV`` adds a third mode to every round, ``request/reply`` with the client
 library of commit ``REV`` (a temporary git worktree first on ``PYTHONPATH``; the TCP
@@ -164,7 +166,9 @@ def rounds(args: argparse.Namespace, old: Path | None) -> dict[tuple[str, str, s
                     finally:
                         for name in names:
                             b.delete_queue(name)
-            print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+            p50s = "; ".join(f"{where} " + ", ".join(f"{m} {res[(where, m, 'p50')][-1]:.1f}" for m in modes)
+                             for where in targets)
+            print(f"round {r + 1}/{args.rounds}: p50 µs {p50s}", file=sys.stderr)
     finally:
         if srv is not None:
             if "tcp" in targets:
