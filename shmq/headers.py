@@ -41,16 +41,11 @@ _LENS = [_U16.pack(n) for n in range(_SHORT)]  # the length prefixes of short ke
 
 
 class Block(bytes):
-    """A header block encoded and checked already (:func:`block`, or built from one by
-    the same rules): passed as ``headers=`` to a put, it is stored as it is (``shmq.reply``
-    encodes a requester's constant ``reply-to`` once)."""
+    """A header block encoded and checked already (``Block(encode(...))``, or built from
+    one by the same rules): passed as ``headers=`` to a put, it is stored as it is
+    (``shmq.reply`` encodes a requester's constant ``reply-to`` once)."""
 
     __slots__ = ()
-
-
-def block(headers: Mapping[str, str | bytes]) -> Block:
-    """``headers`` encoded once, for many puts (``encode``'s checks and errors)."""
-    return Block(encode(headers))
 
 
 def encode(headers: Mapping[str, str | bytes] | Block | None) -> bytes:
