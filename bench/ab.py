@@ -88,7 +88,8 @@ finally:
 """
 
 
-def _checkout(rev: str, where: Path) -> Path:
+def checkout(rev: str, where: Path) -> Path:
+    """A detached git worktree of ``rev`` under ``where`` (``git worktree remove`` it after)."""
     path = where / rev.replace("/", "_")
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(path), rev], check=True)
     return path
@@ -109,8 +110,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=8, help="rounds per side, interleaved (default 8)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="shmq-ab-") as tmp:
-        trees = {"old": _checkout(args.old, Path(tmp))}
-        trees["new"] = _checkout(args.new, Path(tmp)) if args.new else ROOT
+        trees = {"old": checkout(args.old, Path(tmp))}
+        trees["new"] = checkout(args.new, Path(tmp)) if args.new else ROOT
         try:
             runs: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
             for i in range(args.rounds):

@@ -3,10 +3,10 @@
 ``BrokerCollector.collect`` is called by ``prometheus_client`` when a scrape comes
 (``server.metrics``).  It reads every queue of the instance (``shmq.readings``:
 lock-free, from the queue headers and group tables), the workers' connection
-counts (``server.placement.Counts``) and the scoreboard (``server.scoreboard``:
-requests, latencies, fsyncs, restarts).  Nothing is counted per message for it:
-the figures are the words the broker keeps anyway, plus the scoreboard's few
-stores per request.  ``METRICS`` lists every metric once; docs/operations.md
+counts (``server.placement.Counts``), the replies dropped (registry words) and the
+scoreboard (``server.scoreboard``: requests, latencies, fsyncs, restarts).  Nothing is
+counted per message for it: the figures are the words the broker keeps anyway, plus
+the scoreboard's few stores per request.  ``METRICS`` lists every metric once; docs/operations.md
 ("Metrics") renders the same list.
 """
 
@@ -56,6 +56,9 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "shmq_group_dead_lettered_total": ("counter", G, "Messages sent to the dead-letter queue."),
     "shmq_group_ttl_expired_total": ("counter", G, "Messages not delivered within the queue's "
                                                    "message_ttl (dead-lettered or dropped)."),
+    "shmq_replies_dropped_total": ("counter", ("reason",), "Replies dropped: read after their request "
+                                                         "timed out (late), sent to a reply queue gone "
+                                                         "(gone) or full (full)."),
     "shmq_journal_fsync_duration_seconds": ("histogram", (), "Time one journal fsync took."),
     "shmq_journal_storage_errors_total": ("counter", (), "Journal writes or fsyncs that failed."),
     "shmq_journal_restarts_total": ("counter", (), "Times the journal process died and was restarted."),
@@ -135,6 +138,8 @@ class BrokerCollector(Collector):
                 add("shmq_group_expired_total", qg, g.expired)
                 add("shmq_group_dead_lettered_total", qg, g.dead_lettered)
                 add("shmq_group_ttl_expired_total", qg, g.ttl_expired)
+        for reason, n in self.broker.registry.replies_dropped().items():
+            add("shmq_replies_dropped_total", [reason], n)
         if self.counts is not None:
             for i, n in enumerate(self.counts.snapshot()):
                 add("shmq_worker_connections", [str(i)], n)

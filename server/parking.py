@@ -19,7 +19,8 @@ from typing import Any
 
 from shmq import crashpoints, headers
 from shmq.codec import WAIT_FOREVER, Frame, T, decode_body, frame, produce_ok_frame
-from shmq.errors import Empty, Full, ShmqError, Status
+from shmq.errors import Empty, Full, QueueNotFound, ShmqError, Status
+from shmq.names import is_reply_name
 from shmq.producing import PREFIX_FLAGS, split_prefixes
 
 from .connection import ServerConnection
@@ -32,13 +33,19 @@ CONSUME_TYPES = frozenset((T.CONSUME, T.CONSUME_BATCH))
 
 
 def produce(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
-    """PRODUCE, PRODUCE_BATCH and PRODUCE_IDEMPOTENT: stored now, or parked until there is room."""
+    """PRODUCE, PRODUCE_BATCH and PRODUCE_IDEMPOTENT: stored now, or parked until there is room.
+    One refused by a reply queue, gone or full, is a reply dropped: counted (``shmq.reply``)."""
     name = d["queue"]
-    if conn.parked_produces.get(name):  # an earlier one of ours waits for room: this one waits behind
-        wait_or_fail(core, conn, f, d, lambda: Full(f"queue {name!r} is full (an earlier put waits "
-                                                    "for room)"))
-    elif not try_produce(core, conn, f, d, poke_after=True):
-        wait_or_fail(core, conn, f, d, lambda: Full(f"queue {name!r} is full"))
+    try:
+        if conn.parked_produces.get(name):  # an earlier one of ours waits for room: this one waits behind
+            wait_or_fail(core, conn, f, d, lambda: Full(f"queue {name!r} is full (an earlier put waits "
+                                                        "for room)"))
+        elif not try_produce(core, conn, f, d, poke_after=True):
+            wait_or_fail(core, conn, f, d, lambda: Full(f"queue {name!r} is full"))
+    except (QueueNotFound, Full) as e:
+        if is_reply_name(name):
+            core.broker.registry.count_reply_dropped("gone" if isinstance(e, QueueNotFound) else "full")
+        raise
 
 
 def decode_produce(f: Frame) -> dict[str, Any]:

@@ -381,7 +381,7 @@ class AsyncMessage(Message):
 
     async def reply(self, payload: Payload, headers: Headers | None = None) -> bool:  # type: ignore[override]
         """``shmq.Message.reply``, awaitable."""
-        name, h = _reply.reply_target(self.headers, headers)
+        name, h = _reply.reply_target(self[6], headers)
         return await send_reply(self[0]._b, name, payload, h)
 
     def __repr__(self) -> str:

@@ -105,7 +105,8 @@ class BrokerInfo:
     workers and supervisor); a process that only produces has none.  ``workers``,
     ``connections`` (served by each
     worker now) and ``worker`` (the one that answered) are None over ``shm://``: there is
-    no worker pool there."""
+    no worker pool there.  ``replies_dropped``: the replies dropped in the instance so far,
+    by reason (``late``, ``gone``, ``full``: ``shmq.reply``); None from an older broker."""
 
     version: str
     instance: str
@@ -115,6 +116,7 @@ class BrokerInfo:
     workers: int | None = None
     connections: list[int] | None = None
     worker: int | None = None
+    replies_dropped: dict[str, int] | None = None  # by reason, the instance's (``shmq.reply``)
 
     @classmethod
     def of(cls, d: dict[str, Any]) -> BrokerInfo:
@@ -220,7 +222,7 @@ class Message(tuple):  # type: ignore[type-arg]
         requester is gone, or its reply queue is full; counted in ``shmq.reply.stats()``).
         ``InvalidArgument`` (nothing sent) for a message that is no request.  This does not
         settle the request: ack it as any message."""
-        name, h = _reply.reply_target(self.headers, headers)
+        name, h = _reply.reply_target(self[6], headers)
         return _reply.send_reply(self[0], name, payload, h)
 
     def __repr__(self) -> str:

@@ -45,10 +45,21 @@ _parse_c = None if ext is None else ext.parse_headers
 _decode_c = None if ext is None else ext.decode_headers
 
 
-def encode(headers: Mapping[str, str | bytes] | None) -> bytes:
-    """The header block of ``headers``; ``b""`` for None or an empty mapping.  Raises
-    ``InvalidArgument`` (not a mapping, a key not a non-empty ``str``, a value neither
-    ``str`` nor bytes) or ``LimitExceeded`` (over ``MAX_HEADERS`` or ``MAX_HEADERS_BYTES``)."""
+class Block(bytes):
+    """A header block encoded and checked already (``Block(encode(...))``, or built from
+    one by the same rules): passed as ``headers=`` to a put, it is stored as it is
+    (``shmq.reply`` encodes a requester's constant ``reply-to`` once)."""
+
+    __slots__ = ()
+
+
+def encode(headers: Mapping[str, str | bytes] | Block | None) -> bytes:
+    """The header block of ``headers``; ``b""`` for None or an empty mapping; a
+    :class:`Block` as it is.  Raises ``InvalidArgument`` (not a mapping, a key not a
+    non-empty ``str``, a value neither ``str`` nor bytes) or ``LimitExceeded`` (over
+    ``MAX_HEADERS`` or ``MAX_HEADERS_BYTES``)."""
+    if isinstance(headers, Block):
+        return headers
     if _encode_c is not None:
         block = _encode_c(headers, options.MAX_HEADERS, options.MAX_HEADERS_BYTES)
         if block is not None:

@@ -156,6 +156,10 @@ R_GENERATION = 14  # bumped on every queue create/delete
 R_JOURNAL_PID = 15  # the journal writer process (0: none), for durable queues
 R_JOURNAL_START = 16  # its start time, clock ticks since boot
 R_DATA_DIR_LEN = 17
+# replies dropped (``shmq.reply``), counted by whoever dropped one, under the registry lock:
+R_REPLIES_LATE = 18  # read by a co-located requester after its request timed out
+R_REPLIES_GONE = 19  # sent to a reply queue that no longer exists
+R_REPLIES_FULL = 20  # sent to a full reply queue
 R_DATA_DIR = 32  # byte 256 .. 511: the journal's data dir (UTF-8), so any process can find it
 R_DATA_DIR_BYTES = 256
 R_LOCK_OFF = 512  # byte offset of the registry lock

@@ -38,6 +38,8 @@ from .segment import (
 )
 
 _CRASH = crashpoints.watch(__name__)
+#: why a reply was dropped -> the registry word counting it (``shmq.reply``)
+REPLY_DROPS = {"late": L.R_REPLIES_LATE, "gone": L.R_REPLIES_GONE, "full": L.R_REPLIES_FULL}
 
 
 def _attached(mapping: Mapping) -> bool:
@@ -209,6 +211,16 @@ class Registry:
         """The data dir last announced (the writer may be dead), else None."""
         n = self.w[L.R_DATA_DIR_LEN]
         return bytes(self.mm[L.R_DATA_DIR * 8:L.R_DATA_DIR * 8 + n]).decode() if n else None
+
+    def count_reply_dropped(self, reason: str) -> None:
+        """A reply was dropped here, for ``reason`` (a key of :data:`REPLY_DROPS`)."""
+        with self.lock:
+            self.w[REPLY_DROPS[reason]] += 1
+
+    def replies_dropped(self) -> dict[str, int]:
+        """The replies dropped in this instance so far, by reason (read without the lock)."""
+        w = self.w
+        return {reason: w[word] for reason, word in REPLY_DROPS.items()}
 
     # ------------------------------------------------------------ clients
     def register_client(self) -> int:

@@ -408,7 +408,8 @@ class ShmBroker(Broker):
         if not reg.live:
             raise InstanceError(f"instance {self.instance!r} was removed (its broker stopped?)")
         pid, uptime = reg.live_owner() or (None, None)
-        return BrokerInfo(__version__, self.instance, pid, uptime, reg.attached())
+        return BrokerInfo(__version__, self.instance, pid, uptime, reg.attached(),
+                          replies_dropped=reg.replies_dropped())
 
     def reap(self) -> int:
         """Give back the leases of dead processes now; the number returned."""

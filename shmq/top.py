@@ -270,7 +270,8 @@ def duration(seconds: float) -> str:
 
 
 def header(about: BrokerInfo, url: str) -> str:
-    """The broker's line: version, owner, uptime, workers and connections."""
+    """The broker's line: version, owner, uptime, workers and connections (and the replies
+    dropped, once there are some)."""
     parts = [f"shmq top  {url}", f"shmq {about.version}"]
     who = "broker" if about.workers is not None else "owner"
     if about.pid is None:
@@ -283,6 +284,8 @@ def header(about: BrokerInfo, url: str) -> str:
         per = " + ".join(map(str, about.connections))
         parts.append(f"workers {about.workers}  connections {sum(about.connections)} ({per})")
     parts.append(f"registered processes {len(about.clients)}")
+    if about.replies_dropped and any(about.replies_dropped.values()):
+        parts.append("replies dropped " + ", ".join(f"{k} {n}" for k, n in about.replies_dropped.items()))
     return "  ·  ".join(parts)
 
 

@@ -25,6 +25,13 @@ def _names(b: shmq.Broker) -> set[str]:
     return {i.name for i in b.list_queues()}
 
 
+def _dropped(b: shmq.Broker) -> dict[str, int]:
+    """The instance's dropped replies, by reason (``broker.info()``)."""
+    d = b.info().replies_dropped
+    assert d is not None and set(d) == {"late", "gone", "full"}
+    return d
+
+
 def _other(b: shmq.Broker) -> shmq.Broker:
     """A second handle on the same broker (a second connection over TCP)."""
     return shmq.connect(b.url)
@@ -112,7 +119,7 @@ def test_concurrent_requests_each_get_their_own_answer(broker: shmq.Broker, echo
 
 def test_timeout_and_late_reply_dropped(broker: shmq.Broker) -> None:
     svc = broker.create_queue("svc")
-    before = shmq_reply.stats()
+    before, wide = shmq_reply.stats(), _dropped(broker)
     with pytest.raises(shmq.Timeout):
         broker.request("svc", b"first", timeout=0.2)
     m = svc.get(timeout=5)  # answered only now
@@ -126,6 +133,9 @@ def test_timeout_and_late_reply_dropped(broker: shmq.Broker) -> None:
     assert r.payload == b"re:second"  # ... but never to the next request
     after = shmq_reply.stats()
     assert after["late"] == before["late"] + 1
+    # the instance counts a co-located requester's; a TCP requester's stay its own
+    late = wide["late"] + (1 if isinstance(broker, ShmBroker) else 0)
+    assert _dropped(broker) == {**wide, "late": late}
 
 
 def test_bad_arguments(broker: shmq.Broker) -> None:
@@ -157,9 +167,11 @@ def test_reply_queue_gone_after_close_and_reply_dropped(broker: shmq.Broker) -> 
     assert name in _names(broker)
     requester.close()
     assert name not in _names(broker)
-    before = shmq_reply.stats()
+    before, wide = shmq_reply.stats(), _dropped(broker)
     assert m.reply(b"to nobody") is False
     assert shmq_reply.stats()["gone"] == before["gone"] + 1
+    # counted once in the instance: by this process (shm://), or by the worker that refused it
+    assert _dropped(broker) == {**wide, "gone": wide["gone"] + 1}
     m.ack()
 
 
@@ -287,7 +299,7 @@ def test_reply_to_a_full_reply_queue_is_dropped(broker: shmq.Broker, monkeypatch
         for _ in range(3):
             with pytest.raises(shmq.Timeout):
                 requester.request("svc", b"x", timeout=0.05)
-        before = shmq_reply.stats()
+        before, wide = shmq_reply.stats(), _dropped(broker)
         got = []
         for _ in range(3):
             m = svc.get(timeout=5)
@@ -295,5 +307,119 @@ def test_reply_to_a_full_reply_queue_is_dropped(broker: shmq.Broker, monkeypatch
             m.ack()
         assert got == [True, True, False]
         assert shmq_reply.stats()["full"] == before["full"] + 1
+        assert _dropped(broker) == {**wide, "full": wide["full"] + 1}
     finally:
         requester.close()
+
+
+def test_dropped_replies_are_a_metric(shm_broker: ShmBroker) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from shmq.server.collector import BrokerCollector
+    from shmq.serverqueue import ServerBroker
+
+    svc = shm_broker.create_queue("svc")
+    requester = _other(shm_broker)
+    with pytest.raises(shmq.Timeout):
+        requester.request("svc", b"x", timeout=0.05)
+    requester.close()
+    m = svc.get(timeout=5)
+    assert m.reply(b"to nobody") is False and m.reply(b"again") is False
+    m.ack()
+    sb = ServerBroker(shm_broker.instance)
+    try:
+        reg = CollectorRegistry(auto_describe=False)
+        reg.register(BrokerCollector(sb))
+        (fam,) = [f for f in text_string_to_metric_families(generate_latest(reg).decode())
+                  if f.name == "shmq_replies_dropped"]
+        got = {s.labels["reason"]: s.value for s in fam.samples if s.name == "shmq_replies_dropped_total"}
+    finally:
+        sb.close()
+    assert got == {"late": 0, "gone": 2, "full": 0}
+
+
+def test_asyncio_reader_waits_in_one_parked_get(server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reader asks the broker once for as long as the request may wait (its CONSUME is
+    parked there, and the reply's DELIVER wakes it): no get is sent again on a timer."""
+    import asyncio
+
+    from shmq import aio
+
+    asked: list[float | None] = []
+    get_many = aio.AsyncQueue.get_many
+
+    async def spy(self: aio.AsyncQueue, max_messages: int, *args: Any, **kw: Any) -> Any:
+        if is_reply_name(self.name):
+            asked.append(kw.get("timeout"))
+        return await get_many(self, max_messages, *args, **kw)
+
+    monkeypatch.setattr(aio.AsyncQueue, "get_many", spy)
+
+    async def main() -> None:
+        async with await aio.connect(server.url) as b, await aio.connect(server.url) as other:
+            await b.create_queue("aio_wait")
+            pending = asyncio.create_task(b.request("aio_wait", b"q", timeout=30))
+            m = await other.queue("aio_wait").get(timeout=10)
+            for _ in range(1000):  # until the reader's get is out (a deadline, not a pause)
+                if asked:
+                    break
+                await asyncio.sleep(0.005)
+            assert len(asked) == 1 and asked[0] is not None and asked[0] > 25  # the request's time, at once
+            assert await m.reply(b"answer") is True
+            await m.ack()
+            assert (await pending).payload == b"answer"
+            assert len(asked) == 1  # that one get brought the reply
+            await b.delete_queue("aio_wait")
+
+    asyncio.run(main())
+
+
+def test_reply_target_reads_a_request_as_decoding_would() -> None:
+    from shmq import headers as H
+
+    name = "reply." + "ab" * 12
+    head = shmq_reply.request_head(name)
+    block = shmq_reply.request_headers(None, head, name, b"abababababab.7")
+    assert isinstance(block, H.Block)
+    assert H.decode(block) == {"reply-to": name.encode(), "correlation-id": b"abababababab.7"}
+    one = H.encode({"correlation-id": b"abababababab.7"})
+    to, h = shmq_reply.reply_target(block, None)  # the shape a requester makes: read, not decoded
+    assert (to, H.encode(h)) == (name, one)
+    to, h = shmq_reply.reply_target(memoryview(block), {"x": "1"})  # the reply's own headers: decoded
+    assert (to, H.decode(H.encode(h))) == (name, {"x": b"1", "correlation-id": b"abababababab.7"})
+    for other in ({"correlation-id": "c", "reply-to": name},  # another order
+                  {"reply-to": name, "correlation-id": "c", "z": "1"}):  # another header
+        to, h = shmq_reply.reply_target(H.encode(other), None)
+        assert (to, H.encode(h)) == (name, H.encode({"correlation-id": "c"}))
+    origin = block + b'{"queue": "svc"}'  # a dead letter's origin after the block
+    assert shmq_reply.reply_target(origin, None)[0] == name
+    not_reply = H.encode({"reply-to": "reply." + "AB" * 12, "correlation-id": "c"})  # same shape
+    for meta in (not_reply, block[:-1], b""):
+        with pytest.raises(shmq.InvalidArgument):
+            shmq_reply.reply_target(meta, None)
+
+
+def _child_request(b: shmq.Broker, parent_reply_queue: str, out: Any) -> None:
+    r = b.request("svc", b"from the child", timeout=20)
+    out.send((bytes(r.payload), r.queue != parent_reply_queue))
+
+
+def test_a_forked_child_asks_through_a_reply_queue_of_its_own(shm_broker: ShmBroker) -> None:
+    shm_broker.create_queue("svc")
+    echo = Echo(shm_broker, "svc")
+    try:
+        first = shm_broker.request("svc", b"parent", timeout=10)
+        ctx = mp.get_context("fork")
+        mine, theirs = ctx.Pipe()
+        p = ctx.Process(target=_child_request, args=(shm_broker, first.queue, theirs))
+        p.start()
+        try:
+            assert mine.poll(30)
+            assert mine.recv() == (b"re:from the child", True)  # its own requester, not the parent's
+        finally:
+            p.join(30)
+        assert p.exitcode == 0
+        assert shm_broker.request("svc", b"parent again", timeout=10).queue == first.queue
+    finally:
+        echo.close()

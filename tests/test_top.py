@@ -20,6 +20,7 @@ import termios
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import psutil
@@ -223,7 +224,9 @@ def test_the_header_says_what_is_known() -> None:
     assert "broker pid 4242, up 1h 02m" in tcp and "workers 2  connections 4 (3 + 1)" in tcp
     shm = header(SHM_INFO, "shm://inst")
     assert "owner: gone" in shm and "workers –  connections – (shm://: no worker pool)" in shm
-    assert "registered processes 1" in shm
+    assert "registered processes 1" in shm and "replies dropped" not in shm
+    dropped = header(replace(SHM_INFO, replies_dropped={"late": 2, "gone": 0, "full": 1}), "shm://inst")
+    assert "replies dropped late 2, gone 0, full 1" in dropped
 
 
 def test_a_frame_has_the_header_the_rows_the_sort_and_the_footer() -> None:
