@@ -28,8 +28,16 @@ ARROW_SCHEMA = pa.schema([
     pa.field("headers", pa.map_(pa.string(), pa.field("value", pa.binary(), False)), False),
 ])
 _HEADERS_TYPE = ARROW_SCHEMA.field("headers").type
+_ENTRY = pa.struct([_HEADERS_TYPE.key_field, _HEADERS_TYPE.item_field])
 _TIMESTAMP = ARROW_SCHEMA.field("timestamp").type
 _I32 = np.dtype(np.int32)
+
+
+# Every array here is made with ``Array.from_buffers``: ``pa.array`` (of a list or of numpy)
+# imports pandas, a second or so in each new Python worker of Spark that does not otherwise.
+def _fixed(type_: pa.DataType, values: np.ndarray) -> pa.Array:
+    """An array of fixed-width ``values`` (contiguous, of the type's width)."""
+    return pa.Array.from_buffers(type_, len(values), [None, pa.py_buffer(values)])
 
 
 def _offsets32(lens: np.ndarray) -> pa.Buffer:
@@ -65,10 +73,13 @@ def _with_metadata(n: int, rows: np.ndarray, metas: list[bytes]) -> tuple[np.nda
             keys += h.keys()
             values += h.values()
             per_row[i] = len(h)
-    offsets = np.zeros(n + 1, _I32)
-    np.cumsum(per_row, out=offsets[1:])
-    return counts, pa.MapArray.from_arrays(pa.array(offsets), pa.array(keys, pa.string()),
-                                           pa.array(values, pa.binary()), type=_HEADERS_TYPE)
+    return counts, _map(per_row, pa.array(keys, pa.string()), pa.array(values, pa.binary()))
+
+
+def _map(per_row: np.ndarray, keys: pa.Array, values: pa.Array) -> pa.Array:
+    """The ``headers`` column: ``per_row[i]`` entries for row ``i``, from ``keys`` / ``values``."""
+    entries = pa.Array.from_buffers(_ENTRY, len(keys), [None], children=[keys, values])
+    return pa.Array.from_buffers(_HEADERS_TYPE, len(per_row), [None, _offsets32(per_row)], children=[entries])
 
 
 def to_batch(queue: str, r: Records) -> pa.RecordBatch:
@@ -88,15 +99,15 @@ def to_batch(queue: str, r: Records) -> pa.RecordBatch:
     else:
         payloads = data
         counts = np.ones(n, _I32)
-        heads = pa.MapArray.from_arrays(pa.array(np.zeros(n + 1, _I32)), pa.array([], pa.string()),
-                                        pa.array([], pa.binary()), type=_HEADERS_TYPE)
+        none = np.zeros(0, np.int64)
+        heads = _map(np.zeros(n, _I32), _binary(none, b"", pa.string()), _binary(none, b""))
     name = queue.encode()
     return pa.RecordBatch.from_arrays([
         _binary(np.full(n, len(name), _I32), name * n, pa.string()),
-        pa.array(r.offsets, pa.int64()),
+        _fixed(pa.int64(), r.offsets),
         _binary(r.payload_lens, payloads),
-        pa.Array.from_buffers(_TIMESTAMP, n, [None, pa.py_buffer(r.stamps // 1000)]),
-        pa.array(counts, pa.int32()),
+        _fixed(_TIMESTAMP, r.stamps // 1000),
+        _fixed(pa.int32(), counts),
         heads,
     ], schema=ARROW_SCHEMA)
 

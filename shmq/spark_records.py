@@ -3,8 +3,8 @@
 :class:`Records` holds a run of retained records as numpy columns (offsets, producer
 timestamps, metadata and payload lengths) and one byte buffer with every record's
 metadata and payload back to back, as a READ_OK frame carries them.  :func:`read_records`
-fills one from a co-located queue's segment (the slot table and the byte ring copied
-out under the consumer lock, a run at a time), from a TCP broker's READ_OK frame
+fills one from a co-located queue's segment (``rawread``: the slots and the bytes copied
+out under the consumer lock), from a TCP broker's READ_OK frame
 (``np.frombuffer`` over its columns) or, for any other handle, from ``Queue.read``'s
 messages.  ``spark_arrow`` turns one into an Arrow batch.  Like ``Queue.read`` it never
 leases: a read gives the records from ``max(offset, first retained)`` on.
@@ -25,8 +25,8 @@ from .codec_bodies import encode_body, malformed
 from .commands import _fields, _fields_frame, _pick, _timeout_ms
 from .connection import Request
 from .errors import InvalidArgument, LimitExceeded
-from .layout import LEN_META_SHIFT, LEN_PAYLOAD_MASK, Q_FREE_OFFSET, S_BYTEPOS, S_LENS, S_TIMESTAMP, WORD
 from .queue import ShmQueue
+from .rawread import read_columns
 from .tcp import TcpQueue
 
 MAX_READ_BYTES = 64 << 20  # bytes of records one read from a segment copies at most (>= 1 record)
@@ -112,40 +112,13 @@ def from_records_field(body: bytes | bytearray | memoryview) -> Records:
 
 # ---------------------------------------------------------------- a co-located queue's segment
 def from_segment(q: ShmQueue, offset: int, max_messages: int, max_bytes: int) -> Records:
-    """The records of ``[max(offset, first retained), ...)`` straight from the segment: the
-    slots (one or two runs of the slot table) and the bytes (one run per lap of the byte
-    ring) copied under the consumer lock, which keeps them from being freed meanwhile."""
-    q._alive()
-    ring = q._ring
-    w, mm, cap, sw = ring.w, ring.mm, ring.capacity, ring.slot_words
-    with ring.clock:
-        start = max(offset, w[Q_FREE_OFFSET])
-        n = min(w[q._groups.tail_word], start + max_messages) - start
-        if n <= 0:
-            return empty()
-        i0 = start % cap
-        base = ring.slots_w * WORD
-        runs = [(i0, min(n, cap - i0))] + ([(0, n - (cap - i0))] if i0 + n > cap else [])
-        raw = b"".join(mm[base + i * sw * WORD:base + (i + k) * sw * WORD] for i, k in runs)
-        slots = np.frombuffer(raw, np.uint64).reshape(n, sw)
-        lens = slots[:, S_LENS]
-        mlens = (lens >> np.uint64(LEN_META_SHIFT)).astype(_I64)
-        plens = (lens & np.uint64(LEN_PAYLOAD_MASK)).astype(_I64)
-        sizes = mlens + plens
-        ends = np.cumsum(sizes)
-        if ends[-1] > max_bytes:  # fewer records, but at least one
-            n = max(1, int(np.searchsorted(ends, max_bytes, "right")))
-            slots, mlens, plens, sizes, ends = slots[:n], mlens[:n], plens[:n], sizes[:n], ends[:n]
-        phys = (slots[:, S_BYTEPOS] % np.uint64(ring.size)).astype(_I64)
-        # a new run of bytes wherever a record does not follow the one before (a new lap)
-        cuts = np.flatnonzero(phys[1:] != phys[:-1] + sizes[:-1]) + 1
-        firsts = np.concatenate(([0], cuts))
-        lasts = np.concatenate((cuts, [n]))
-        at = ring.data_off + phys[firsts]
-        run_bytes = ends[lasts - 1] - (ends[firsts] - sizes[firsts])
-        data = b"".join(mm[int(p):int(p + k)] for p, k in zip(at, run_bytes, strict=True))
-        stamps = slots[:, S_TIMESTAMP].astype(_I64)
-    return Records(np.arange(start, start + n, dtype=_I64), stamps, mlens, plens, data)
+    """The records of ``[max(offset, first retained), ...)`` straight from the segment
+    (``rawread``), its columns seen by numpy without a copy."""
+    c = read_columns(q, offset, max_messages, max_bytes)
+    offsets = np.arange(c.first, c.first + len(c), dtype=_I64)
+    return Records(offsets, np.frombuffer(c.stamps, np.uint64).astype(_I64),
+                   np.frombuffer(c.meta_lens, np.uint32).astype(_I64),
+                   np.frombuffer(c.payload_lens, np.uint32).astype(_I64), c.data)
 
 
 # ---------------------------------------------------------------- the sink's puts

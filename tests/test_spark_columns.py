@@ -16,8 +16,8 @@ import shmq
 from shmq import spark as ss
 from shmq import spark_records as sr
 from shmq import spark_sink
-from shmq.spark_arrow import Payloads, has_headers, to_batch
 from shmq.shm import ShmBroker
+from shmq.spark_arrow import Payloads, has_headers, to_batch
 
 pytestmark = pytest.mark.spark  # imports pyspark
 
@@ -39,7 +39,8 @@ def as_read(msgs: list[shmq.Message]) -> list[tuple[int, int, bytes, bytes]]:
 
 
 def test_records_read_as_columns_are_what_read_returns(broker: shmq.Broker) -> None:
-    """Over both transports, with headers on some records and varied sizes."""
+    """Over both transports, with headers on some records and varied sizes (tests/test_rawread.py
+    checks both against the co-located ``read``, the rings' wrap included)."""
     q = broker.create_queue("cols")
     payloads = [bytes([i % 251]) * (i % 37) for i in range(300)]
     q.put_many(payloads[:100])
@@ -50,30 +51,6 @@ def test_records_read_as_columns_are_what_read_returns(broker: shmq.Broker) -> N
     assert len(sr.read_records(q, 300, 10)) == 0  # nothing there yet
     with pytest.raises(shmq.InvalidArgument):
         sr.read_records(q, 0, 0)
-
-
-def test_a_segment_read_across_the_wrap_of_both_rings(instance: str) -> None:
-    """The slot table and the byte ring wrap; records come out whole and in order, and a read
-    stops at max_bytes (but returns at least one record)."""
-    b = ShmBroker(instance)
-    try:
-        q = b.create_queue("wrap", capacity=64, max_bytes=4096)
-        n = 0
-        for _ in range(5):  # fill most of it and free it again, so the offsets go round
-            q.put_many([bytes([n % 256]) * 50 for n in range(n, n + 40)])
-            n += 40
-            q.commit("default", n)
-        q.put_many([f"{i}".encode() * (i % 9 + 1) for i in range(n, n + 60)], headers=[
-            {"h": b"x"} if i % 4 == 0 else None for i in range(60)])
-        first = q.stats()["first_offset"]
-        assert first % 64 > 4  # the 60 retained slots wrap around the end of the table
-        r = sr.from_segment(q, 0, 1000, 1 << 20)  # 0 is long gone: from the first retained on
-        assert as_rows(r) == as_read(q.read(first, 100)) and len(r) == 60
-        small = sr.from_segment(q, first, 1000, 40)
-        assert 1 <= len(small) < 60 and as_rows(small) == as_read(q.read(first, len(small)))
-        assert len(sr.from_segment(q, first, 1000, 1)) == 1
-    finally:
-        b.destroy()
 
 
 def test_a_records_field_is_checked() -> None:
