@@ -17,6 +17,10 @@ Pipelines, all Structured Streaming on ``local[2]`` with micro-batches of the sa
    ends on its own once it has read them.
 3. rate-micro-batch -> a 100-byte ``payload`` column -> ``noop``, and the same -> shmq sink
    (TCP, shm): the sink from a generated DataFrame, with the projection's own cost shown apart.
+4. The same with ``bench/spark_null.py`` in place of shmq: a Python data source of the
+   source's schema that reads nothing (prebuilt Arrow batches), and a Python sink that
+   writes nothing: what PySpark's Python Data Source API itself costs, the ceiling of
+   any source or sink written with it.
 
 The rate pipelines never end: they start a batch every ``--interval`` seconds and are
 stopped between two batches, never in the middle of one (which Spark logs as aborted
@@ -137,6 +141,19 @@ class Bench:
         self.src_q.delete_group(group)
         return progress_rate(list(q.recentProgress), self.batches)
 
+    def null_source(self) -> float:
+        q = (self.spark.readStream.format("shmq-null").option("rows", self.rows)
+             .option("total", self.rows * (self.batches + 1)).load()
+             .writeStream.format("noop").trigger(availableNow=True)
+             .option("checkpointLocation", self.checkpoint()).start())
+        q.awaitTermination()
+        if q.exception() is not None:
+            raise RuntimeError(str(q.exception()))
+        return progress_rate(list(q.recentProgress), self.batches)
+
+    def null_sink(self) -> float:
+        return progress_rate(self.until_batches(self.paced(self.projected(), "shmq-null")), self.batches)
+
     def projected(self) -> Any:
         return self.rate_stream().selectExpr(f"{PAYLOAD} as payload")
 
@@ -191,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Out(label_columns=1)
     os.environ["PYSPARK_PYTHON"] = sys.executable
+    import spark_null
+    from pyspark import cloudpickle
     from pyspark.sql import SparkSession
 
     import shmq.spark
@@ -212,13 +231,17 @@ def main(argv: list[str] | None = None) -> int:
                  .config("spark.sql.warehouse.dir", os.path.join(tmp, "warehouse"))
                  .config("spark.local.dir", os.path.join(tmp, "local")).getOrCreate())
         shmq.spark.register(spark)
+        cloudpickle.register_pickle_by_value(spark_null)  # not installed where the workers look
+        spark.dataSource.register(spark_null.NullDataSource)
         bench = Bench(spark, server, rows, batches, tmp, a.interval)
         b = bench
         pipelines: list[tuple[str, Callable[[], float]]] = [
             ("rate-micro-batch -> noop (Spark itself)", b.rate_noop),
             ("shmq source (tcp) -> noop", lambda: b.source(server.url)),
             ("shmq source (shm) -> noop", lambda: b.source(shm_url)),
+            ("python source reading nothing -> noop", b.null_source),
             ("rate-micro-batch -> payload -> noop", b.payload_noop),
+            ("rate-micro-batch -> payload -> python sink (none)", b.null_sink),
             ("rate-micro-batch -> payload -> shmq sink (tcp)", lambda: b.sink(server.url)),
             ("rate-micro-batch -> payload -> shmq sink (shm)", lambda: b.sink(shm_url)),
         ]
