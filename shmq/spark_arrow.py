@@ -122,8 +122,11 @@ class Payloads(NamedTuple):
 
     @classmethod
     def of(cls, col: pa.Array) -> Payloads:
+        t = col.type
+        large = pa.types.is_large_binary(t) or pa.types.is_large_string(t)
+        if not (large or pa.types.is_binary(t) or pa.types.is_string(t)):  # a view type: other buffers
+            col, large = col.cast(pa.large_binary()), True
         bufs = col.buffers()
-        large = pa.types.is_large_binary(col.type) or pa.types.is_large_string(col.type)
         width = np.dtype(np.int64 if large else np.int32)
         n = len(col)
         offsets = (np.frombuffer(bufs[1], width, n + 1, col.offset * width.itemsize).astype(np.int64)

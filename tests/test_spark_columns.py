@@ -90,11 +90,12 @@ def test_batches_of_records_without_and_with_metadata(instance: str) -> None:
         b.destroy()
 
 
-@pytest.mark.parametrize("type_", [pa.binary(), pa.string(), pa.large_binary(), pa.large_string()])
+@pytest.mark.parametrize("type_", [pa.binary(), pa.string(), pa.large_binary(), pa.large_string(),
+                                   pa.binary_view(), pa.string_view()])
 def test_payloads_of_any_binary_column_and_slice(type_: pa.DataType) -> None:
     values = ["", "a", "bé", "ccc", "", "dddd"]
-    col = pa.array([v.encode() if pa.types.is_binary(type_) or pa.types.is_large_binary(type_) else v
-                    for v in values], type_)
+    binary = pa.types.is_binary(type_) or pa.types.is_large_binary(type_) or pa.types.is_binary_view(type_)
+    col = pa.array([v.encode() if binary else v for v in values], type_)
     for part in (col, col.slice(2), col.slice(1, 3), col.slice(6)):
         p = Payloads.of(part)
         got = [p.bytes_of(i, i + 1).tobytes() for i in range(len(part))]
