@@ -19,17 +19,18 @@ from time import perf_counter_ns
 from typing import Any
 
 from shmq import crashpoints, options
-from shmq.codec import Frame, T, decode_body, encode_frame, frame
+from shmq.codec import Frame, T, decode_body, encode_frame, frame, records_field
 from shmq.consuming import decode_consume
 from shmq.durability import Mark
 from shmq.errors import InvalidArgument, LimitExceeded, ProtocolError, ShmqError, StaleAck, Status
 from shmq.names import is_reply_name
+from shmq.rawread import read_columns
 from shmq.serverqueue import ServerQueue
 from shmq.settle import Settle
 
 from .connection import ServerConnection, Subscription, agree_heartbeat
 from .core import SERVER_NAME, Core
-from .delivery import READ_HEADROOM, push
+from .delivery import READ_HEADROOM, RECORD_COLUMNS, push
 from .parking import consume, decode_produce, poke, produce, produce_run
 
 _CRASH = crashpoints.watch(__name__)
@@ -333,17 +334,12 @@ def group_list(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) 
 
 
 def read(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
-    n = min(d["max"], options.MAX_BATCH)
-    msgs = core.queue(d["queue"]).read(d["offset"], max(1, n))
+    n = max(1, min(d["max"], options.MAX_BATCH))
     # a reply never outgrows a frame: the reader asks again from where this one stops
-    budget = options.MAX_FRAME - READ_HEADROOM
-    records: list[tuple[Any, ...]] = []
-    for m in msgs:
-        budget -= len(m.payload) + len(m.meta) + 32
-        if budget < 0 and records:
-            break
-        records.append((m.offset, m.deliveries, m.timestamp_ns, bytes(m.meta), m.payload))
-    conn.reply(f, T.READ_OK, records=records)
+    c = read_columns(core.queue(d["queue"]).handle, d["offset"], n,
+                     options.MAX_FRAME - READ_HEADROOM - RECORD_COLUMNS * n)
+    conn.send(encode_frame(T.READ_OK, f.msg_id, records_field(
+        range(c.first, c.first + len(c)), [0] * len(c), c.stamps, c.meta_lens, c.payload_lens, c.data)))
 
 
 def stats(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:

@@ -30,6 +30,7 @@ from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
 from .errors import InvalidArgument
+from .spark_arrow import ARROW_SCHEMA
 from .spark_options import (
     DEFAULT_GROUP,
     DEFAULT_SINK_BATCH,
@@ -52,7 +53,6 @@ from .spark_sink import (
     write_partition,
 )
 from .spark_source import (
-    ARROW_SCHEMA,
     PARTITION_OFFSETS,
     SCHEMA,
     BatchReader,

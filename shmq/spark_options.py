@@ -23,7 +23,8 @@ from .segment import registry_name, shm_path
 
 DEFAULT_URL = options.DEFAULT_URL
 DEFAULT_GROUP = "spark"  # the consumer group a streaming query owns, unless option "group" names one
-DEFAULT_SINK_BATCH = 1_000  # messages per put_many of the sink (option "batchSize", <= MAX_BATCH)
+DEFAULT_SINK_BATCH = options.MAX_BATCH  # messages per put of the sink (option "batchSize"); Spark's Arrow
+# batches are as long (spark.sql.execution.arrow.maxRecordsPerBatch), so a batch is one frame
 DEFAULT_WRITE_TIMEOUT = 60.0  # s a sink task waits for room in a full queue (option "writeTimeout")
 
 _NAMES = ["url", "token", "queue", "group", "startingOffsets", "endingOffsets", "maxOffsetsPerTrigger",

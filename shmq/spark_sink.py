@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, MapType, StringType, StructType
@@ -21,7 +22,9 @@ from pyspark.sql.types import BinaryType, MapType, StringType, StructType
 from . import options
 from .api import Headers, Queue
 from .errors import Duplicate, InvalidArgument, LimitExceeded
+from .spark_arrow import Payloads, has_headers
 from .spark_options import WriteOptions, broker_for
+from .spark_records import put_records
 
 SINK_BATCH_BYTES = 4 << 20  # payload bytes per put_many at most (well under the TCP frame limit)
 SEQS_PER_BATCH = 1 << 24  # sink sequence numbers per (micro-batch, partition): seq = batch * this + chunk + 1
@@ -69,56 +72,98 @@ def _row_headers(entries: list[tuple[str, bytes | str | None]] | None) -> dict[s
     return {k: v for k, v in entries if v is not None} or None
 
 
+def _header_size(h: Headers | None) -> int:
+    """About the bytes a row's headers add to its message (their encoded block)."""
+    return sum(len(k) + len(v) + 4 for k, v in h.items()) + 3 if h else 0
+
+
+class _Chunks:
+    """A partition's rows cut into chunks of at most ``limit`` rows and ``max_bytes`` bytes
+    (a larger row alone), across Arrow batches; each chunk one idempotent put, ``seq0 + chunk + 1``."""
+
+    def __init__(self, q: Queue, producer: str, seq0: int, timeout: float, limit: int,
+                 max_bytes: int) -> None:
+        self.q, self.producer, self.seq0, self.timeout = q, producer, seq0, timeout
+        self.limit, self.max_bytes = limit, max_bytes
+        self.written = self.skipped = self.number = 0
+        self.pieces: list[tuple[Payloads, int, int, list[Headers | None] | None]] = []  # rows [a, b)
+        self.rows = self.size = 0
+
+    def add(self, p: Payloads, hs: list[Headers | None] | None) -> None:
+        """The rows of one batch: ``hs``, each row's headers, or None when none has any."""
+        n = len(p.offsets) - 1
+        sizes = p.lens(0, n)
+        if hs is not None:
+            sizes = sizes + np.array([_header_size(h) for h in hs], np.int64)
+        ends = np.cumsum(sizes)
+        i = 0
+        while i < n:
+            before = int(ends[i - 1]) if i else 0
+            fit = int(np.searchsorted(ends, before + self.max_bytes - self.size, "right"))
+            j = min(n, i + self.limit - self.rows, fit)
+            if j <= i:  # the next row does not fit
+                if self.rows:
+                    self.flush()
+                    continue
+                j = i + 1  # a row larger than max_bytes goes alone
+            self.pieces.append((p, i, j, hs[i:j] if hs is not None else None))
+            self.rows += j - i
+            self.size += int(ends[j - 1]) - before
+            i = j
+            if i < n:
+                self.flush()
+
+    def flush(self) -> None:
+        if not self.rows:
+            return
+        if self.number + 1 >= SEQS_PER_BATCH:
+            raise LimitExceeded(f"a sink partition wrote {self.number} chunks in one batch (limit "
+                                f"{SEQS_PER_BATCH - 1}); repartition into more partitions")
+        seq = self.seq0 + self.number + 1
+        try:
+            if any(hs is not None for *_, hs in self.pieces):  # headers: one bytes object per row
+                payloads: list[bytes] = []
+                metas: list[Headers | None] = []
+                for p, a, b, hs in self.pieces:
+                    whole, o = p.bytes_of(a, b).tobytes(), p.offsets[a:b + 1] - p.offsets[a]
+                    payloads += [whole[x:y] for x, y in zip(o[:-1].tolist(), o[1:].tolist(), strict=True)]
+                    metas += hs if hs is not None else [None] * (b - a)
+                self.q.put_many(payloads, timeout=self.timeout, producer=self.producer, seq=seq,
+                                headers=metas)
+            else:
+                lens = np.concatenate([p.lens(a, b) for p, a, b, _ in self.pieces])
+                data = np.concatenate([p.bytes_of(a, b) for p, a, b, _ in self.pieces])
+                put_records(self.q, lens, data, self.producer, seq, self.timeout)
+            self.written += self.rows
+        except Duplicate:
+            self.skipped += self.rows
+        self.number += 1
+        self.pieces = []
+        self.rows = self.size = 0
+
+
 def write_partition(q: Queue, batches: Iterable[pa.RecordBatch], column: int, producer: str, seq0: int,
                     batch_size: int, timeout: float, headers: int | None = None) -> tuple[int, int]:
-    """Write one partition's payloads in chunks, each one idempotent put_many with sequence
+    """Write one partition's payloads in chunks, each one idempotent put with sequence
     ``seq0 + chunk + 1``; ``headers``: the index of the headers column (None: none).  A chunk an
     earlier attempt wrote raises Duplicate and is skipped, so a retried task resumes after the last
     chunk its predecessor wrote: exactly once as long as the partition's rows come in the same
-    order.  Returns (written, skipped)."""
+    order.  A chunk without headers goes as its Arrow buffers (``spark_records.put_records``).
+    Returns (written, skipped)."""
     config = q.stats()["config"]
-    limit = max(1, min(batch_size, config["capacity"] // 2))
-    max_bytes = max(1, min(SINK_BATCH_BYTES, config["max_bytes"] // 2))
-    written = skipped = chunk_no = 0
-    chunk: list[bytes] = []
-    metas: list[Headers | None] = []  # the chunk's headers, one per payload
-    size = 0
-
-    def flush() -> None:
-        nonlocal written, skipped, chunk_no, chunk, metas, size
-        if chunk_no + 1 >= SEQS_PER_BATCH:
-            raise LimitExceeded(f"a sink partition wrote {chunk_no} chunks in one batch (limit "
-                                f"{SEQS_PER_BATCH - 1}); repartition into more partitions")
-        try:
-            q.put_many(chunk, timeout=timeout, producer=producer, seq=seq0 + chunk_no + 1,
-                       headers=metas if any(metas) else None)
-            written += len(chunk)
-        except Duplicate:
-            skipped += len(chunk)
-        chunk_no += 1
-        chunk = []
-        metas = []
-        size = 0
-
+    chunks = _Chunks(q, producer, seq0, timeout, max(1, min(batch_size, config["capacity"] // 2)),
+                     max(1, min(SINK_BATCH_BYTES, config["max_bytes"] // 2)))
     for rb in batches:
         col = rb.column(column)
         if col.null_count:
             raise InvalidArgument(f"{col.null_count} row(s) have a null payload: the sink writes non-null "
                                   "payloads only (filter or coalesce them first)")
-        hs = ([None] * len(col) if headers is None
-              else [_row_headers(e) for e in rb.column(headers).to_pylist()])
-        for p, h in zip(col.to_pylist(), hs, strict=True):
-            if type(p) is str:
-                p = p.encode()
-            n = len(p) + (sum(len(k) + len(v) + 4 for k, v in h.items()) + 3 if h else 0)  # ~ encoded
-            if chunk and (len(chunk) >= limit or size + n > max_bytes):
-                flush()
-            chunk.append(p)
-            metas.append(h)
-            size += n
-    if chunk:
-        flush()
-    return written, skipped
+        hs: list[Headers | None] | None = None
+        if headers is not None and has_headers(rb.column(headers)):
+            hs = [_row_headers(e) for e in rb.column(headers).to_pylist()]
+        chunks.add(Payloads.of(col), hs)
+    chunks.flush()
+    return chunks.written, chunks.skipped
 
 
 def _task() -> Any:

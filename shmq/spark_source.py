@@ -13,6 +13,7 @@ from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -33,12 +34,12 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from . import headers as _headers
-from . import options
 from .api import Broker, Message, Queue
 from .errors import ConnectionLost, GroupNotFound, InvalidArgument, QueueExists
 from .seektime import to_ns
+from .spark_arrow import to_batch
 from .spark_options import DataLost, ReadOptions, broker_for
+from .spark_records import from_messages, read_records
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 PARTITION_OFFSETS = 100_000  # a read task covers at most this many offsets (more: more partitions)
@@ -51,15 +52,6 @@ SCHEMA = StructType([
     StructField("delivery_count", IntegerType(), False),
     StructField("headers", MapType(StringType(), BinaryType(), False), False),  # empty: none
 ])
-ARROW_SCHEMA = pa.schema([
-    pa.field("queue", pa.string(), False),
-    pa.field("offset", pa.int64(), False),
-    pa.field("payload", pa.binary(), False),
-    pa.field("timestamp", pa.timestamp("us", tz="UTC"), False),
-    pa.field("delivery_count", pa.int32(), False),
-    pa.field("headers", pa.map_(pa.string(), pa.field("value", pa.binary(), False)), False),
-])
-_HEADERS_TYPE = ARROW_SCHEMA.field("headers").type
 
 
 class OffsetRange(InputPartition):
@@ -88,45 +80,9 @@ def split(queue: str, start: int, end: int, min_partitions: int) -> list[OffsetR
     return [OffsetRange(queue, bounds[i], bounds[i + 1]) for i in range(parts)]
 
 
-def _delivery_count(m: Message) -> int:
-    """1 for an ordinary queue (the source never leases, so nothing is redelivered to it); for a
-    dead-letter queue, the deliveries the message had in its origin group before it died."""
-    if not m[6]:
-        return 1
-    try:
-        origin = m.origin
-    except (ValueError, KeyError, TypeError):
-        return 1
-    return origin.deliveries if origin is not None else 1
-
-
-def _headers_array(msgs: list[Message]) -> pa.MapArray:
-    """The ``headers`` column: each message's headers in the order they were put; an empty map
-    for a message without any (never null)."""
-    offsets = [0]
-    keys: list[str] = []
-    values: list[bytes] = []
-    for m in msgs:
-        meta = m[6]
-        if meta and meta[0] == _headers.TAG:
-            h = _headers.decode(meta)
-            keys += h.keys()
-            values += h.values()
-        offsets.append(len(keys))
-    return pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(keys, pa.string()),
-                                   pa.array(values, pa.binary()), type=_HEADERS_TYPE)
-
-
 def to_arrow(queue: str, msgs: list[Message]) -> pa.RecordBatch:
-    n = len(msgs)
-    return pa.RecordBatch.from_arrays([
-        pa.array([queue] * n, pa.string()),
-        pa.array([m[3] for m in msgs], pa.int64()),
-        pa.array([m[5] if type(m[5]) is bytes else bytes(m[5]) for m in msgs], pa.binary()),
-        pa.array([m[7] // 1000 for m in msgs], pa.timestamp("us", tz="UTC")),
-        pa.array([_delivery_count(m) for m in msgs], pa.int32()),
-        _headers_array(msgs),
-    ], schema=ARROW_SCHEMA)
+    """The rows of messages already read (``read_range`` reads columns, not messages)."""
+    return to_batch(queue, from_messages(msgs))
 
 
 def read_range(o: ReadOptions, part: OffsetRange) -> Iterator[pa.RecordBatch]:
@@ -139,20 +95,20 @@ def read_range(o: ReadOptions, part: OffsetRange) -> Iterator[pa.RecordBatch]:
         q = b.queue(part.queue)
         off, end = part.start, part.end
         while off < end:
-            # the broker caps a reply to one frame (large messages): we go on from where it stopped
-            msgs = q.read(off, min(options.MAX_BATCH, end - off))
-            first = msgs[0].offset if msgs else end
+            # a read stops short of a frame (or MAX_READ_BYTES): we go on from where it stopped
+            r = read_records(q, off, end - off)
+            first = int(r.offsets[0]) if len(r) else end
             if first != off:
                 if o.fail_on_data_loss:
                     raise DataLost(f"offsets {off}..{min(first, end) - 1} of queue {part.queue!r} are no "
                                    "longer retained (committed by the query's group by someone else, the "
                                    "group deleted, or the queue purged/re-created); set failOnDataLoss "
                                    "to false to skip them")
-                msgs = [m for m in msgs if m.offset < end]
-                if not msgs:
+                r = r.head(int(np.searchsorted(r.offsets, end)))
+                if not len(r):
                     return
-            yield to_arrow(part.queue, msgs)
-            off = msgs[-1].offset + 1
+            yield to_batch(part.queue, r)
+            off = int(r.offsets[-1]) + 1
     finally:
         b.close()
 
