@@ -31,6 +31,7 @@ from .durability import Durability, Mark
 from .errors import Empty, GroupNotFound, QueueNotFound, ShmqError
 from .group import NACK, OK, TO_DLQ, DeadItem
 from .handle import _ms
+from .headers import Block as HeaderBlock
 from .queue import ShmQueue
 from .readings import QueueReading, read_queue
 from .registry import Registry
@@ -88,11 +89,13 @@ class ServerQueue:
         """Store one message now (``meta``: its header block, checked; ``delay_ms``: when it
         is due; ``ttl_ms``: its own TTL, checked): (its offset, the mark confirming it).
         :class:`Full` when there is no room now."""
-        if meta or delay_ms or ttl_ms:
+        if delay_ms or ttl_ms:
             offs, mark = self.put_many([payload], metas=[meta] if meta else None, delay_ms=delay_ms,
                                        ttl_ms=ttl_ms)
             return offs[0], mark
-        off = self._q.put(payload, block=False, wait_durable=False)  # (the writer is poked there)
+        # (the writer is poked there; a checked block goes through as it is: HeaderBlock)
+        hb = HeaderBlock(meta) if meta else None
+        off = self._q.put(payload, block=False, wait_durable=False, headers=hb)
         return off, self.durability.put_mark(off + 1, poke=False) if self._journaled else None
 
     def put_many(self, payloads: Sequence[Payload], producer: str | None = None,
