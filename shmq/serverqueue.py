@@ -95,7 +95,7 @@ class ServerQueue:
             return offs[0], mark
         # (the writer is poked there; a checked block goes through as it is: HeaderBlock)
         hb = HeaderBlock(meta) if meta else None
-        off = self._q.put(payload, block=False, wait_durable=False, headers=hb)
+        off = self._q.put(payload, block=False, wait_durable=False, headers=hb)  # type: ignore[arg-type]
         return off, self.durability.put_mark(off + 1, poke=False) if self._journaled else None
 
     def put_many(self, payloads: Sequence[Payload], producer: str | None = None,
