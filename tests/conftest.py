@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import itertools
 import os
+import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from multiprocessing.connection import Connection
@@ -23,6 +24,8 @@ import shmq
 from shmq import runtime
 from shmq.check import check_instance
 from shmq.segment import parse_object_name, registry_name, shm_path
+from shmq.server.core import Core
+from shmq.serverqueue import ServerBroker
 from shmq.shm import ShmBroker
 from shmq.tcp import TcpBroker
 
@@ -401,3 +404,30 @@ def broker(request: pytest.FixtureRequest, instance: str) -> Iterator[shmq.Broke
         yield b
         _clean(b)
         b.close()
+
+
+# ---------------------------------------------------------------- a broker worker's core, in memory
+@pytest.fixture
+def core(instance: str) -> Iterator[Core]:
+    """A worker's request handling (``server.core``) over a fresh instance, no event loop."""
+    sb = ServerBroker(instance)
+    c = Core(sb, worker_id=3, token="")
+    try:
+        yield c
+    finally:
+        sb.close()
+
+
+@pytest.fixture
+def held_posts(core: Core) -> tuple[list[tuple[Any, ...]], threading.Event]:
+    """What ``core``'s held answers post to the event loop (its ``call_soon_threadsafe``),
+    collected instead of run, and an event set at each post."""
+    posted: list[tuple[Any, ...]] = []
+    done = threading.Event()
+
+    def post(fn: Any, *args: Any) -> None:
+        posted.append((fn, *args))
+        done.set()
+
+    core.held._post = post  # type: ignore[method-assign]
+    return posted, done

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,7 +21,7 @@ from shmq.consuming import ACK_FLAG, acking_batch_frame, decode_consume, lease_s
 from shmq.durability import Mark
 from shmq.errors import ProtocolError, StaleAck, Status, StorageError
 from shmq.server.core import Core
-from shmq.serverqueue import ServerBroker, ServerQueue
+from shmq.serverqueue import ServerQueue
 
 from .conftest import Server
 from .test_codec import DOC
@@ -94,15 +93,6 @@ def test_a_lease_out_of_range_is_refused_before_anything_is_sent() -> None:
 
 
 # ---------------------------------------------------------------- the broker, in memory
-@pytest.fixture
-def core(instance: str) -> Iterator[Core]:
-    sb = ServerBroker(instance)
-    try:
-        yield Core(sb)
-    finally:
-        sb.close()
-
-
 def _consume_acking(p: Peer, acks: list[tuple[int, int]], batch: bool = False, timeout_ms: int = 0) -> int:
     """Send a CONSUME (CONSUME_BATCH) of "q" that acks ``acks`` first; its message id."""
     msg_id = next(p._ids)
@@ -197,15 +187,9 @@ def test_a_batch_with_a_stale_lease_acks_the_others_and_delivers_nothing(core: C
 
 @pytest.mark.parametrize("fails", [False, True])
 def test_the_get_waits_for_the_journal_to_have_the_ack(core: Core, monkeypatch: pytest.MonkeyPatch,
-                                                       fails: bool) -> None:
-    posted: list[tuple[Any, ...]] = []
-    done = threading.Event()
-
-    def post(fn: Any, *args: Any) -> None:  # the event loop's call_soon_threadsafe
-        posted.append((fn, *args))
-        done.set()
-
-    core.held._post = post
+                                                       fails: bool,
+                                                       held_posts: tuple[list[Any], threading.Event]) -> None:
+    posted, done = held_posts
     p = Peer(core)
     _setup(p, 2)
     off, dc, *_ = decode_deliver(p.call(T.CONSUME, queue="q", group="default", timeout_ms=0,

@@ -85,16 +85,6 @@ def _status(f: Frame) -> int:
 
 
 @pytest.fixture
-def core(instance: str) -> Iterator[Core]:
-    sb = ServerBroker(instance)
-    c = Core(sb, worker_id=3, token="")
-    try:
-        yield c
-    finally:
-        sb.close()
-
-
-@pytest.fixture
 def timed(instance: str) -> Iterator[tuple[Core, FakeClock]]:
     """A core whose parked requests see the test's clock."""
     clock = FakeClock()
@@ -384,15 +374,9 @@ class _Durability:
         assert self.moved.wait(10)
 
 
-def test_a_reply_is_held_until_its_mark_is_reached(core: Core) -> None:
-    posted: list[tuple[Any, ...]] = []
-    done = threading.Event()
-
-    def post(fn: Any, *args: Any) -> None:  # the event loop's call_soon_threadsafe
-        posted.append((fn, *args))
-        done.set()
-
-    core.held._post = post
+def test_a_reply_is_held_until_its_mark_is_reached(core: Core, held_posts: tuple[list[Any], threading.Event]
+                                                    ) -> None:
+    posted, done = held_posts
     p = Peer(core)
     dur = _Durability()
     mark = Mark(dur, 28, 5)  # type: ignore[arg-type]

@@ -144,10 +144,17 @@ def test_a_batch_delivers_the_live_and_expires_the_rest(clocked: ShmBroker, cloc
     assert [m.payload for m in _dlq(clocked, "t")] == [b"a", b"b", b"c"]
 
 
-def test_the_hot_paths_leave_expired_messages_to_the_general_path(clocked: ShmBroker,
-                                                                  clock: FakeClock) -> None:
-    q = clocked.create_queue("t", message_ttl=1)
-    q.put_many([b"a", b"b"])
+@pytest.mark.parametrize("whose", ["queue", "message"])
+def test_the_hot_paths_leave_expired_messages_to_the_general_path(clocked: ShmBroker, clock: FakeClock,
+                                                                  whose: str) -> None:
+    """The queue's TTL or each message's own: the one-message and the batch delivery
+    paths hand an expired message to the general path, which expires it."""
+    if whose == "queue":
+        q = clocked.create_queue("t", message_ttl=1)
+        q.put_many([b"a", b"b"])
+    else:
+        q = clocked.create_queue("t")
+        q.put_many([b"a", b"b"], ttl=1)
     groups, ring = q._groups, q._ring  # type: ignore[attr-defined]
     slot = clocked._att.client_slot()  # type: ignore[attr-defined]
     with ring.clock:

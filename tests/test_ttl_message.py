@@ -156,23 +156,6 @@ def test_a_delayed_message_keeps_its_ttl_from_the_put(clocked: ShmBroker, clock:
     assert check.check_instance(clocked.instance) == []
 
 
-def test_the_hot_paths_leave_an_expired_message_to_the_general_path(clocked: ShmBroker,
-                                                                     clock: FakeClock) -> None:
-    q = clocked.create_queue("m")
-    q.put_many([b"a", b"b"], ttl=1)
-    groups, ring = q._groups, q._ring  # type: ignore[attr-defined]
-    slot = clocked._att.client_slot()  # type: ignore[attr-defined]
-    with ring.clock:
-        word = L.LEASED_ONCE | (slot << L.OWNER_SHIFT) | (10**6 << L.TIME_SHIFT)
-        clock.advance(1)
-        assert groups.deliver_one(0, groups.ref(0), word, 10**6, tuple, q, "default") is None
-        assert groups.deliver_block(0, slot, 10**6, 10, 1000) is None
-        assert ring.w[ring.groups_w + L.G_CURSOR] == 0
-    with pytest.raises(shmq.Empty):
-        q.get(block=False)
-    assert q.stats()["groups"]["default"]["ttl_expired"] == 2
-
-
 def test_the_slot_and_header_words(clocked: ShmBroker, clock: FakeClock, instance: str) -> None:
     q = clocked.create_queue("m")
     q.put(b"plain")
