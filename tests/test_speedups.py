@@ -19,8 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shmq import accel, consume, group_delivery, headers, lock, options, ring
+from shmq import layout as L
 from shmq.api import Message
-from shmq.errors import InvalidArgument, LimitExceeded
+from shmq.errors import InvalidArgument, LimitExceeded, StaleAck
 from shmq.shm import ShmBroker
 
 IMPLS = ["compiled", "pure"]
@@ -45,13 +46,15 @@ def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
     monkeypatch.setattr(headers, "_decode_c", None if ext is None else ext.decode_headers)
     monkeypatch.setattr(group_delivery, "_records",
                         group_delivery._records_py if ext is None else ext.records)
+    monkeypatch.setattr(consume, "_deliver_c", None if ext is None else ext.deliver_one)
+    monkeypatch.setattr(consume, "_ack_c", None if ext is None else ext.ack_one)
     yield request.param
 
 
 def test_the_extension_is_built_and_chosen_unless_pure_is_asked() -> None:
     ext = compiled()
     assert {"trylock", "unlock", "encode_headers", "parse_headers", "decode_headers",
-            "records"} <= set(dir(ext))
+            "records", "deliver_one", "ack_one"} <= set(dir(ext))
     pure = os.environ.get(accel.PURE_ENV, "") not in ("", "0")
     assert (accel.ext is None) == pure
     assert lock.trylock is (lock._trylock if pure else ext.trylock)
@@ -297,5 +300,114 @@ def test_a_batch_of_large_records_is_copied_whole_across_the_ring_end(impl: str,
             assert [m.payload for m in got] == batch
             q.ack_many(got)
         q._ring.check_invariants()
+    finally:
+        b.destroy()
+
+
+# ------------------------------------------------------------------ one message: deliver_one, ack_one
+def _one_message_script(q: Any) -> list[int]:
+    """Gets and acks one at a time, out of order, on two groups, a message with its own TTL
+    among them, a stale ack; the shared words they leave (lease words less their times)."""
+    q.put(b"a")
+    q.put(b"b", ttl=60)  # a TTL of its own: the compiled deliver_one leaves it to the twin
+    q.put(b"c", headers={"k": "v"})
+    q.put(b"d")
+    m = [q.get(block=False) for _ in range(3)]
+    assert [x.payload for x in m] == [b"a", b"b", b"c"] and dict(m[2].headers) == {"k": b"v"}
+    m[1].ack()  # out of order: the floor stays
+    assert q.offsets()[0] == 0
+    m[0].ack()  # the floor passes both: storage freed (the only group)
+    assert q.offsets()[0] == 2
+    with pytest.raises(StaleAck):
+        m[0].ack()
+    q.create_group("other", "earliest")  # two groups (from offset 2): the free offset is recomputed
+    o = [q.get("other", block=False) for _ in range(2)]
+    assert [x.payload for x in o] == [b"c", b"d"]
+    m[2].ack()
+    assert q.offsets()[0] == 2  # "other" holds it back
+    for x in o:
+        x.ack()
+    assert q.offsets()[0] == 3
+    last = q.get(block=False)
+    last.ack()
+    assert q.offsets()[0] == 4
+    r, w = q._ring, q._ring.w
+    mask = (1 << L.OWNER_SHIFT) - 1
+    words = [w[r.groups_w + gi * L.G_WORDS + k] for gi in range(2)
+             for k in (L.G_CURSOR, L.G_FLOOR, L.G_DELIVERED, L.G_ACKED)]
+    expiry = [bool(w[r.groups_w + gi * L.G_WORDS + L.G_NEXT_EXPIRY]) for gi in range(2)]  # (a time)
+    leases = [w[r.slots_w + i * r.slot_words + L.S_GROUPS + gi] & mask for i in range(r.capacity)
+              for gi in range(2)]
+    return [*words, *expiry, *leases, w[L.Q_FREE_OFFSET], w[L.Q_NEXT_OFFSET]]
+
+
+def test_one_message_paths_leave_the_same_shared_words_on_both(instance: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    ext = compiled()
+    b = ShmBroker(instance)
+    try:
+        seen = []
+        for name, fns in (("c", (ext.deliver_one, ext.ack_one)), ("py", (None, None))):
+            monkeypatch.setattr(consume, "_deliver_c", fns[0])
+            monkeypatch.setattr(consume, "_ack_c", fns[1])
+            seen.append(_one_message_script(b.create_queue(name, capacity=8, max_bytes=4096)))
+        assert seen[0] == seen[1]
+    finally:
+        b.destroy()
+
+
+def test_the_compiled_one_message_path_is_taken_and_leaves_the_twin_what_it_must(
+        instance: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ext = compiled()
+    monkeypatch.setattr(consume, "_deliver_c", ext.deliver_one)
+    monkeypatch.setattr(consume, "_ack_c", ext.ack_one)
+    twin = []
+    real = group_delivery.Delivery.deliver_one
+
+    def counted(self: Any, *a: Any) -> Any:
+        twin.append(a[1])
+        return real(self, *a)
+
+    monkeypatch.setattr(group_delivery.Delivery, "deliver_one", counted)
+    b = ShmBroker(instance)
+    try:
+        q = b.create_queue("taken", capacity=8)
+        q.put_many([b"first", b"plain"])
+        q.put(b"own ttl", ttl=60)
+        q.get().ack()  # a handle's first get takes the general path (it learns the group)
+        q.get().ack()
+        assert twin == []  # the compiled one delivered it
+        q.get().ack()
+        assert len(twin) == 1  # the twin decided on the message with a TTL of its own
+        ttlq = b.create_queue("ttl", capacity=8, message_ttl=60)
+        assert ttlq._one is None  # a queue TTL: the twin reads the wall clock every time
+        ttlq.put_many([b"x", b"y"])
+        ttlq.get().ack()
+        ttlq.get().ack()
+        assert len(twin) == 2
+    finally:
+        b.destroy()
+
+
+def test_compiled_one_message_functions_check_their_arguments(instance: str) -> None:
+    ext = compiled()
+    b = ShmBroker(instance)
+    try:
+        q = b.create_queue("args1", capacity=4)
+        geom = q._one
+        assert geom is not None
+        with pytest.raises(TypeError):
+            ext.deliver_one(geom[:9], 0, 1, 0, 0, "default")
+        with pytest.raises(TypeError):
+            ext.ack_one(list(geom), 0, 0, 1, -1)
+        bad = (geom[0], 10 ** 9, *geom[2:])  # a group table past the end of the mapping
+        with pytest.raises(ValueError, match="past the end"):
+            ext.deliver_one(bad, 0, 1, 0, 0, "default")
+        with pytest.raises(ValueError, match="past the end"):
+            ext.ack_one(bad, 0, 0, 1, -1)
+        with pytest.raises(ValueError):
+            ext.ack_one(geom, 0, 0, 1 << 20, -1)  # a delivery count no lease word holds
+        assert ext.deliver_one(geom, 0, 1, 0, 0, "default") is None  # nothing to deliver
+        assert ext.ack_one(geom, 0, 0, 1, -1) == 1  # STALE: no such lease (group serial 0 ...)
     finally:
         b.destroy()
