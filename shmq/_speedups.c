@@ -4,7 +4,7 @@
  * what the twin does, or returns None where the twin would raise or where the input is
  * unusual (the caller then runs the twin, which raises the same typed error as ever).
  *
- * Only ``deliver_one`` and ``ack_one`` write shared memory (under the consumer lock the caller holds, the
+ * Only ``deliver_one``, ``ack_one`` and ``put_one`` write shared memory (under the consumer lock the caller holds, the
  * same stores as its twin in the same order; see there).  Otherwise: the lock functions call the same libc functions the
  * ctypes path calls (pthread_mutex_trylock / pthread_mutex_unlock on a robust,
  * process-shared mutex), and ``records`` only reads published slots and record bytes
@@ -253,6 +253,7 @@ sp_decode_headers(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
  */
 
 #define S_BYTEPOS 1
+#define S_OFFSET 0
 #define S_LENS 2
 #define S_TIMESTAMP 3
 
@@ -583,6 +584,103 @@ done:
     return PyLong_FromLong(rc);
 }
 
+/* put_one(geom, payload, meta, ts) -> int
+ * geom = (mm, slots_w, cap, sw, data_off, size), bound once per ring.
+ * The compiled twin of the body of ring.Ring.try_put, under the producer lock the caller
+ * holds, once the caller has settled a pending idempotent put, in a process without crash
+ * points (the caller checks both): the new record's offset, or -1 when there is no room
+ * now.  The same stores as the twin in the same order: the record bytes (metadata, then
+ * payload), the slot (head, then S_EXPIRES and the lease words zeroed), Q_TAIL_BYTES, and
+ * last the commit, Q_NEXT_OFFSET, one aligned 8-byte store with release ordering (nothing
+ * written before it can be seen after it). */
+
+#define Q_TAIL_BYTES 25
+
+static PyObject *
+sp_put_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 6) {
+        PyErr_SetString(PyExc_TypeError, "put_one(geom, payload, meta, ts), geom a 6-tuple");
+        return NULL;
+    }
+    PyObject *geom = args[0];
+    Py_ssize_t sl = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 1));
+    unsigned long long cap = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(geom, 2));
+    Py_ssize_t sw = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 3));
+    Py_ssize_t data = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 4));
+    unsigned long long size = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(geom, 5));
+    unsigned long long ts = PyLong_AsUnsignedLongLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (sl < 0 || cap == 0 || sw < S_GROUPS || data < 0 || size == 0) {
+        PyErr_SetString(PyExc_ValueError, "put_one: bad geometry");
+        return NULL;
+    }
+    Py_buffer view, pv, mv;
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(geom, 0), &view, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &pv, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[2], &mv, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&pv);
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    long long rc = -1;
+    PyObject *res = NULL;
+    volatile uint64_t *w = (volatile uint64_t *)view.buf;
+    Py_ssize_t nw = view.len / 8;
+    uint64_t plen = (uint64_t)pv.len, mlen = (uint64_t)mv.len, n = plen + mlen;
+    uint64_t lens = plen | (mlen << 32);
+    if (plen > 0xFFFFFFFFull || mlen > 0xFFFFFFFFull) {
+        PyErr_SetString(PyExc_ValueError, "put_one: a payload or metadata of 4 GiB or more");
+        goto done;
+    }
+    if (Q_TAIL_BYTES >= nw || (Py_ssize_t)(sl + (Py_ssize_t)cap * sw) > nw
+            || (uint64_t)data + size > (uint64_t)view.len) {
+        PyErr_SetString(PyExc_ValueError, "put_one: geometry past the end of the mapping");
+        goto done;
+    }
+    uint64_t off = w[Q_NEXT_OFFSET], free_ = w[Q_FREE_OFFSET];
+    if (off - free_ >= cap)
+        goto answer;
+    uint64_t tb = w[Q_TAIL_BYTES], p, floor;
+    if (free_ == off) {  /* empty: start the next lap at physical 0 */
+        p = (tb + size - 1) / size * size;
+        floor = p;
+    }
+    else {
+        floor = w[sl + (Py_ssize_t)(free_ % cap) * sw + S_BYTEPOS];
+        uint64_t phys = tb % size;
+        p = phys + n <= size ? tb : tb + size - phys;
+    }
+    if (p + n - floor > size)
+        goto answer;
+    char *start = (char *)view.buf + data + p % size;
+    if (mlen)  /* metadata || payload, each copied once into place */
+        memcpy(start, mv.buf, mlen);
+    memcpy(start + mlen, pv.buf, plen);
+    Py_ssize_t base = sl + (Py_ssize_t)(off % cap) * sw;
+    w[base + S_OFFSET] = off;
+    w[base + S_BYTEPOS] = p;
+    w[base + S_LENS] = lens;
+    w[base + S_TIMESTAMP] = ts;
+    for (Py_ssize_t k = S_EXPIRES; k < sw; k++)
+        w[base + k] = 0;
+    w[Q_TAIL_BYTES] = p + n;
+    __atomic_store_n((uint64_t *)&w[Q_NEXT_OFFSET], off + 1, __ATOMIC_RELEASE);  /* commit */
+    rc = (long long)off;
+answer:
+    res = PyLong_FromLongLong(rc);
+done:
+    PyBuffer_Release(&mv);
+    PyBuffer_Release(&pv);
+    PyBuffer_Release(&view);
+    return res;
+}
+
 /* ------------------------------------------------------------------ module */
 
 static PyMethodDef methods[] = {
@@ -602,6 +700,8 @@ static PyMethodDef methods[] = {
      "deliver_one(geom, gi, word, now, ref, group) -> Message | None | False: lease the next new message."},
     {"ack_one", (PyCFunction)(void (*)(void))sp_ack_one, METH_FASTCALL,
      "ack_one(geom, ref, offset, dc, lone_gen) -> int: ack one delivery and move the floor."},
+    {"put_one", (PyCFunction)(void (*)(void))sp_put_one, METH_FASTCALL,
+     "put_one(geom, payload, meta, ts) -> int: append one record (-1: no room now)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from shmq import accel, consume, group_delivery, headers, lock, options, ring
 from shmq import layout as L
 from shmq.api import Message
-from shmq.errors import InvalidArgument, LimitExceeded, StaleAck
+from shmq.errors import Full, InvalidArgument, LimitExceeded, StaleAck
 from shmq.shm import ShmBroker
 
 IMPLS = ["compiled", "pure"]
@@ -48,13 +48,14 @@ def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
                         group_delivery._records_py if ext is None else ext.records)
     monkeypatch.setattr(consume, "_deliver_c", None if ext is None else ext.deliver_one)
     monkeypatch.setattr(consume, "_ack_c", None if ext is None else ext.ack_one)
+    monkeypatch.setattr(ring, "_put_c", None if ext is None else ext.put_one)
     yield request.param
 
 
 def test_the_extension_is_built_and_chosen_unless_pure_is_asked() -> None:
     ext = compiled()
     assert {"trylock", "unlock", "encode_headers", "parse_headers", "decode_headers",
-            "records", "deliver_one", "ack_one"} <= set(dir(ext))
+            "records", "deliver_one", "ack_one", "put_one"} <= set(dir(ext))
     pure = os.environ.get(accel.PURE_ENV, "") not in ("", "0")
     assert (accel.ext is None) == pure
     assert lock.trylock is (lock._trylock if pure else ext.trylock)
@@ -304,10 +305,11 @@ def test_a_batch_of_large_records_is_copied_whole_across_the_ring_end(impl: str,
         b.destroy()
 
 
-# ------------------------------------------------------------------ one message: deliver_one, ack_one
+# ------------------------------------------------------------------ one message: put, get, ack
 def _one_message_script(q: Any) -> list[int]:
-    """Gets and acks one at a time, out of order, on two groups, a message with its own TTL
-    among them, a stale ack; the shared words they leave (lease words less their times)."""
+    """Puts, gets and acks one at a time, out of order, on two groups, a message with its
+    own TTL among them, a stale ack, the slot table and the byte ring lapped; the shared
+    words and bytes they leave (lease words less their times, slots less timestamps)."""
     q.put(b"a")
     q.put(b"b", ttl=60)  # a TTL of its own: the compiled deliver_one leaves it to the twin
     q.put(b"c", headers={"k": "v"})
@@ -331,14 +333,29 @@ def _one_message_script(q: Any) -> list[int]:
     last = q.get(block=False)
     last.ack()
     assert q.offsets()[0] == 4
+    for lap in range(12):  # lap the slot table (8) and the byte ring (4096) a few times
+        q.put(bytes([lap]) * 700, headers={"lap": str(lap)} if lap % 3 else None)
+        x = q.get(block=False)
+        want = str(lap).encode() if lap % 3 else None
+        assert (x.payload, x.headers.get("lap")) == (bytes([lap]) * 700, want)
+        x.ack()
+        o = q.get("other", block=False)
+        o.ack()
+    q.put(b"y" * 3000)
+    with pytest.raises(Full):  # no room in the byte ring (4096 B) for 3000 B more
+        q.put(b"z" * 3000, block=False)
     r, w = q._ring, q._ring.w
+    slots = [w[r.slots_w + i * r.slot_words + k] for i in range(r.capacity)
+             for k in (L.S_OFFSET, L.S_BYTEPOS, L.S_LENS, L.S_EXPIRES)]
+    data = bytes(r.mm[r.data_off:r.data_off + r.size])
     mask = (1 << L.OWNER_SHIFT) - 1
     words = [w[r.groups_w + gi * L.G_WORDS + k] for gi in range(2)
              for k in (L.G_CURSOR, L.G_FLOOR, L.G_DELIVERED, L.G_ACKED)]
     expiry = [bool(w[r.groups_w + gi * L.G_WORDS + L.G_NEXT_EXPIRY]) for gi in range(2)]  # (a time)
     leases = [w[r.slots_w + i * r.slot_words + L.S_GROUPS + gi] & mask for i in range(r.capacity)
               for gi in range(2)]
-    return [*words, *expiry, *leases, w[L.Q_FREE_OFFSET], w[L.Q_NEXT_OFFSET]]
+    return [*words, *expiry, *leases, *slots, data, w[L.Q_FREE_OFFSET], w[L.Q_NEXT_OFFSET],
+            w[L.Q_TAIL_BYTES]]
 
 
 def test_one_message_paths_leave_the_same_shared_words_on_both(instance: str,
@@ -347,9 +364,10 @@ def test_one_message_paths_leave_the_same_shared_words_on_both(instance: str,
     b = ShmBroker(instance)
     try:
         seen = []
-        for name, fns in (("c", (ext.deliver_one, ext.ack_one)), ("py", (None, None))):
+        for name, fns in (("c", (ext.deliver_one, ext.ack_one, ext.put_one)), ("py", (None, None, None))):
             monkeypatch.setattr(consume, "_deliver_c", fns[0])
             monkeypatch.setattr(consume, "_ack_c", fns[1])
+            monkeypatch.setattr(ring, "_put_c", fns[2])
             seen.append(_one_message_script(b.create_queue(name, capacity=8, max_bytes=4096)))
         assert seen[0] == seen[1]
     finally:
@@ -407,6 +425,16 @@ def test_compiled_one_message_functions_check_their_arguments(instance: str) -> 
             ext.ack_one(bad, 0, 0, 1, -1)
         with pytest.raises(ValueError):
             ext.ack_one(geom, 0, 0, 1 << 20, -1)  # a delivery count no lease word holds
+        pg = q._ring._put_geom
+        with pytest.raises(TypeError):
+            ext.put_one(pg[:5], b"x", b"", 1)
+        with pytest.raises(TypeError):
+            ext.put_one(pg, "not bytes", b"", 1)
+        with pytest.raises(ValueError, match="past the end"):
+            ext.put_one((pg[0], 10 ** 9, *pg[2:]), b"x", b"", 1)
+        with pytest.raises(ValueError, match="geometry"):
+            ext.put_one((*pg[:5], 0), b"x", b"", 1)
+        assert q.offsets() == (0, 0)  # none of them wrote anything
         assert ext.deliver_one(geom, 0, 1, 0, 0, "default") is None  # nothing to deliver
         assert ext.ack_one(geom, 0, 0, 1, -1) == 1  # STALE: no such lease (group serial 0 ...)
     finally:
