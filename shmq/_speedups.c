@@ -137,6 +137,42 @@ sp_encode_headers(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
+/* A small cache of header keys: the same few keys come with message after message, so
+ * a key seen lately is reused (no decode, its hash kept) instead of made again.  Direct
+ * mapped by a hash of the key's bytes; only ASCII keys of up to KEY_CACHE_LEN bytes are
+ * kept (their UTF-8 is their 1-byte data, compared with memcmp). */
+#define KEY_CACHE 64
+#define KEY_CACHE_LEN 64
+static PyObject *key_cache[KEY_CACHE];
+
+/* The str of the UTF-8 key b[0:kn] (kn > 0), a new reference; NULL on an error (a
+ * UnicodeDecodeError for bytes that are not UTF-8). */
+static PyObject *
+header_key(const unsigned char *b, Py_ssize_t kn)
+{
+    if (kn > KEY_CACHE_LEN)
+        return PyUnicode_DecodeUTF8((const char *)b, kn, "strict");
+    uint32_t h = 2166136261u;  /* FNV-1a */
+    unsigned char high = 0;
+    for (Py_ssize_t i = 0; i < kn; i++) {
+        h = (h ^ b[i]) * 16777619u;
+        high |= b[i];
+    }
+    if (high & 0x80)  /* not ASCII: not cached */
+        return PyUnicode_DecodeUTF8((const char *)b, kn, "strict");
+    PyObject **slot = &key_cache[(h ^ (h >> 16)) & (KEY_CACHE - 1)];
+    PyObject *k = *slot;
+    if (k != NULL && PyUnicode_GET_LENGTH(k) == kn && memcmp(PyUnicode_1BYTE_DATA(k), b, kn) == 0)
+        return Py_NewRef(k);
+    k = PyUnicode_DecodeUTF8((const char *)b, kn, "strict");  /* ASCII: a compact 1-byte str */
+    if (k == NULL || PyObject_Hash(k) == -1) {  /* (hashed once, here: the hash stays with it) */
+        Py_XDECREF(k);
+        return NULL;
+    }
+    Py_XSETREF(*slot, Py_NewRef(k));
+    return k;
+}
+
 /* The headers of the block at the start of b[0:n] as a new dict, its length in *end;
  * Py_None (a new reference) when the block is malformed, NULL on an error. */
 static PyObject *
@@ -157,7 +193,7 @@ parse_block(const unsigned char *b, Py_ssize_t n, Py_ssize_t *end)
         at += 2;
         if (kn == 0 || at + kn + 2 > n)
             goto malformed;
-        PyObject *key = PyUnicode_DecodeUTF8((const char *)b + at, kn, "strict");
+        PyObject *key = header_key(b + at, kn);
         if (key == NULL) {
             if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
                 goto error;

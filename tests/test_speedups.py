@@ -199,6 +199,24 @@ def test_compiled_decode_matches_the_twin_on_any_metadata(meta: bytes) -> None:
         assert (got is headers.EMPTY) == (want is headers.EMPTY)
 
 
+def test_compiled_decode_reuses_keys_seen_lately_and_stays_exact() -> None:
+    ext = compiled()
+    h = {"trace-id": b"1", "content-type": b"json"}
+    first = ext.decode_headers(_pure_encode(h), headers.EMPTY)
+    again = ext.decode_headers(_pure_encode({"trace-id": b"2", "content-type": b"xml"}), headers.EMPTY)
+    assert [k for k in first] == [k for k in again] == list(h)
+    assert all(a is b for a, b in zip(first, again, strict=True))  # the same str objects: cached
+    # many keys through the small cache (evictions, collisions), ASCII or not, short or long:
+    # every decode still equals the twin's
+    names = [f"k{i}" for i in range(300)] + ["é", "ключ", "x" * 65, "x" * 64, "k1\x00"]
+    for rnd in range(3):
+        for i in range(0, len(names), 3):
+            block = _pure_encode({k: str(rnd).encode() for k in names[i:i + 3]})
+            assert isinstance(block, bytes)
+            got = ext.decode_headers(block, headers.EMPTY)
+            assert got == _pure_decode(block) and list(got) == list(_pure_decode(block))
+
+
 @given(st.dictionaries(keys.filter(bool), st.binary(max_size=40), max_size=6), st.binary(max_size=20))
 @settings(max_examples=300)
 def test_compiled_parse_reads_every_encoded_block(h: dict[str, bytes], tail: bytes) -> None:
