@@ -4,7 +4,7 @@
 
 Each commit is checked out in a temporary git worktree (NEW defaults to the
 working tree as it is) and imported through ``PYTHONPATH`` by this same Python,
-so only the code differs (each side's ``shmq/_speedups.c`` compiled in place with
+so only the code differs (each side's ``shmq/_speedups*.c`` compiled in place with
 ``cc -O2``, the working tree's too).  The rounds alternate OLD, NEW, OLD, NEW, ...; each
 round runs, in a fresh process:
 
@@ -100,13 +100,13 @@ def checkout(rev: str, where: Path) -> Path:
 
 
 def build_speedups(tree: Path) -> None:
-    """Compile ``tree``'s shmq/_speedups.c in place, as setup.py does (-O2), when it has one."""
-    src = tree / "shmq" / "_speedups.c"
-    if not src.exists():
+    """Compile ``tree``'s shmq/_speedups*.c in place, as setup.py does (-O2), when it has them."""
+    srcs = sorted(str(p) for p in (tree / "shmq").glob("_speedups*.c"))
+    if not srcs:
         return
     out = tree / "shmq" / f"_speedups{sysconfig.get_config_var('EXT_SUFFIX')}"
     tmp = out.with_suffix(".new")
-    subprocess.run(["cc", "-O2", "-fPIC", "-shared", f"-I{sysconfig.get_paths()['include']}", str(src),
+    subprocess.run(["cc", "-O2", "-fPIC", "-shared", f"-I{sysconfig.get_paths()['include']}", *srcs,
                     "-o", str(tmp)], check=True)
     os.replace(tmp, out)  # a rename: a process that has the old one loaded keeps it
 
