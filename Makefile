@@ -16,12 +16,12 @@ $(VENV)/bin/python:
 	$(PIP) install --quiet --upgrade pip
 
 # the broker alone: posix-ipc, typer, rich, psutil, prometheus-client
-$(BASE): pyproject.toml setup.py shmq/_speedups.c | $(VENV)/bin/python
+$(BASE): pyproject.toml setup.py shmq/_speedups.c shmq/_speedups_one.c shmq/_speedups.h | $(VENV)/bin/python
 	$(PIP) install --quiet -e .
 	touch $(BASE)
 
 # everything: the broker, the test tools, the benchmarks' peers and plots, PySpark
-$(FULL): pyproject.toml setup.py shmq/_speedups.c | $(VENV)/bin/python
+$(FULL): pyproject.toml setup.py shmq/_speedups.c shmq/_speedups_one.c shmq/_speedups.h | $(VENV)/bin/python
 	$(PIP) install --quiet -e '.[test,bench,spark]'
 	touch $(FULL) $(BASE)
 

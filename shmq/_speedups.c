@@ -4,17 +4,16 @@
  * what the twin does, or returns None where the twin would raise or where the input is
  * unusual (the caller then runs the twin, which raises the same typed error as ever).
  *
- * Nothing here writes shared memory: the lock functions call the same libc functions the
- * ctypes path calls (pthread_mutex_trylock / pthread_mutex_unlock on a robust,
- * process-shared mutex), and ``records`` only reads published slots and record bytes
- * under the consumer lock the caller holds.  So the crash-safety protocol (layout.py:
- * one aligned 8-byte store commits what was written before it) is untouched.
+ * Nothing in this file writes shared memory: the lock functions call the same libc
+ * functions the ctypes path calls (pthread_mutex_trylock / pthread_mutex_unlock on a
+ * robust, process-shared mutex), and ``records`` only reads published slots and record
+ * bytes under the consumer lock the caller holds.  The one-message put, get and ack
+ * (shmq/_speedups_one.c) do write it, under the caller's lock, with the same stores as
+ * their twins in the same order: the crash-safety protocol (layout.py: one aligned 8-byte
+ * store commits what was written before it) is kept.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_speedups.h"
 #include <pthread.h>
-#include <stdint.h>
-#include <string.h>
 
 /* ------------------------------------------------------------------ locks */
 
@@ -136,6 +135,42 @@ sp_encode_headers(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     return out;
 }
 
+/* A small cache of header keys: the same few keys come with message after message, so
+ * a key seen lately is reused (no decode, its hash kept) instead of made again.  Direct
+ * mapped by a hash of the key's bytes; only ASCII keys of up to KEY_CACHE_LEN bytes are
+ * kept (their UTF-8 is their 1-byte data, compared with memcmp). */
+#define KEY_CACHE 64
+#define KEY_CACHE_LEN 64
+static PyObject *key_cache[KEY_CACHE];
+
+/* The str of the UTF-8 key b[0:kn] (kn > 0), a new reference; NULL on an error (a
+ * UnicodeDecodeError for bytes that are not UTF-8). */
+static PyObject *
+header_key(const unsigned char *b, Py_ssize_t kn)
+{
+    if (kn > KEY_CACHE_LEN)
+        return PyUnicode_DecodeUTF8((const char *)b, kn, "strict");
+    uint32_t h = 2166136261u;  /* FNV-1a */
+    unsigned char high = 0;
+    for (Py_ssize_t i = 0; i < kn; i++) {
+        h = (h ^ b[i]) * 16777619u;
+        high |= b[i];
+    }
+    if (high & 0x80)  /* not ASCII: not cached */
+        return PyUnicode_DecodeUTF8((const char *)b, kn, "strict");
+    PyObject **slot = &key_cache[(h ^ (h >> 16)) & (KEY_CACHE - 1)];
+    PyObject *k = *slot;
+    if (k != NULL && PyUnicode_GET_LENGTH(k) == kn && memcmp(PyUnicode_1BYTE_DATA(k), b, kn) == 0)
+        return Py_NewRef(k);
+    k = PyUnicode_DecodeUTF8((const char *)b, kn, "strict");  /* ASCII: a compact 1-byte str */
+    if (k == NULL || PyObject_Hash(k) == -1) {  /* (hashed once, here: the hash stays with it) */
+        Py_XDECREF(k);
+        return NULL;
+    }
+    Py_XSETREF(*slot, Py_NewRef(k));
+    return k;
+}
+
 /* The headers of the block at the start of b[0:n] as a new dict, its length in *end;
  * Py_None (a new reference) when the block is malformed, NULL on an error. */
 static PyObject *
@@ -156,7 +191,7 @@ parse_block(const unsigned char *b, Py_ssize_t n, Py_ssize_t *end)
         at += 2;
         if (kn == 0 || at + kn + 2 > n)
             goto malformed;
-        PyObject *key = PyUnicode_DecodeUTF8((const char *)b + at, kn, "strict");
+        PyObject *key = header_key(b + at, kn);
         if (key == NULL) {
             if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
                 goto error;
@@ -251,12 +286,8 @@ sp_decode_headers(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
  * reads) is not used here.
  */
 
-#define S_BYTEPOS 1
-#define S_LENS 2
-#define S_TIMESTAMP 3
-
-static PyObject *
-slice_bytes(const char *buf, Py_ssize_t len, Py_ssize_t a, Py_ssize_t b)
+PyObject *
+sp_slice_bytes(const char *buf, Py_ssize_t len, Py_ssize_t a, Py_ssize_t b)
 {
     if (a > len)
         a = len;
@@ -322,11 +353,11 @@ sp_records(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         if ((uint64_t)len < start || start + mlen + plen > (uint64_t)PY_SSIZE_T_MAX)
             start = (uint64_t)len, mlen = plen = 0;  /* out of the mapping: clamped to nothing */
         if (mlen) {
-            payload = slice_bytes(buf, len, (Py_ssize_t)(start + mlen), (Py_ssize_t)(start + mlen + plen));
-            meta = payload ? slice_bytes(buf, len, (Py_ssize_t)start, (Py_ssize_t)(start + mlen)) : NULL;
+            payload = sp_slice_bytes(buf, len, (Py_ssize_t)(start + mlen), (Py_ssize_t)(start + mlen + plen));
+            meta = payload ? sp_slice_bytes(buf, len, (Py_ssize_t)start, (Py_ssize_t)(start + mlen)) : NULL;
         }
         else {
-            payload = slice_bytes(buf, len, (Py_ssize_t)start, (Py_ssize_t)(start + plen));
+            payload = sp_slice_bytes(buf, len, (Py_ssize_t)start, (Py_ssize_t)(start + plen));
             meta = empty;
             Py_INCREF(meta);
         }
@@ -383,6 +414,12 @@ static PyMethodDef methods[] = {
      "decode_headers(meta, empty) -> mappingproxy | None: the headers a record's metadata holds."},
     {"records", (PyCFunction)(void (*)(void))sp_records, METH_FASTCALL,
      "records(out, cls, prefix, w, mm, b0, sw, k, offset, data_off, size): append k delivered records."},
+    {"deliver_one", (PyCFunction)(void (*)(void))sp_deliver_one, METH_FASTCALL,
+     "deliver_one(geom, gi, word, now, ref, group) -> Message | None | False: lease the next new message."},
+    {"ack_one", (PyCFunction)(void (*)(void))sp_ack_one, METH_FASTCALL,
+     "ack_one(geom, ref, offset, dc, lone_gen) -> int: ack one delivery and move the floor."},
+    {"put_one", (PyCFunction)(void (*)(void))sp_put_one, METH_FASTCALL,
+     "put_one(geom, payload, meta, ts) -> int: append one record (-1: no room now)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -178,6 +178,11 @@ class Message(tuple):  # type: ignore[type-arg]
     @property
     def headers(self) -> Mapping[str, bytes]:
         """The message's headers, read-only: ``str`` keys, ``bytes`` values (empty: none)."""
+        dec = _headers._decode_c  # headers.decode's compiled part, called here at once
+        if dec is not None:
+            h = dec(self[6], _headers.EMPTY)
+            if h is not None:
+                return h  # type: ignore[no-any-return]
         return _headers.decode(self[6])
 
     @property

@@ -15,7 +15,11 @@ from collections.abc import Iterable
 import posix_ipc
 
 from . import crashpoints, options
+from . import group_delivery as _gd
+from . import group_settlement as _gs
+from . import group_table as _gt
 from . import layout as L
+from .accel import ext
 from .api import Message, own_leases
 from .durability import Mark
 from .errors import (
@@ -46,6 +50,10 @@ from .settle import Settle
 _BusyError = (posix_ipc.BusyError, posix_ipc.SignalError)
 _CRASH = crashpoints.watch(__name__)
 _monotonic_ns = time.monotonic_ns
+# the compiled twin of Groups.deliver_one (shmq.accel); _take_one falls back to the twin
+_deliver_c = None if ext is None else ext.deliver_one
+_ack_c = None if ext is None else ext.ack_one  # the same, of Groups.ack (memory-only queues)
+_RECOMPUTE = 4  # _ack_c: the floor moved; the free offset is recomputed here
 FIRST_LEASE = LEASED | (1 << DC_SHIFT)  # a first delivery's lease word, before its owner and deadline
 
 
@@ -82,7 +90,13 @@ class Consuming(QueueHandle):
             if w[Q_GROUP_GEN] != self._ggen:  # a group was created or deleted since we looked
                 return None
             word = FIRST_LEASE | (owner << OWNER_SHIFT) | ((now + self._vis) << TIME_SHIFT)
-            m = self._groups.deliver_one(gi, ref, word, now, Message, self, group)
+            d1 = _deliver_c
+            if d1 is not None and self._one is not None and not _gd._CRASH:
+                m = d1(self._one, gi, word, now, ref, group)
+                if m is False:  # a TTL of its own: the twin reads the wall clock
+                    m = self._groups.deliver_one(gi, ref, word, now, Message, self, group)
+            else:
+                m = self._groups.deliver_one(gi, ref, word, now, Message, self, group)
         finally:
             unlock(addr)
         return m, gi, now
@@ -201,7 +215,15 @@ class Consuming(QueueHandle):
         if rc:
             self._ring.clock.acquire_slow(rc)
         try:
-            result = self._groups.ack(ref, msg[3], msg[4])
+            a1 = _ack_c
+            if a1 is not None and self._one is not None and not self._durable and not (
+                    _gs._CRASH or _gt._CRASH):
+                groups = self._groups
+                result = a1(self._one, ref, msg[3], msg[4], groups._gen if groups._lone else -1)
+                if result == _RECOMPUTE:
+                    result = FREED if groups._recompute_free() else OK
+            else:
+                result = self._groups.ack(ref, msg[3], msg[4])
         finally:
             unlock(addr)
         if result == FREED:

@@ -277,6 +277,14 @@ class Delivery(Settlement):
             return tuple.__new__(cls, (q, ref, group, cur, 1, payload, self.mm[start:start + mlen], ts))
         return tuple.__new__(cls, (q, ref, group, cur, 1, self.mm[start:start + lens], b"", ts))
 
+    def one_geom(self, cls: type, q: Any) -> tuple[Any, ...] | None:
+        """What the compiled ``deliver_one`` (``shmq._speedups``) reads of this queue, bound
+        once per handle; None on a queue with a TTL (the twin reads the wall clock)."""
+        if self.ttl_ns:
+            return None
+        return (self.mm, self.gw, self.sl, self.cap, self.sw, self.tail_word, self.data_off, self.size,
+                cls, q)
+
     def deliver_block(self, gi: int, owner: int, now: int, max_n: int, vis_ms: int,
                       max_bytes: int = 0) -> tuple[int, list[int], list[int], bytes] | None:
         """The hot path of ``deliver`` for a batch: a run of at least two new messages

@@ -26,7 +26,7 @@ import posix_ipc
 
 from . import crashpoints, options
 from . import layout as L
-from .api import QueueConfig
+from .api import Message, QueueConfig
 from .doorbell import NO_BELLS, RINGER
 from .durability import Durability, Mark
 from .errors import (
@@ -106,6 +106,7 @@ class QueueHandle:
         self._clock_addr = ring.clock.address
         self._mm = ring.mm  # the bell table is read as one slice of it (no buffer export kept)
         self._dur = Durability(self)  # the durable marks (both sides: shmq.durability)
+        self._one = self._groups.one_geom(Message, self)  # for the compiled deliver_one (consume)
 
     def __repr__(self) -> str:
         return f"ShmQueue({self._att.url!r}, {self.name!r})"

@@ -25,6 +25,7 @@ from itertools import accumulate, compress
 
 from . import crashpoints, options
 from . import layout as L
+from .accel import ext
 from .errors import InstanceError
 from .layout import (  # the hot paths' names: a global load each (L.NAME is an attribute lookup more)
     LEN_META_SHIFT,
@@ -56,6 +57,7 @@ DUPLICATE = -2  # try_put_many: this producer already wrote that sequence
 _pack_slot = SLOT_HEAD.pack
 
 _CRASH = crashpoints.watch(__name__)
+_put_c = None if ext is None else ext.put_one  # the compiled twin of try_put's body (shmq.accel)
 
 
 def producer_key(producer: str) -> int:
@@ -100,6 +102,7 @@ class Ring:
         # a producer died holding the producer lock: its idempotent put counts only if committed
         self.plock.on_recover = self._recover_producer
         self._zero_leases = bytes(L.WORD * (self.slot_words - S_EXPIRES))  # S_EXPIRES and the lease words
+        self._put_geom = (self.mm, self.slots_w, self.capacity, self.slot_words, self.data_off, self.size)
 
     # ------------------------------------------------------------ creation
     @classmethod
@@ -196,6 +199,8 @@ class Ring:
         try:
             if w[Q_PENDING_PRODUCER]:  # the last idempotent put's writer died
                 self._settle_pending()
+            if _put_c is not None and not _CRASH:
+                return _put_c(self._put_geom, payload, meta, ts)  # type: ignore[no-any-return]
             off = w[Q_NEXT_OFFSET]
             free = w[Q_FREE_OFFSET]
             if off - free >= self.capacity:

@@ -19,8 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shmq import accel, consume, group_delivery, headers, lock, options, ring
+from shmq import layout as L
 from shmq.api import Message
-from shmq.errors import InvalidArgument, LimitExceeded
+from shmq.errors import Full, InvalidArgument, LimitExceeded, StaleAck
 from shmq.shm import ShmBroker
 
 IMPLS = ["compiled", "pure"]
@@ -45,13 +46,16 @@ def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
     monkeypatch.setattr(headers, "_decode_c", None if ext is None else ext.decode_headers)
     monkeypatch.setattr(group_delivery, "_records",
                         group_delivery._records_py if ext is None else ext.records)
+    monkeypatch.setattr(consume, "_deliver_c", None if ext is None else ext.deliver_one)
+    monkeypatch.setattr(consume, "_ack_c", None if ext is None else ext.ack_one)
+    monkeypatch.setattr(ring, "_put_c", None if ext is None else ext.put_one)
     yield request.param
 
 
 def test_the_extension_is_built_and_chosen_unless_pure_is_asked() -> None:
     ext = compiled()
     assert {"trylock", "unlock", "encode_headers", "parse_headers", "decode_headers",
-            "records"} <= set(dir(ext))
+            "records", "deliver_one", "ack_one", "put_one"} <= set(dir(ext))
     pure = os.environ.get(accel.PURE_ENV, "") not in ("", "0")
     assert (accel.ext is None) == pure
     assert lock.trylock is (lock._trylock if pure else ext.trylock)
@@ -195,6 +199,24 @@ def test_compiled_decode_matches_the_twin_on_any_metadata(meta: bytes) -> None:
         assert (got is headers.EMPTY) == (want is headers.EMPTY)
 
 
+def test_compiled_decode_reuses_keys_seen_lately_and_stays_exact() -> None:
+    ext = compiled()
+    h = {"trace-id": b"1", "content-type": b"json"}
+    first = ext.decode_headers(_pure_encode(h), headers.EMPTY)
+    again = ext.decode_headers(_pure_encode({"trace-id": b"2", "content-type": b"xml"}), headers.EMPTY)
+    assert [k for k in first] == [k for k in again] == list(h)
+    assert all(a is b for a, b in zip(first, again, strict=True))  # the same str objects: cached
+    # many keys through the small cache (evictions, collisions), ASCII or not, short or long:
+    # every decode still equals the twin's
+    names = [f"k{i}" for i in range(300)] + ["é", "ключ", "x" * 65, "x" * 64, "k1\x00"]
+    for rnd in range(3):
+        for i in range(0, len(names), 3):
+            block = _pure_encode({k: str(rnd).encode() for k in names[i:i + 3]})
+            assert isinstance(block, bytes)
+            got = ext.decode_headers(block, headers.EMPTY)
+            assert got == _pure_decode(block) and list(got) == list(_pure_decode(block))
+
+
 @given(st.dictionaries(keys.filter(bool), st.binary(max_size=40), max_size=6), st.binary(max_size=20))
 @settings(max_examples=300)
 def test_compiled_parse_reads_every_encoded_block(h: dict[str, bytes], tail: bytes) -> None:
@@ -297,5 +319,141 @@ def test_a_batch_of_large_records_is_copied_whole_across_the_ring_end(impl: str,
             assert [m.payload for m in got] == batch
             q.ack_many(got)
         q._ring.check_invariants()
+    finally:
+        b.destroy()
+
+
+# ------------------------------------------------------------------ one message: put, get, ack
+def _one_message_script(q: Any) -> list[int]:
+    """Puts, gets and acks one at a time, out of order, on two groups, a message with its
+    own TTL among them, a stale ack, the slot table and the byte ring lapped; the shared
+    words and bytes they leave (lease words less their times, slots less timestamps)."""
+    q.put(b"a")
+    q.put(b"b", ttl=60)  # a TTL of its own: the compiled deliver_one leaves it to the twin
+    q.put(b"c", headers={"k": "v"})
+    q.put(b"d")
+    m = [q.get(block=False) for _ in range(3)]
+    assert [x.payload for x in m] == [b"a", b"b", b"c"] and dict(m[2].headers) == {"k": b"v"}
+    m[1].ack()  # out of order: the floor stays
+    assert q.offsets()[0] == 0
+    m[0].ack()  # the floor passes both: storage freed (the only group)
+    assert q.offsets()[0] == 2
+    with pytest.raises(StaleAck):
+        m[0].ack()
+    q.create_group("other", "earliest")  # two groups (from offset 2): the free offset is recomputed
+    o = [q.get("other", block=False) for _ in range(2)]
+    assert [x.payload for x in o] == [b"c", b"d"]
+    m[2].ack()
+    assert q.offsets()[0] == 2  # "other" holds it back
+    for x in o:
+        x.ack()
+    assert q.offsets()[0] == 3
+    last = q.get(block=False)
+    last.ack()
+    assert q.offsets()[0] == 4
+    for lap in range(12):  # lap the slot table (8) and the byte ring (4096) a few times
+        q.put(bytes([lap]) * 700, headers={"lap": str(lap)} if lap % 3 else None)
+        x = q.get(block=False)
+        want = str(lap).encode() if lap % 3 else None
+        assert (x.payload, x.headers.get("lap")) == (bytes([lap]) * 700, want)
+        x.ack()
+        o = q.get("other", block=False)
+        o.ack()
+    q.put(b"y" * 3000)
+    with pytest.raises(Full):  # no room in the byte ring (4096 B) for 3000 B more
+        q.put(b"z" * 3000, block=False)
+    r, w = q._ring, q._ring.w
+    slots = [w[r.slots_w + i * r.slot_words + k] for i in range(r.capacity)
+             for k in (L.S_OFFSET, L.S_BYTEPOS, L.S_LENS, L.S_EXPIRES)]
+    data = bytes(r.mm[r.data_off:r.data_off + r.size])
+    mask = (1 << L.OWNER_SHIFT) - 1
+    words = [w[r.groups_w + gi * L.G_WORDS + k] for gi in range(2)
+             for k in (L.G_CURSOR, L.G_FLOOR, L.G_DELIVERED, L.G_ACKED)]
+    expiry = [bool(w[r.groups_w + gi * L.G_WORDS + L.G_NEXT_EXPIRY]) for gi in range(2)]  # (a time)
+    leases = [w[r.slots_w + i * r.slot_words + L.S_GROUPS + gi] & mask for i in range(r.capacity)
+              for gi in range(2)]
+    return [*words, *expiry, *leases, *slots, data, w[L.Q_FREE_OFFSET], w[L.Q_NEXT_OFFSET],
+            w[L.Q_TAIL_BYTES]]
+
+
+def test_one_message_paths_leave_the_same_shared_words_on_both(instance: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    ext = compiled()
+    b = ShmBroker(instance)
+    try:
+        seen = []
+        for name, fns in (("c", (ext.deliver_one, ext.ack_one, ext.put_one)), ("py", (None, None, None))):
+            monkeypatch.setattr(consume, "_deliver_c", fns[0])
+            monkeypatch.setattr(consume, "_ack_c", fns[1])
+            monkeypatch.setattr(ring, "_put_c", fns[2])
+            seen.append(_one_message_script(b.create_queue(name, capacity=8, max_bytes=4096)))
+        assert seen[0] == seen[1]
+    finally:
+        b.destroy()
+
+
+def test_the_compiled_one_message_path_is_taken_and_leaves_the_twin_what_it_must(
+        instance: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ext = compiled()
+    monkeypatch.setattr(consume, "_deliver_c", ext.deliver_one)
+    monkeypatch.setattr(consume, "_ack_c", ext.ack_one)
+    twin = []
+    real = group_delivery.Delivery.deliver_one
+
+    def counted(self: Any, *a: Any) -> Any:
+        twin.append(a[1])
+        return real(self, *a)
+
+    monkeypatch.setattr(group_delivery.Delivery, "deliver_one", counted)
+    b = ShmBroker(instance)
+    try:
+        q = b.create_queue("taken", capacity=8)
+        q.put_many([b"first", b"plain"])
+        q.put(b"own ttl", ttl=60)
+        q.get().ack()  # a handle's first get takes the general path (it learns the group)
+        q.get().ack()
+        assert twin == []  # the compiled one delivered it
+        q.get().ack()
+        assert len(twin) == 1  # the twin decided on the message with a TTL of its own
+        ttlq = b.create_queue("ttl", capacity=8, message_ttl=60)
+        assert ttlq._one is None  # a queue TTL: the twin reads the wall clock every time
+        ttlq.put_many([b"x", b"y"])
+        ttlq.get().ack()
+        ttlq.get().ack()
+        assert len(twin) == 2
+    finally:
+        b.destroy()
+
+
+def test_compiled_one_message_functions_check_their_arguments(instance: str) -> None:
+    ext = compiled()
+    b = ShmBroker(instance)
+    try:
+        q = b.create_queue("args1", capacity=4)
+        geom = q._one
+        assert geom is not None
+        with pytest.raises(TypeError):
+            ext.deliver_one(geom[:9], 0, 1, 0, 0, "default")
+        with pytest.raises(TypeError):
+            ext.ack_one(list(geom), 0, 0, 1, -1)
+        bad = (geom[0], 10 ** 9, *geom[2:])  # a group table past the end of the mapping
+        with pytest.raises(ValueError, match="past the end"):
+            ext.deliver_one(bad, 0, 1, 0, 0, "default")
+        with pytest.raises(ValueError, match="past the end"):
+            ext.ack_one(bad, 0, 0, 1, -1)
+        with pytest.raises(ValueError):
+            ext.ack_one(geom, 0, 0, 1 << 20, -1)  # a delivery count no lease word holds
+        pg = q._ring._put_geom
+        with pytest.raises(TypeError):
+            ext.put_one(pg[:5], b"x", b"", 1)
+        with pytest.raises(TypeError):
+            ext.put_one(pg, "not bytes", b"", 1)
+        with pytest.raises(ValueError, match="past the end"):
+            ext.put_one((pg[0], 10 ** 9, *pg[2:]), b"x", b"", 1)
+        with pytest.raises(ValueError, match="geometry"):
+            ext.put_one((*pg[:5], 0), b"x", b"", 1)
+        assert q.offsets() == (0, 0)  # none of them wrote anything
+        assert ext.deliver_one(geom, 0, 1, 0, 0, "default") is None  # nothing to deliver
+        assert ext.ack_one(geom, 0, 0, 1, -1) == 1  # STALE: no such lease (group serial 0 ...)
     finally:
         b.destroy()

@@ -1,0 +1,22 @@
+/* shmq/_speedups.h: what the sources of shmq._speedups share (shmq/_speedups.c, the module;
+ * shmq/_speedups_one.c, the one-message put, get and ack).  The slot words are those of
+ * shmq/layout.py. */
+#ifndef SHMQ_SPEEDUPS_H
+#define SHMQ_SPEEDUPS_H
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define S_OFFSET 0
+#define S_BYTEPOS 1
+#define S_LENS 2
+#define S_TIMESTAMP 3
+
+/* b[a:b] of buf[0:len] as bytes, clamped as Python's slicing clamps */
+PyObject *sp_slice_bytes(const char *buf, Py_ssize_t len, Py_ssize_t a, Py_ssize_t b);
+
+PyObject *sp_deliver_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+PyObject *sp_ack_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+PyObject *sp_put_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+#endif

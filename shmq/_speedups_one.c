@@ -1,0 +1,322 @@
+/* shmq._speedups, the one-message put, get and ack (shmq/_speedups.c is the module).
+ *
+ * The three functions here write shared memory, each under the lock its caller holds and
+ * only where no crash point is armed (the caller checks): the same aligned 8-byte stores
+ * as its pure-Python twin, in the same order, the commit last (shmq/layout.py).  Each
+ * returns a sentinel where its twin must decide instead, and writes nothing then. */
+#include "_speedups.h"
+
+/* ------------------------------------------------------------------ one delivery
+ * deliver_one(geom, gi, word, now, ref, group) -> Message | None | False
+ * geom = (mm, gw, sl, cap, sw, tail_word, data_off, size, cls, q), bound once per handle.
+ * The compiled twin of group_delivery.Groups.deliver_one, for a queue without a queue TTL
+ * and a process without crash points (the caller checks both): None where the twin
+ * returns None (the general path is needed); False where the twin must decide (the
+ * message has a TTL of its own: the twin reads the wall clock).  The caller holds the
+ * consumer lock.  This is the one function here that writes shared memory: the same
+ * aligned 8-byte stores as the twin, in the same order (lease word, cursor, delivered
+ * count, next expiry), each made only once the message object is built (no allocation
+ * can fail after the first store). */
+
+#define G_WORDS 32
+#define G_CURSOR 1
+#define G_REDELIVER 3
+#define G_NEXT_EXPIRY 5
+#define G_DELIVERED 23
+#define S_EXPIRES 4
+#define S_GROUPS 5
+#define TIME_SHIFT 24
+
+PyObject *
+sp_deliver_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 10) {
+        PyErr_SetString(PyExc_TypeError, "deliver_one(geom, gi, word, now, ref, group), geom a 10-tuple");
+        return NULL;
+    }
+    PyObject *geom = args[0];
+    PyObject *cls = PyTuple_GET_ITEM(geom, 8), *q = PyTuple_GET_ITEM(geom, 9);
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "deliver_one: cls must be a tuple type");
+        return NULL;
+    }
+    Py_ssize_t gw = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 1));
+    Py_ssize_t sl = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 2));
+    unsigned long long cap = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(geom, 3));
+    Py_ssize_t sw = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 4));
+    Py_ssize_t tw = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 5));
+    Py_ssize_t data = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 6));
+    unsigned long long size = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(geom, 7));
+    Py_ssize_t gi = PyLong_AsSsize_t(args[1]);
+    unsigned long long word = PyLong_AsUnsignedLongLong(args[2]);
+    unsigned long long now = PyLong_AsUnsignedLongLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (gw < 0 || sl < 0 || cap == 0 || sw < S_GROUPS + 1 || tw < 0 || data < 0 || size == 0 || gi < 0
+            || gi >= sw - S_GROUPS) {
+        PyErr_SetString(PyExc_ValueError, "deliver_one: bad geometry");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(geom, 0), &view, PyBUF_WRITABLE) < 0)
+        return NULL;
+    volatile uint64_t *w = (volatile uint64_t *)view.buf;
+    Py_ssize_t nw = view.len / 8;
+    PyObject *res = NULL;
+    Py_ssize_t g = gw + gi * G_WORDS;
+    if (g + G_WORDS > nw || tw >= nw || (Py_ssize_t)(sl + (Py_ssize_t)cap * sw) > nw) {
+        PyErr_SetString(PyExc_ValueError, "deliver_one: geometry past the end of the mapping");
+        goto done;
+    }
+    uint64_t ne = w[g + G_NEXT_EXPIRY], cur = w[g + G_CURSOR];
+    if ((ne && now >= ne) || w[g + G_REDELIVER] || cur >= w[tw]) {
+        res = Py_NewRef(Py_None);
+        goto done;
+    }
+    Py_ssize_t base = sl + (Py_ssize_t)(cur % cap) * sw;
+    if (w[base + S_GROUPS + gi]) {  /* DONE: settled without a delivery */
+        res = Py_NewRef(Py_None);
+        goto done;
+    }
+    if (w[base + S_EXPIRES]) {  /* a TTL of its own: the twin reads the wall clock */
+        res = Py_NewRef(Py_False);
+        goto done;
+    }
+    uint64_t pos = w[base + S_BYTEPOS], lens = w[base + S_LENS], ts = w[base + S_TIMESTAMP];
+    uint64_t start = (uint64_t)data + pos % size, mlen = lens >> 32, plen = lens & 0xFFFFFFFFull;
+    const char *buf = (const char *)view.buf;
+    Py_ssize_t len = view.len;
+    if ((uint64_t)len < start || start + mlen + plen > (uint64_t)PY_SSIZE_T_MAX)
+        start = (uint64_t)len, mlen = plen = 0;  /* out of the mapping: clamped to nothing */
+    PyObject *payload = sp_slice_bytes(buf, len, (Py_ssize_t)(start + mlen), (Py_ssize_t)(start + mlen + plen));
+    PyObject *meta = mlen ? sp_slice_bytes(buf, len, (Py_ssize_t)start, (Py_ssize_t)(start + mlen))
+                          : PyBytes_FromStringAndSize(NULL, 0);
+    PyObject *off = PyLong_FromUnsignedLongLong(cur), *stamp = PyLong_FromUnsignedLongLong(ts);
+    PyObject *one = PyLong_FromLong(1);
+    PyTypeObject *type = (PyTypeObject *)cls;
+    PyObject *t = type->tp_alloc(type, 8);
+    if (payload == NULL || meta == NULL || off == NULL || stamp == NULL || one == NULL || t == NULL) {
+        Py_XDECREF(payload);
+        Py_XDECREF(meta);
+        Py_XDECREF(off);
+        Py_XDECREF(stamp);
+        Py_XDECREF(one);
+        Py_XDECREF(t);
+        goto done;
+    }
+    PyTuple_SET_ITEM(t, 0, Py_NewRef(q));
+    PyTuple_SET_ITEM(t, 1, Py_NewRef(args[4]));
+    PyTuple_SET_ITEM(t, 2, Py_NewRef(args[5]));
+    PyTuple_SET_ITEM(t, 3, off);
+    PyTuple_SET_ITEM(t, 4, one);
+    PyTuple_SET_ITEM(t, 5, payload);
+    PyTuple_SET_ITEM(t, 6, meta);
+    PyTuple_SET_ITEM(t, 7, stamp);
+    /* the twin's stores, in its order */
+    w[base + S_GROUPS + gi] = word;
+    w[g + G_CURSOR] = cur + 1;
+    w[g + G_DELIVERED] = w[g + G_DELIVERED] + 1;
+    uint64_t deadline = word >> TIME_SHIFT;
+    if (!ne || deadline < ne)
+        w[g + G_NEXT_EXPIRY] = deadline;
+    res = t;
+done:
+    PyBuffer_Release(&view);
+    return res;
+}
+
+/* ack_one(geom, ref, offset, dc, lone_gen) -> int
+ * The compiled twin of group_settlement.Settlement.ack followed by its advance_floor, for
+ * a memory-only queue (no settle sequence to bump) and a process without crash points
+ * (the caller checks both), under the consumer lock the caller holds.  ``lone_gen``: the
+ * Q_GROUP_GEN for which the caller's group table knows this is the queue's only group, or
+ * -1.  Returns the twin's OK (0), STALE (1) or FREED (3); or 4 where the floor moved and
+ * the twin would recompute the free offset (the caller then calls _recompute_free).  The
+ * same stores as the twin in the same order: the lease word (DONE), the acked count, the
+ * floor, the free offset. */
+
+#define Q_NEXT_OFFSET 24
+#define Q_FREE_OFFSET 32
+#define Q_GROUP_GEN 35
+#define G_FLOOR 2
+#define G_ACKED 7
+#define G_SERIAL 22
+#define GI_BITS 6
+#define LEASED 1
+#define DONE 3
+#define STATE_MASK 7
+#define DC_SHIFT 3
+#define OWNER_SHIFT 11
+
+PyObject *
+sp_ack_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 10) {
+        PyErr_SetString(PyExc_TypeError, "ack_one(geom, ref, offset, dc, lone_gen), geom a 10-tuple");
+        return NULL;
+    }
+    PyObject *geom = args[0];
+    Py_ssize_t gw = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 1));
+    Py_ssize_t sl = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 2));
+    unsigned long long cap = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(geom, 3));
+    Py_ssize_t sw = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 4));
+    unsigned long long ref = PyLong_AsUnsignedLongLong(args[1]);
+    unsigned long long offset = PyLong_AsUnsignedLongLong(args[2]);
+    unsigned long long dc = PyLong_AsUnsignedLongLong(args[3]);
+    long long lone_gen = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    Py_ssize_t gi = (Py_ssize_t)(ref & ((1u << GI_BITS) - 1));
+    if (gw < 0 || sl < 0 || cap == 0 || sw < S_GROUPS + 1 || gi >= sw - S_GROUPS
+            || dc >= (1ull << (OWNER_SHIFT - DC_SHIFT))) {
+        PyErr_SetString(PyExc_ValueError, "ack_one: bad geometry or delivery count");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(geom, 0), &view, PyBUF_WRITABLE) < 0)
+        return NULL;
+    volatile uint64_t *w = (volatile uint64_t *)view.buf;
+    Py_ssize_t nw = view.len / 8;
+    long rc;
+    Py_ssize_t g = gw + gi * G_WORDS, lw = S_GROUPS + gi;
+    if (g + G_WORDS > nw || Q_GROUP_GEN >= nw || (Py_ssize_t)(sl + (Py_ssize_t)cap * sw) > nw) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "ack_one: geometry past the end of the mapping");
+        return NULL;
+    }
+    if (w[g + G_SERIAL] != ref >> GI_BITS) {  /* the group is gone */
+        rc = 1;
+        goto done;
+    }
+    Py_ssize_t base = sl + (Py_ssize_t)(offset % cap) * sw;
+    uint64_t word = w[base + lw];
+    if ((word & ((1ull << OWNER_SHIFT) - 1)) != (LEASED | (dc << DC_SHIFT)) || w[base] != offset
+            || offset >= w[Q_NEXT_OFFSET] || offset < w[g + G_FLOOR]) {
+        rc = 1;
+        goto done;
+    }
+    w[base + lw] = DONE | (dc << DC_SHIFT);
+    w[g + G_ACKED] = w[g + G_ACKED] + 1;
+    uint64_t f = w[g + G_FLOOR], old = f, cur = w[g + G_CURSOR];
+    while (f < cur && (w[sl + (Py_ssize_t)(f % cap) * sw + lw] & STATE_MASK) == DONE)
+        f++;
+    if (f == old) {
+        rc = 0;
+        goto done;
+    }
+    w[g + G_FLOOR] = f;
+    if (old != w[Q_FREE_OFFSET]) {  /* another group holds the free offset back */
+        rc = 0;
+        goto done;
+    }
+    if (lone_gen >= 0 && w[Q_GROUP_GEN] == (uint64_t)lone_gen) {  /* its floor is the free offset */
+        w[Q_FREE_OFFSET] = f;
+        rc = 3;
+        goto done;
+    }
+    rc = 4;
+done:
+    PyBuffer_Release(&view);
+    return PyLong_FromLong(rc);
+}
+
+/* put_one(geom, payload, meta, ts) -> int
+ * geom = (mm, slots_w, cap, sw, data_off, size), bound once per ring.
+ * The compiled twin of the body of ring.Ring.try_put, under the producer lock the caller
+ * holds, once the caller has settled a pending idempotent put, in a process without crash
+ * points (the caller checks both): the new record's offset, or -1 when there is no room
+ * now.  The same stores as the twin in the same order: the record bytes (metadata, then
+ * payload), the slot (head, then S_EXPIRES and the lease words zeroed), Q_TAIL_BYTES, and
+ * last the commit, Q_NEXT_OFFSET, one aligned 8-byte store with release ordering (nothing
+ * written before it can be seen after it). */
+
+#define Q_TAIL_BYTES 25
+
+PyObject *
+sp_put_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 6) {
+        PyErr_SetString(PyExc_TypeError, "put_one(geom, payload, meta, ts), geom a 6-tuple");
+        return NULL;
+    }
+    PyObject *geom = args[0];
+    Py_ssize_t sl = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 1));
+    unsigned long long cap = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(geom, 2));
+    Py_ssize_t sw = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 3));
+    Py_ssize_t data = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 4));
+    unsigned long long size = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(geom, 5));
+    unsigned long long ts = PyLong_AsUnsignedLongLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (sl < 0 || cap == 0 || sw < S_GROUPS || data < 0 || size == 0) {
+        PyErr_SetString(PyExc_ValueError, "put_one: bad geometry");
+        return NULL;
+    }
+    Py_buffer view, pv, mv;
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(geom, 0), &view, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (PyObject_GetBuffer(args[1], &pv, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[2], &mv, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&pv);
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    long long rc = -1;
+    PyObject *res = NULL;
+    volatile uint64_t *w = (volatile uint64_t *)view.buf;
+    Py_ssize_t nw = view.len / 8;
+    uint64_t plen = (uint64_t)pv.len, mlen = (uint64_t)mv.len, n = plen + mlen;
+    uint64_t lens = plen | (mlen << 32);
+    if (plen > 0xFFFFFFFFull || mlen > 0xFFFFFFFFull) {
+        PyErr_SetString(PyExc_ValueError, "put_one: a payload or metadata of 4 GiB or more");
+        goto done;
+    }
+    if (Q_TAIL_BYTES >= nw || (Py_ssize_t)(sl + (Py_ssize_t)cap * sw) > nw
+            || (uint64_t)data + size > (uint64_t)view.len) {
+        PyErr_SetString(PyExc_ValueError, "put_one: geometry past the end of the mapping");
+        goto done;
+    }
+    uint64_t off = w[Q_NEXT_OFFSET], free_ = w[Q_FREE_OFFSET];
+    if (off - free_ >= cap)
+        goto answer;
+    uint64_t tb = w[Q_TAIL_BYTES], p, floor;
+    if (free_ == off) {  /* empty: start the next lap at physical 0 */
+        p = (tb + size - 1) / size * size;
+        floor = p;
+    }
+    else {
+        floor = w[sl + (Py_ssize_t)(free_ % cap) * sw + S_BYTEPOS];
+        uint64_t phys = tb % size;
+        p = phys + n <= size ? tb : tb + size - phys;
+    }
+    if (n > size || p + n - floor > size)
+        goto answer;
+    if ((uint64_t)data + p % size + n > (uint64_t)view.len) {  /* only a corrupt header gets here */
+        PyErr_SetString(PyExc_ValueError, "put_one: a record past the end of the mapping");
+        goto done;
+    }
+    char *start = (char *)view.buf + data + p % size;
+    if (mlen)  /* metadata || payload, each copied once into place */
+        memcpy(start, mv.buf, mlen);
+    memcpy(start + mlen, pv.buf, plen);
+    Py_ssize_t base = sl + (Py_ssize_t)(off % cap) * sw;
+    w[base + S_OFFSET] = off;
+    w[base + S_BYTEPOS] = p;
+    w[base + S_LENS] = lens;
+    w[base + S_TIMESTAMP] = ts;
+    for (Py_ssize_t k = S_EXPIRES; k < sw; k++)
+        w[base + k] = 0;
+    w[Q_TAIL_BYTES] = p + n;
+    __atomic_store_n((uint64_t *)&w[Q_NEXT_OFFSET], off + 1, __ATOMIC_RELEASE);  /* commit */
+    rc = (long long)off;
+answer:
+    res = PyLong_FromLongLong(rc);
+done:
+    PyBuffer_Release(&mv);
+    PyBuffer_Release(&pv);
+    PyBuffer_Release(&view);
+    return res;
+}
