@@ -8,9 +8,11 @@ from __future__ import annotations
 import errno
 import importlib
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -457,3 +459,18 @@ def test_compiled_one_message_functions_check_their_arguments(instance: str) -> 
         assert ext.ack_one(geom, 0, 0, 1, -1) == 1  # STALE: no such lease (group serial 0 ...)
     finally:
         b.destroy()
+
+
+def test_the_c_sources_layout_constants_are_layout_py_s() -> None:
+    """The C sources repeat some of ``shmq/layout.py``'s names as ``#define``s: each has
+    layout.py's value (the header block's own constants are ``shmq.headers``')."""
+    src = Path(accel.__file__).parent
+    defines = {}
+    for f in sorted(src.glob("_speedups*.[ch]")):
+        for m in re.finditer(r"^#define ([A-Z][A-Z_]*) (0x[0-9a-fA-F]+|[0-9]+)\b", f.read_text(), re.M):
+            defines[m[1]] = (int(m[2], 0), f.name)
+    own = {"HEADER_TAG": headers.TAG, "SHORT_LEN": 256, "KEY_CACHE": 64, "KEY_CACHE_LEN": 64}
+    assert len(defines) > 20  # (the pattern still finds them)
+    for name, (value, where) in defines.items():
+        expected = own[name] if name in own else getattr(L, name)
+        assert value == expected, f"{where}: #define {name} {value}, but it is {expected}"
