@@ -17,30 +17,28 @@
 
 /* ------------------------------------------------------------------ locks */
 
+/* The mutex at the address ``addr`` (an int), or NULL with an exception set. */
+static pthread_mutex_t *
+mutex_at(PyObject *addr)
+{
+    void *p = PyLong_AsVoidPtr(addr);
+    if (p == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "null mutex address");
+    return (pthread_mutex_t *)p;
+}
+
 static PyObject *
 sp_trylock(PyObject *mod, PyObject *addr)
 {
-    void *p = PyLong_AsVoidPtr(addr);
-    if (p == NULL && PyErr_Occurred())
-        return NULL;
-    if (p == NULL) {
-        PyErr_SetString(PyExc_ValueError, "null mutex address");
-        return NULL;
-    }
-    return PyLong_FromLong(pthread_mutex_trylock((pthread_mutex_t *)p));
+    pthread_mutex_t *m = mutex_at(addr);
+    return m == NULL ? NULL : PyLong_FromLong(pthread_mutex_trylock(m));
 }
 
 static PyObject *
 sp_unlock(PyObject *mod, PyObject *addr)
 {
-    void *p = PyLong_AsVoidPtr(addr);
-    if (p == NULL && PyErr_Occurred())
-        return NULL;
-    if (p == NULL) {
-        PyErr_SetString(PyExc_ValueError, "null mutex address");
-        return NULL;
-    }
-    return PyLong_FromLong(pthread_mutex_unlock((pthread_mutex_t *)p));
+    pthread_mutex_t *m = mutex_at(addr);
+    return m == NULL ? NULL : PyLong_FromLong(pthread_mutex_unlock(m));
 }
 
 /* ------------------------------------------------------------------ headers

@@ -6,6 +6,81 @@
  * returns a sentinel where its twin must decide instead, and writes nothing then. */
 #include "_speedups.h"
 
+#define Q_NEXT_OFFSET 24
+#define Q_TAIL_BYTES 25
+#define Q_FREE_OFFSET 32
+#define Q_GROUP_GEN 35
+#define G_WORDS 32
+#define G_CURSOR 1
+#define G_FLOOR 2
+#define G_REDELIVER 3
+#define G_NEXT_EXPIRY 5
+#define G_ACKED 7
+#define G_SERIAL 22
+#define G_DELIVERED 23
+#define S_EXPIRES 4
+#define S_GROUPS 5
+#define GI_BITS 6
+#define LEASED 1
+#define DONE 3
+#define STATE_MASK 7
+#define DC_SHIFT 3
+#define OWNER_SHIFT 11
+#define TIME_SHIFT 24
+
+/* A queue's geometry, as its callers bind it once (group_delivery.Delivery.one_geom,
+ * ring.Ring._put_geom): (mm, groups_w, slots_w, capacity, slot_words, tail_word, data_off,
+ * size, ...), with the mapping's buffer held writable until geom_close. */
+typedef struct {
+    Py_buffer view;
+    volatile uint64_t *w;
+    Py_ssize_t nw, gw, sl, sw, tw, data;
+    unsigned long long cap, size;
+} Geom;
+
+/* Read ``geom`` (a tuple of ``items``) into ``g``: 0, or -1 with an exception set and
+ * nothing held when it is malformed or any of its tables reaches past the mapping. */
+static int
+geom_open(PyObject *geom, Py_ssize_t items, const char *fn, Geom *g)
+{
+    if (!PyTuple_CheckExact(geom) || PyTuple_GET_SIZE(geom) != items) {
+        PyErr_Format(PyExc_TypeError, "%s: geom must be a %zd-tuple", fn, items);
+        return -1;
+    }
+    g->gw = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 1));
+    g->sl = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 2));
+    g->cap = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(geom, 3));
+    g->sw = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 4));
+    g->tw = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 5));
+    g->data = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 6));
+    g->size = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(geom, 7));
+    if (PyErr_Occurred())
+        return -1;
+    if (g->gw < 0 || g->sl < 0 || g->cap == 0 || g->sw <= S_GROUPS || g->tw < 0 || g->data < 0
+            || g->size == 0) {
+        PyErr_Format(PyExc_ValueError, "%s: bad geometry", fn);
+        return -1;
+    }
+    if (PyObject_GetBuffer(PyTuple_GET_ITEM(geom, 0), &g->view, PyBUF_WRITABLE) < 0)
+        return -1;
+    g->w = (volatile uint64_t *)g->view.buf;
+    g->nw = g->view.len / 8;
+    if (Q_GROUP_GEN >= g->nw || g->tw >= g->nw || g->gw + G_WORDS * (g->sw - S_GROUPS) > g->nw
+            || (Py_ssize_t)(g->sl + (Py_ssize_t)g->cap * g->sw) > g->nw
+            || (uint64_t)g->data + g->size > (uint64_t)g->view.len) {
+        PyBuffer_Release(&g->view);
+        PyErr_Format(PyExc_ValueError, "%s: geometry past the end of the mapping", fn);
+        return -1;
+    }
+    return 0;
+}
+
+static void
+geom_close(Geom *g)
+{
+    PyBuffer_Release(&g->view);
+}
+
 /* ------------------------------------------------------------------ one delivery
  * deliver_one(geom, gi, word, now, ref, group) -> Message | None | False
  * geom = (mm, gw, sl, cap, sw, tail_word, data_off, size, cls, q), bound once per handle.
@@ -18,56 +93,40 @@
  * count, next expiry), each made only once the message object is built (no allocation
  * can fail after the first store). */
 
-#define G_WORDS 32
-#define G_CURSOR 1
-#define G_REDELIVER 3
-#define G_NEXT_EXPIRY 5
-#define G_DELIVERED 23
-#define S_EXPIRES 4
-#define S_GROUPS 5
-#define TIME_SHIFT 24
 
 PyObject *
 sp_deliver_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 6 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 10) {
-        PyErr_SetString(PyExc_TypeError, "deliver_one(geom, gi, word, now, ref, group), geom a 10-tuple");
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "deliver_one(geom, gi, word, now, ref, group)");
         return NULL;
     }
-    PyObject *geom = args[0];
-    PyObject *cls = PyTuple_GET_ITEM(geom, 8), *q = PyTuple_GET_ITEM(geom, 9);
-    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
-        PyErr_SetString(PyExc_TypeError, "deliver_one: cls must be a tuple type");
-        return NULL;
+    PyObject *cls = NULL, *q = NULL;
+    if (PyTuple_CheckExact(args[0]) && PyTuple_GET_SIZE(args[0]) == 10) {
+        cls = PyTuple_GET_ITEM(args[0], 8), q = PyTuple_GET_ITEM(args[0], 9);
+        if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
+            PyErr_SetString(PyExc_TypeError, "deliver_one: cls must be a tuple type");
+            return NULL;
+        }
     }
-    Py_ssize_t gw = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 1));
-    Py_ssize_t sl = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 2));
-    unsigned long long cap = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(geom, 3));
-    Py_ssize_t sw = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 4));
-    Py_ssize_t tw = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 5));
-    Py_ssize_t data = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 6));
-    unsigned long long size = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(geom, 7));
     Py_ssize_t gi = PyLong_AsSsize_t(args[1]);
     unsigned long long word = PyLong_AsUnsignedLongLong(args[2]);
     unsigned long long now = PyLong_AsUnsignedLongLong(args[3]);
     if (PyErr_Occurred())
         return NULL;
-    if (gw < 0 || sl < 0 || cap == 0 || sw < S_GROUPS + 1 || tw < 0 || data < 0 || size == 0 || gi < 0
-            || gi >= sw - S_GROUPS) {
-        PyErr_SetString(PyExc_ValueError, "deliver_one: bad geometry");
+    Geom G;
+    if (geom_open(args[0], 10, "deliver_one", &G) < 0)
+        return NULL;
+    if (gi < 0 || gi >= G.sw - S_GROUPS) {
+        geom_close(&G);
+        PyErr_SetString(PyExc_ValueError, "deliver_one: bad geometry (no such group)");
         return NULL;
     }
-    Py_buffer view;
-    if (PyObject_GetBuffer(PyTuple_GET_ITEM(geom, 0), &view, PyBUF_WRITABLE) < 0)
-        return NULL;
-    volatile uint64_t *w = (volatile uint64_t *)view.buf;
-    Py_ssize_t nw = view.len / 8;
+    volatile uint64_t *w = G.w;
+    Py_ssize_t sl = G.sl, sw = G.sw, tw = G.tw, data = G.data;
+    unsigned long long cap = G.cap, size = G.size;
     PyObject *res = NULL;
-    Py_ssize_t g = gw + gi * G_WORDS;
-    if (g + G_WORDS > nw || tw >= nw || (Py_ssize_t)(sl + (Py_ssize_t)cap * sw) > nw) {
-        PyErr_SetString(PyExc_ValueError, "deliver_one: geometry past the end of the mapping");
-        goto done;
-    }
+    Py_ssize_t g = G.gw + gi * G_WORDS;
     uint64_t ne = w[g + G_NEXT_EXPIRY], cur = w[g + G_CURSOR];
     if ((ne && now >= ne) || w[g + G_REDELIVER] || cur >= w[tw]) {
         res = Py_NewRef(Py_None);
@@ -84,8 +143,8 @@ sp_deliver_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     }
     uint64_t pos = w[base + S_BYTEPOS], lens = w[base + S_LENS], ts = w[base + S_TIMESTAMP];
     uint64_t start = (uint64_t)data + pos % size, mlen = lens >> 32, plen = lens & 0xFFFFFFFFull;
-    const char *buf = (const char *)view.buf;
-    Py_ssize_t len = view.len;
+    const char *buf = (const char *)G.view.buf;
+    Py_ssize_t len = G.view.len;
     if ((uint64_t)len < start || start + mlen + plen > (uint64_t)PY_SSIZE_T_MAX)
         start = (uint64_t)len, mlen = plen = 0;  /* out of the mapping: clamped to nothing */
     PyObject *payload = sp_slice_bytes(buf, len, (Py_ssize_t)(start + mlen), (Py_ssize_t)(start + mlen + plen));
@@ -121,7 +180,7 @@ sp_deliver_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         w[g + G_NEXT_EXPIRY] = deadline;
     res = t;
 done:
-    PyBuffer_Release(&view);
+    geom_close(&G);
     return res;
 }
 
@@ -135,55 +194,34 @@ done:
  * same stores as the twin in the same order: the lease word (DONE), the acked count, the
  * floor, the free offset. */
 
-#define Q_NEXT_OFFSET 24
-#define Q_FREE_OFFSET 32
-#define Q_GROUP_GEN 35
-#define G_FLOOR 2
-#define G_ACKED 7
-#define G_SERIAL 22
-#define GI_BITS 6
-#define LEASED 1
-#define DONE 3
-#define STATE_MASK 7
-#define DC_SHIFT 3
-#define OWNER_SHIFT 11
 
 PyObject *
 sp_ack_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 5 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 10) {
-        PyErr_SetString(PyExc_TypeError, "ack_one(geom, ref, offset, dc, lone_gen), geom a 10-tuple");
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "ack_one(geom, ref, offset, dc, lone_gen)");
         return NULL;
     }
-    PyObject *geom = args[0];
-    Py_ssize_t gw = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 1));
-    Py_ssize_t sl = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 2));
-    unsigned long long cap = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(geom, 3));
-    Py_ssize_t sw = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 4));
     unsigned long long ref = PyLong_AsUnsignedLongLong(args[1]);
     unsigned long long offset = PyLong_AsUnsignedLongLong(args[2]);
     unsigned long long dc = PyLong_AsUnsignedLongLong(args[3]);
     long long lone_gen = PyLong_AsLongLong(args[4]);
     if (PyErr_Occurred())
         return NULL;
+    Geom G;
+    if (geom_open(args[0], 10, "ack_one", &G) < 0)
+        return NULL;
     Py_ssize_t gi = (Py_ssize_t)(ref & ((1u << GI_BITS) - 1));
-    if (gw < 0 || sl < 0 || cap == 0 || sw < S_GROUPS + 1 || gi >= sw - S_GROUPS
-            || dc >= (1ull << (OWNER_SHIFT - DC_SHIFT))) {
+    if (gi >= G.sw - S_GROUPS || dc >= (1ull << (OWNER_SHIFT - DC_SHIFT))) {
+        geom_close(&G);
         PyErr_SetString(PyExc_ValueError, "ack_one: bad geometry or delivery count");
         return NULL;
     }
-    Py_buffer view;
-    if (PyObject_GetBuffer(PyTuple_GET_ITEM(geom, 0), &view, PyBUF_WRITABLE) < 0)
-        return NULL;
-    volatile uint64_t *w = (volatile uint64_t *)view.buf;
-    Py_ssize_t nw = view.len / 8;
+    volatile uint64_t *w = G.w;
+    Py_ssize_t sl = G.sl, sw = G.sw;
+    unsigned long long cap = G.cap;
     long rc;
-    Py_ssize_t g = gw + gi * G_WORDS, lw = S_GROUPS + gi;
-    if (g + G_WORDS > nw || Q_GROUP_GEN >= nw || (Py_ssize_t)(sl + (Py_ssize_t)cap * sw) > nw) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "ack_one: geometry past the end of the mapping");
-        return NULL;
-    }
+    Py_ssize_t g = G.gw + gi * G_WORDS, lw = S_GROUPS + gi;
     if (w[g + G_SERIAL] != ref >> GI_BITS) {  /* the group is gone */
         rc = 1;
         goto done;
@@ -216,12 +254,12 @@ sp_ack_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     }
     rc = 4;
 done:
-    PyBuffer_Release(&view);
+    geom_close(&G);
     return PyLong_FromLong(rc);
 }
 
 /* put_one(geom, payload, meta, ts) -> int
- * geom = (mm, slots_w, cap, sw, data_off, size), bound once per ring.
+ * geom = (mm, groups_w, slots_w, cap, sw, tail_word, data_off, size): Geom's, bound once per ring.
  * The compiled twin of the body of ring.Ring.try_put, under the producer lock the caller
  * holds, once the caller has settled a pending idempotent put, in a process without crash
  * points (the caller checks both): the new record's offset, or -1 when there is no room
@@ -230,53 +268,38 @@ done:
  * last the commit, Q_NEXT_OFFSET, one aligned 8-byte store with release ordering (nothing
  * written before it can be seen after it). */
 
-#define Q_TAIL_BYTES 25
-
 PyObject *
 sp_put_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 6) {
-        PyErr_SetString(PyExc_TypeError, "put_one(geom, payload, meta, ts), geom a 6-tuple");
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "put_one(geom, payload, meta, ts)");
         return NULL;
     }
-    PyObject *geom = args[0];
-    Py_ssize_t sl = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 1));
-    unsigned long long cap = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(geom, 2));
-    Py_ssize_t sw = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 3));
-    Py_ssize_t data = PyLong_AsSsize_t(PyTuple_GET_ITEM(geom, 4));
-    unsigned long long size = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(geom, 5));
     unsigned long long ts = PyLong_AsUnsignedLongLong(args[3]);
     if (PyErr_Occurred())
         return NULL;
-    if (sl < 0 || cap == 0 || sw < S_GROUPS || data < 0 || size == 0) {
-        PyErr_SetString(PyExc_ValueError, "put_one: bad geometry");
-        return NULL;
-    }
-    Py_buffer view, pv, mv;
-    if (PyObject_GetBuffer(PyTuple_GET_ITEM(geom, 0), &view, PyBUF_WRITABLE) < 0)
+    Geom G;
+    Py_buffer pv, mv;
+    if (geom_open(args[0], 8, "put_one", &G) < 0)
         return NULL;
     if (PyObject_GetBuffer(args[1], &pv, PyBUF_SIMPLE) < 0) {
-        PyBuffer_Release(&view);
+        geom_close(&G);
         return NULL;
     }
     if (PyObject_GetBuffer(args[2], &mv, PyBUF_SIMPLE) < 0) {
         PyBuffer_Release(&pv);
-        PyBuffer_Release(&view);
+        geom_close(&G);
         return NULL;
     }
     long long rc = -1;
     PyObject *res = NULL;
-    volatile uint64_t *w = (volatile uint64_t *)view.buf;
-    Py_ssize_t nw = view.len / 8;
+    volatile uint64_t *w = G.w;
+    Py_ssize_t sl = G.sl, sw = G.sw, data = G.data;
+    unsigned long long cap = G.cap, size = G.size;
     uint64_t plen = (uint64_t)pv.len, mlen = (uint64_t)mv.len, n = plen + mlen;
     uint64_t lens = plen | (mlen << 32);
     if (plen > 0xFFFFFFFFull || mlen > 0xFFFFFFFFull) {
         PyErr_SetString(PyExc_ValueError, "put_one: a payload or metadata of 4 GiB or more");
-        goto done;
-    }
-    if (Q_TAIL_BYTES >= nw || (Py_ssize_t)(sl + (Py_ssize_t)cap * sw) > nw
-            || (uint64_t)data + size > (uint64_t)view.len) {
-        PyErr_SetString(PyExc_ValueError, "put_one: geometry past the end of the mapping");
         goto done;
     }
     uint64_t off = w[Q_NEXT_OFFSET], free_ = w[Q_FREE_OFFSET];
@@ -294,11 +317,11 @@ sp_put_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     }
     if (n > size || p + n - floor > size)
         goto answer;
-    if ((uint64_t)data + p % size + n > (uint64_t)view.len) {  /* only a corrupt header gets here */
+    if ((uint64_t)data + p % size + n > (uint64_t)G.view.len) {  /* only a corrupt header gets here */
         PyErr_SetString(PyExc_ValueError, "put_one: a record past the end of the mapping");
         goto done;
     }
-    char *start = (char *)view.buf + data + p % size;
+    char *start = (char *)G.view.buf + data + p % size;
     if (mlen)  /* metadata || payload, each copied once into place */
         memcpy(start, mv.buf, mlen);
     memcpy(start + mlen, pv.buf, plen);
@@ -317,6 +340,6 @@ answer:
 done:
     PyBuffer_Release(&mv);
     PyBuffer_Release(&pv);
-    PyBuffer_Release(&view);
+    geom_close(&G);
     return res;
 }

@@ -453,7 +453,7 @@ def test_compiled_one_message_functions_check_their_arguments(instance: str) -> 
         with pytest.raises(ValueError, match="past the end"):
             ext.put_one((pg[0], 10 ** 9, *pg[2:]), b"x", b"", 1)
         with pytest.raises(ValueError, match="geometry"):
-            ext.put_one((*pg[:5], 0), b"x", b"", 1)
+            ext.put_one((*pg[:7], 0), b"x", b"", 1)
         assert q.offsets() == (0, 0)  # none of them wrote anything
         assert ext.deliver_one(geom, 0, 1, 0, 0, "default") is None  # nothing to deliver
         assert ext.ack_one(geom, 0, 0, 1, -1) == 1  # STALE: no such lease (group serial 0 ...)
