@@ -23,6 +23,7 @@ import pytest
 import shmq
 from shmq import runtime
 from shmq.check import check_instance
+from shmq.durability import Mark
 from shmq.segment import parse_object_name, registry_name, shm_path
 from shmq.server.core import Core
 from shmq.serverqueue import ServerBroker
@@ -418,16 +419,40 @@ def core(instance: str) -> Iterator[Core]:
         sb.close()
 
 
+class HeldMark:
+    """A stand-in for a queue's durable marks (``durability.Mark`` waits on it) and the
+    event loop of ``core``'s held answers: ``mark()`` is a mark not yet reached; ``reach()``
+    reaches it, waits for the held answer to be posted to the loop and runs it there."""
+
+    name = "stand-in"
+    WORD, END = 28, 5
+
+    def __init__(self, core: Core) -> None:
+        self.w = [0] * 64
+        self.moved = threading.Event()
+        self.posted: list[tuple[Any, ...]] = []
+        self.done = threading.Event()
+        core.held._post = self._post  # type: ignore[method-assign]  # (the loop's call_soon_threadsafe)
+
+    def wait(self, word: int, end: int, deadline: float | None) -> None:
+        assert self.moved.wait(10)
+
+    def _post(self, fn: Any, *args: Any) -> None:
+        self.posted.append((fn, *args))
+        self.done.set()
+
+    def mark(self) -> Mark:
+        return Mark(self, self.WORD, self.END)  # type: ignore[arg-type]
+
+    def reach(self) -> None:
+        self.w[self.WORD] = self.END
+        self.moved.set()
+        assert self.done.wait(10)
+        fn, *args = self.posted[0]
+        fn(*args)  # on the loop
+
+
 @pytest.fixture
-def held_posts(core: Core) -> tuple[list[tuple[Any, ...]], threading.Event]:
-    """What ``core``'s held answers post to the event loop (its ``call_soon_threadsafe``),
-    collected instead of run, and an event set at each post."""
-    posted: list[tuple[Any, ...]] = []
-    done = threading.Event()
-
-    def post(fn: Any, *args: Any) -> None:
-        posted.append((fn, *args))
-        done.set()
-
-    core.held._post = post  # type: ignore[method-assign]
-    return posted, done
+def held(core: Core) -> HeldMark:
+    """``core``'s held answers, with a mark the test reaches (:class:`HeldMark`)."""
+    return HeldMark(core)

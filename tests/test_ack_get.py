@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import threading
-from typing import Any
 
 import pytest
 
@@ -23,9 +21,9 @@ from shmq.errors import ProtocolError, StaleAck, Status, StorageError
 from shmq.server.core import Core
 from shmq.serverqueue import ServerQueue
 
-from .conftest import Server
+from .conftest import HeldMark, Server
 from .test_codec import DOC
-from .test_handlers import Peer, _Durability, _status
+from .test_handlers import Peer, _status
 
 
 def _doc_frame(name: str) -> bytes:
@@ -187,33 +185,26 @@ def test_a_batch_with_a_stale_lease_acks_the_others_and_delivers_nothing(core: C
 
 @pytest.mark.parametrize("fails", [False, True])
 def test_the_get_waits_for_the_journal_to_have_the_ack(core: Core, monkeypatch: pytest.MonkeyPatch,
-                                                       fails: bool,
-                                                       held_posts: tuple[list[Any], threading.Event]) -> None:
-    posted, done = held_posts
+                                                       fails: bool, held: HeldMark) -> None:
     p = Peer(core)
     _setup(p, 2)
     off, dc, *_ = decode_deliver(p.call(T.CONSUME, queue="q", group="default", timeout_ms=0,
                                         visibility_ms=0).body)
-    dur = _Durability()
     real_ack = ServerQueue.ack
 
     def ack(self: ServerQueue, ref: int, offset: int, deliveries: int) -> Mark | None:
         real_ack(self, ref, offset, deliveries)
-        return Mark(dur, 28, 5)  # type: ignore[arg-type]  # as an ``always`` queue's: to wait for
+        return held.mark()  # as an ``always`` queue's: to wait for
 
     monkeypatch.setattr(ServerQueue, "ack", ack)
     if fails:
         def wait(word: int, end: int, deadline: float | None) -> None:
             raise StorageError("disk full")
-        dur.wait = wait  # type: ignore[method-assign]
+        held.wait = wait  # type: ignore[method-assign]
     msg_id = _consume_acking(p, [(off, dc)])
     assert p.frames() == []  # held until the journal has the ack
     assert p.conn.leases.count == 0  # applied, though: nothing leased yet
-    dur.w[28] = 5
-    dur.moved.set()
-    assert done.wait(10)
-    fn, *args = posted[0]
-    fn(*args)  # on the loop
+    held.reach()
     (f,) = p.frames()
     if fails:
         assert f.msg_id == msg_id and _status(f) == Status.STORAGE

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +22,6 @@ from shmq.api import Message
 from shmq.codec import Frame, FrameDecoder, T, decode_body, decode_deliver, encode_frame, frame
 from shmq.commands import Batch
 from shmq.connection import ClientConnection, Reply
-from shmq.durability import Mark
 from shmq.errors import Duplicate, Empty, ProtocolError, StaleAck, Status
 from shmq.server import handlers
 from shmq.server.connection import ServerConnection
@@ -33,7 +31,7 @@ from shmq.serverqueue import ServerBroker
 from shmq.settle import Settle
 from shmq.shm import ShmBroker
 
-from .conftest import FakeClock
+from .conftest import FakeClock, HeldMark
 
 
 class Peer:
@@ -361,32 +359,11 @@ def test_a_subscription_is_pushed_up_to_its_credit(core: Core) -> None:
 
 
 # ---------------------------------------------------------------- replies held for the journal
-class _Durability:
-    """A stand-in for a queue's durable marks: the test moves the mark."""
-
-    name = "stand-in"
-
-    def __init__(self) -> None:
-        self.w = [0] * 64
-        self.moved = threading.Event()
-
-    def wait(self, word: int, end: int, deadline: float | None) -> None:
-        assert self.moved.wait(10)
-
-
-def test_a_reply_is_held_until_its_mark_is_reached(core: Core, held_posts: tuple[list[Any], threading.Event]
-                                                    ) -> None:
-    posted, done = held_posts
+def test_a_reply_is_held_until_its_mark_is_reached(core: Core, held: HeldMark) -> None:
     p = Peer(core)
-    dur = _Durability()
-    mark = Mark(dur, 28, 5)  # type: ignore[arg-type]
-    core.answer(p.conn, 7, frame(T.ACK_OK, 7), mark)
+    core.answer(p.conn, 7, frame(T.ACK_OK, 7), held.mark())
     assert p.frames() == []  # held
-    dur.w[28] = 5
-    dur.moved.set()
-    assert done.wait(10)
-    fn, *args = posted[0]
-    fn(*args)  # on the loop
+    held.reach()
     (f,) = p.frames()
     assert (f.msg_id, f.type) == (7, T.ACK_OK)
 
