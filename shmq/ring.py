@@ -102,9 +102,8 @@ class Ring:
         # a producer died holding the producer lock: its idempotent put counts only if committed
         self.plock.on_recover = self._recover_producer
         self._zero_leases = bytes(L.WORD * (self.slot_words - S_EXPIRES))  # S_EXPIRES and the lease words
-        # the compiled put_one's geometry: deliver_one's first eight (Delivery.one_geom)
         self._put_geom = (self.mm, self.groups_w, self.slots_w, self.capacity, self.slot_words, Q_NEXT_OFFSET,
-                          self.data_off, self.size)
+                          self.data_off, self.size)  # the compiled put_one's (as Delivery.one_geom's)
 
     # ------------------------------------------------------------ creation
     @classmethod
