@@ -418,6 +418,8 @@ static PyMethodDef methods[] = {
      "ack_one(geom, ref, offset, dc, lone_gen) -> int: ack one delivery and move the floor."},
     {"put_one", (PyCFunction)(void (*)(void))sp_put_one, METH_FASTCALL,
      "put_one(geom, payload, meta, ts) -> int: append one record (-1: no room now)."},
+    {"settle_range", (PyCFunction)(void (*)(void))sp_settle_range, METH_FASTCALL,
+     "settle_range(mm, sl, cap, sw, lw, start, end) -> int: a commit's DONE words (DEADING ones left)."},
     {NULL, NULL, 0, NULL},
 };
 

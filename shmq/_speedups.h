@@ -19,4 +19,5 @@ PyObject *sp_slice_bytes(const char *buf, Py_ssize_t len, Py_ssize_t a, Py_ssize
 PyObject *sp_deliver_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 PyObject *sp_ack_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 PyObject *sp_put_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+PyObject *sp_settle_range(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 #endif

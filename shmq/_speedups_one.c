@@ -1,6 +1,7 @@
-/* shmq._speedups, the one-message put, get and ack (shmq/_speedups.c is the module).
+/* shmq._speedups, the one-message put, get and ack, and a commit's range (shmq/_speedups.c
+ * is the module).
  *
- * The three functions here write shared memory, each under the lock its caller holds and
+ * The four functions here write shared memory, each under the lock its caller holds and
  * only where no crash point is armed (the caller checks): the same aligned 8-byte stores
  * as its pure-Python twin, in the same order, the commit last (shmq/layout.py).  Each
  * returns a sentinel where its twin must decide instead, and writes nothing then. */
@@ -22,7 +23,9 @@
 #define S_GROUPS 5
 #define GI_BITS 6
 #define LEASED 1
+#define READY 2
 #define DONE 3
+#define DEADING 4
 #define STATE_MASK 7
 #define DC_SHIFT 3
 #define OWNER_SHIFT 11
@@ -342,4 +345,60 @@ done:
     PyBuffer_Release(&pv);
     geom_close(&G);
     return res;
+}
+
+/* settle_range(mm, sl, cap, sw, lw, start, end) -> int
+ * The compiled twin of the loop of group_settlement.Settlement.commit, for a process
+ * without crash points (the caller checks), under the consumer lock the caller holds:
+ * every lease word ``lw`` of the slots of offsets start .. end - 1 becomes DONE (a NEW
+ * one plain DONE; a delayed one never delivered keeps its due time; any other keeps its
+ * delivery count), except a DEADING one, left to finish its dead-letter copy.  The same
+ * stores as the twin in the same order, one aligned 8-byte store per word, in offset
+ * order.  Returns how many DEADING words it left. */
+PyObject *
+sp_settle_range(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_SetString(PyExc_TypeError, "settle_range(mm, sl, cap, sw, lw, start, end)");
+        return NULL;
+    }
+    Py_ssize_t sl = PyLong_AsSsize_t(args[1]);
+    unsigned long long cap = PyLong_AsUnsignedLongLong(args[2]);
+    Py_ssize_t sw = PyLong_AsSsize_t(args[3]);
+    Py_ssize_t lw = PyLong_AsSsize_t(args[4]);
+    unsigned long long start = PyLong_AsUnsignedLongLong(args[5]);
+    unsigned long long end = PyLong_AsUnsignedLongLong(args[6]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (sl < 0 || cap == 0 || sw <= S_GROUPS || lw < S_GROUPS || lw >= sw) {
+        PyErr_SetString(PyExc_ValueError, "settle_range: bad geometry");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0)
+        return NULL;
+    if (sl + (Py_ssize_t)cap * sw > view.len / 8) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "settle_range: geometry past the end of the mapping");
+        return NULL;
+    }
+    volatile uint64_t *w = (volatile uint64_t *)view.buf;
+    const uint64_t state_dc = (1ull << OWNER_SHIFT) - 1;
+    const uint64_t time_bits = ~((1ull << TIME_SHIFT) - 1);
+    const uint64_t dc_bits = 0xFFull << DC_SHIFT;
+    long left = 0;
+    for (unsigned long long o = start; o < end; o++) {
+        volatile uint64_t *p = w + sl + (Py_ssize_t)(o % cap) * sw + lw;
+        uint64_t x = *p;
+        if (!x)
+            *p = DONE;
+        else if ((x & STATE_MASK) == DEADING)
+            left++;
+        else if ((x & state_dc) == READY || (x & state_dc) == DONE)
+            *p = DONE | (x & time_bits);
+        else
+            *p = DONE | (x & dc_bits);
+    }
+    PyBuffer_Release(&view);
+    return PyLong_FromLong(left);
 }

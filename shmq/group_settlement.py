@@ -17,6 +17,7 @@ from operator import itemgetter
 from typing import Any
 
 from . import crashpoints
+from .accel import ext
 from .group_table import FREED, NACK, OK, STALE, TO_DLQ, TOUCH, DeadItem, GroupTable, settled
 from .layout import (
     DC_MASK,
@@ -53,6 +54,28 @@ from .layout import (
 )
 
 _CRASH = crashpoints.watch(__name__)
+_settle_c = None if ext is None else ext.settle_range  # settle_range's compiled twin (shmq.accel)
+
+
+def settle_range(w: Any, sl: int, cap: int, sw: int, lw: int, start: int, end: int) -> int:
+    """A commit's stores: lease word ``lw`` of the slots of offsets start .. end - 1 becomes
+    DONE whatever its state (a delayed one keeps its due time), except a DEADING one, whose
+    dead-letter copy in flight finishes on its own.  One store per word, in offset order.
+    Returns how many DEADING words it left."""
+    left = 0
+    for o in range(start, end):
+        base = sl + (o % cap) * sw + lw
+        x = w[base]
+        if not x:  # NEW
+            w[base] = DONE
+        elif x & STATE_MASK != DEADING:
+            w[base] = settled(x)
+        else:
+            left += 1
+            continue
+        if _CRASH:
+            crashpoints.hit("commit.word")
+    return left
 _ref_of, _offset_of, _deliveries_of = itemgetter(1), itemgetter(3), itemgetter(4)  # of a delivery
 
 
@@ -256,22 +279,15 @@ class Settlement(GroupTable):
         g = self.gw + gi * G_WORDS
         end = min(offset, w[Q_NEXT_OFFSET])
         lw = S_GROUPS + gi
-        for o in range(w[g + G_FLOOR], end):
-            base = self.sl + (o % self.cap) * self.sw + lw
-            x = w[base]
-            if not x:  # NEW
-                w[base] = DONE
-            elif x & STATE_MASK != DEADING:  # (a dead-letter copy in flight finishes on its own)
-                w[base] = settled(x)  # (a delayed one keeps its due time)
-            else:
-                continue
-            if _CRASH:
-                crashpoints.hit("commit.word")
+        if _settle_c is not None and not _CRASH:
+            left = _settle_c(self.mm, self.sl, self.cap, self.sw, lw, w[g + G_FLOOR], end)
+        else:
+            left = settle_range(w, self.sl, self.cap, self.sw, lw, w[g + G_FLOOR], end)
         if _CRASH:
             crashpoints.hit("commit.words")
         if w[g + G_CURSOR] < end:
             w[g + G_CURSOR] = end
-        return self.advance_floor(gi)
+        return self.advance_floor(gi, 0 if left else end)
 
     # ------------------------------------------------------------ reaping
     def expire(self, gi: int, now: int, owner: int, dead: list[DeadItem]) -> int:

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shmq import accel, consume, group_delivery, headers, lock, options, ring
+from shmq import accel, consume, group_delivery, group_settlement, headers, lock, options, ring
 from shmq import layout as L
 from shmq.api import Message
 from shmq.errors import Full, InvalidArgument, LimitExceeded, StaleAck
@@ -51,6 +51,7 @@ def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
     monkeypatch.setattr(consume, "_deliver_c", None if ext is None else ext.deliver_one)
     monkeypatch.setattr(consume, "_ack_c", None if ext is None else ext.ack_one)
     monkeypatch.setattr(ring, "_put_c", None if ext is None else ext.put_one)
+    monkeypatch.setattr(group_settlement, "_settle_c", None if ext is None else ext.settle_range)
     yield request.param
 
 
@@ -457,6 +458,72 @@ def test_compiled_one_message_functions_check_their_arguments(instance: str) -> 
         assert q.offsets() == (0, 0)  # none of them wrote anything
         assert ext.deliver_one(geom, 0, 1, 0, 0, "default") is None  # nothing to deliver
         assert ext.ack_one(geom, 0, 0, 1, -1) == 1  # STALE: no such lease (group serial 0 ...)
+    finally:
+        b.destroy()
+
+
+lease_words = st.builds(L.lease_word, st.integers(0, 4), st.integers(0, L.DC_MASK),
+                        st.integers(0, L.OWNER_MASK), st.integers(0, L.TIME_MASK))
+
+
+@given(st.lists(st.one_of(st.just(0), lease_words), min_size=1, max_size=40),
+       st.integers(0, 60), st.integers(0, 80))
+@settings(max_examples=400)
+def test_compiled_settle_range_makes_the_twins_stores(words: list[int], start: int, end: int) -> None:
+    """A commit's range, lapping the slot table or not, empty or backwards: the same words
+    and the same count of DEADING ones left, on slots of 7 words (2 groups, the 2nd's)."""
+    sw, lw, cap = 7, L.S_GROUPS + 1, len(words)
+    from array import array
+    mem = [array("Q", [0] * (3 + cap * sw)) for _ in IMPLS]
+    for m in mem:
+        for i, x in enumerate(words):
+            m[3 + i * sw + lw] = x
+            m[3 + i * sw + lw - 1] = 99  # the other group's word stays as it is
+    left_c = compiled().settle_range(mem[0], 3, cap, sw, lw, start, end)
+    left_py = group_settlement.settle_range(mem[1], 3, cap, sw, lw, start, end)
+    assert (left_c, list(mem[0])) == (left_py, list(mem[1]))
+
+
+def test_compiled_settle_range_checks_its_arguments() -> None:
+    from array import array
+    ext, mem = compiled(), array("Q", [0] * 64)
+    with pytest.raises(TypeError):
+        ext.settle_range(mem, 0, 8, 7, 5, 0)
+    with pytest.raises(BufferError):
+        ext.settle_range(bytes(512), 0, 8, 7, 5, 0, 8)  # not writable
+    with pytest.raises(ValueError, match="past the end"):
+        ext.settle_range(mem, 0, 10, 7, 5, 0, 8)  # 10 slots of 7 words in 64
+    for bad in ((0, 8, 7, 7), (0, 8, 4, 5), (0, 0, 7, 5), (-1, 8, 7, 5), (0, 8, 7, 4)):
+        with pytest.raises(ValueError, match="geometry"):
+            ext.settle_range(mem, *bad, 0, 8)
+    assert not any(mem)  # none of them wrote anything
+
+
+@pytest.mark.parametrize("n", [5, 300])
+def test_a_commit_leaves_the_same_words_on_both(impl: str, instance: str, n: int) -> None:
+    """A commit over leased, nacked-with-delay, acked and new messages, two groups."""
+    b = ShmBroker(instance)
+    try:
+        q = b.create_queue("commit", capacity=512)
+        q.create_group("g2", "earliest")
+        q.put_many([b"m%d" % i for i in range(n)])
+        got = [q.get(block=False) for _ in range(3)]
+        got[0].ack()
+        got[1].nack(delay=60)
+        q.put(b"late", delay=60)
+        q.commit("default", n - 1)
+        assert q.offsets()[0] == 0  # g2 holds the storage
+        with pytest.raises(StaleAck):
+            got[2].ack()  # its lease turned stale
+        assert [q.get(block=False).payload for _ in range(1)] == [b"m%d" % (n - 1)]
+        q.commit("g2", n + 1)
+        assert q.offsets()[0] == n - 1
+        r, w = q._ring, q._ring.w
+        words = [w[r.slots_w + (o % r.capacity) * r.slot_words + L.S_GROUPS + gi] & L.STATE_DC_MASK
+                 for o in range(n + 1) for gi in range(2)]
+        assert words[:2 * (n - 1)] == [L.DONE | (1 << L.DC_SHIFT) if o < 3 and gi == 0 else L.DONE
+                                       for o in range(n - 1) for gi in range(2)]
+        assert words[2 * n:] == [L.READY, L.DONE]  # "late": g2 settled it, default has not reached it
     finally:
         b.destroy()
 
