@@ -19,12 +19,12 @@ from time import perf_counter_ns
 from typing import Any
 
 from shmq import crashpoints, options
-from shmq.codec import Frame, T, decode_body, encode_frame, frame, records_field
+from shmq.codec import Frame, T, decode_body, encode_frame, frame
 from shmq.consuming import decode_consume
 from shmq.durability import Mark
 from shmq.errors import InvalidArgument, LimitExceeded, ProtocolError, ShmqError, StaleAck, Status
 from shmq.names import is_reply_name
-from shmq.rawread import read_columns
+from shmq.rawread import read_field
 from shmq.serverqueue import ServerQueue
 from shmq.settle import Settle
 
@@ -336,10 +336,9 @@ def group_list(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) 
 def read(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
     n = max(1, min(d["max"], options.MAX_BATCH))
     # a reply never outgrows a frame: the reader asks again from where this one stops
-    c = read_columns(core.queue(d["queue"]).handle, d["offset"], n,
-                     options.MAX_FRAME - READ_HEADROOM - RECORD_COLUMNS * n)
-    conn.send(encode_frame(T.READ_OK, f.msg_id, records_field(
-        range(c.first, c.first + len(c)), [0] * len(c), c.stamps, c.meta_lens, c.payload_lens, c.data)))
+    field = read_field(core.queue(d["queue"]).handle, d["offset"], n,
+                       options.MAX_FRAME - READ_HEADROOM - RECORD_COLUMNS * n)
+    conn.send(encode_frame(T.READ_OK, f.msg_id, field))
 
 
 def stats(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:

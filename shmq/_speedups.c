@@ -397,6 +397,125 @@ error:
     return NULL;
 }
 
+/* ------------------------------------------------------------------ a read's run
+ * read_run(mm, slots_w, cap, sw, data_off, size, start, n, max_bytes, field)
+ *     -> (stamps, meta_lens, payload_lens, data) | bytes
+ * The compiled twin of the copy in rawread.read_columns, under the consumer lock its
+ * caller holds (which keeps the records from being freed): the records start .. start +
+ * n - 1, fewer where their bytes would pass max_bytes (at least one).  With field 0 the
+ * columns come as native-order bytes (u64 timestamps, u32 lengths) and the records'
+ * metadata and payload back to back in data; with field 1, as one READ_OK ``records``
+ * field (codec_bodies.records_field: a u32 count, big-endian columns of offsets,
+ * deliveries (0), timestamps, metadata and payload lengths, then the bytes).  It only
+ * reads shared memory; a slot whose record would reach past the byte ring (a corrupt
+ * slot) is a ValueError. */
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define BE64(x) (x)
+#define BE32(x) (x)
+#else
+#define BE64(x) __builtin_bswap64(x)
+#define BE32(x) __builtin_bswap32(x)
+#endif
+
+static PyObject *
+sp_read_run(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError,
+                        "read_run(mm, slots_w, cap, sw, data_off, size, start, n, max_bytes, field)");
+        return NULL;
+    }
+    Py_ssize_t sl = PyLong_AsSsize_t(args[1]);
+    unsigned long long cap = PyLong_AsUnsignedLongLong(args[2]);
+    Py_ssize_t sw = PyLong_AsSsize_t(args[3]);
+    Py_ssize_t data_off = PyLong_AsSsize_t(args[4]);
+    unsigned long long size = PyLong_AsUnsignedLongLong(args[5]);
+    unsigned long long start = PyLong_AsUnsignedLongLong(args[6]);
+    Py_ssize_t n = PyLong_AsSsize_t(args[7]);
+    unsigned long long max_bytes = PyLong_AsUnsignedLongLong(args[8]);
+    int field = PyObject_IsTrue(args[9]);
+    if (PyErr_Occurred() || field < 0)
+        return NULL;
+    if (sl < 0 || cap == 0 || sw <= S_TIMESTAMP || data_off < 0 || size == 0 || n < 1 || n > 0xFFFFFFF) {
+        PyErr_SetString(PyExc_ValueError, "read_run: bad geometry");
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    PyObject *cols[4] = {NULL, NULL, NULL, NULL}, *out = NULL;
+    const char *mm = (const char *)view.buf;
+    const volatile uint64_t *w = (const volatile uint64_t *)view.buf;
+    if (sl + (Py_ssize_t)cap * sw > view.len / 8 || (unsigned long long)data_off + size > (unsigned long long)view.len) {
+        PyErr_SetString(PyExc_ValueError, "read_run: geometry past the end of the mapping");
+        goto done;
+    }
+    /* how many fit max_bytes (at least one), and their bytes */
+    unsigned long long total = 0;
+    Py_ssize_t k = 0;
+    for (; k < n; k++) {
+        uint64_t lens = w[sl + (Py_ssize_t)((start + k) % cap) * sw + S_LENS];
+        unsigned long long len = (lens & 0xFFFFFFFFull) + (lens >> 32);
+        if (k && total + len > max_bytes)
+            break;
+        total += len;
+    }
+    char *st, *ml, *pl, *d;
+    if (field) {
+        out = PyBytes_FromStringAndSize(NULL, 4 + 26 * k + (Py_ssize_t)total);
+        if (!out)
+            goto done;
+        char *f = PyBytes_AS_STRING(out);
+        uint32_t count = BE32((uint32_t)k);
+        memcpy(f, &count, 4);
+        for (Py_ssize_t i = 0; i < k; i++) {
+            uint64_t o = BE64(start + (unsigned long long)i);
+            memcpy(f + 4 + 8 * i, &o, 8);
+        }
+        memset(f + 4 + 8 * k, 0, 2 * k);  /* deliveries: 0 for a read */
+        st = f + 4 + 10 * k, ml = f + 4 + 18 * k, pl = f + 4 + 22 * k, d = f + 4 + 26 * k;
+    } else {
+        cols[0] = PyBytes_FromStringAndSize(NULL, k * 8);
+        cols[1] = PyBytes_FromStringAndSize(NULL, k * 4);
+        cols[2] = PyBytes_FromStringAndSize(NULL, k * 4);
+        cols[3] = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+        if (!cols[0] || !cols[1] || !cols[2] || !cols[3])
+            goto done;
+        st = PyBytes_AS_STRING(cols[0]), ml = PyBytes_AS_STRING(cols[1]);
+        pl = PyBytes_AS_STRING(cols[2]), d = PyBytes_AS_STRING(cols[3]);
+    }
+    unsigned long long at = 0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        Py_ssize_t b = sl + (Py_ssize_t)((start + i) % cap) * sw;
+        uint64_t lens = w[b + S_LENS], stamp = w[b + S_TIMESTAMP];
+        unsigned long long len = (lens & 0xFFFFFFFFull) + (lens >> 32), pos = w[b + S_BYTEPOS] % size;
+        if (pos + len > size || at + len > total) {
+            PyErr_Format(PyExc_ValueError, "read_run: the record of offset %llu reaches past the byte ring",
+                         start + (unsigned long long)i);
+            Py_CLEAR(out);
+            goto done;
+        }
+        uint32_t p32 = (uint32_t)(lens & 0xFFFFFFFFull), m32 = (uint32_t)(lens >> 32);
+        if (field) {
+            stamp = BE64(stamp);
+            p32 = BE32(p32);
+            m32 = BE32(m32);
+        }
+        memcpy(st + 8 * i, &stamp, 8);
+        memcpy(ml + 4 * i, &m32, 4);
+        memcpy(pl + 4 * i, &p32, 4);
+        memcpy(d + at, mm + data_off + pos, (size_t)len);
+        at += len;
+    }
+    if (!field)
+        out = PyTuple_Pack(4, cols[0], cols[1], cols[2], cols[3]);
+done:
+    for (int i = 0; i < 4; i++)
+        Py_XDECREF(cols[i]);
+    PyBuffer_Release(&view);
+    return out;
+}
+
 /* ------------------------------------------------------------------ module */
 
 static PyMethodDef methods[] = {
@@ -418,6 +537,8 @@ static PyMethodDef methods[] = {
      "ack_one(geom, ref, offset, dc, lone_gen) -> int: ack one delivery and move the floor."},
     {"put_one", (PyCFunction)(void (*)(void))sp_put_one, METH_FASTCALL,
      "put_one(geom, payload, meta, ts) -> int: append one record (-1: no room now)."},
+    {"read_run", (PyCFunction)(void (*)(void))sp_read_run, METH_FASTCALL,
+     "read_run(mm, slots_w, cap, sw, data_off, size, start, n, max_bytes, field) -> columns | a records field."},
     {"settle_range", (PyCFunction)(void (*)(void))sp_settle_range, METH_FASTCALL,
      "settle_range(mm, sl, cap, sw, lw, start, end) -> int: a commit's DONE words (DEADING ones left)."},
     {NULL, NULL, 0, NULL},

@@ -17,10 +17,19 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from itertools import accumulate
 
+from .accel import ext
+from .codec_bodies import records_field
 from .layout import Q_FREE_OFFSET, S_BYTEPOS, S_LENS, S_TIMESTAMP, WORD
 from .queue import ShmQueue
 
 _LITTLE = sys.byteorder == "little"
+_read_c = None if ext is None else ext.read_run  # the compiled twin of the copy below (shmq.accel)
+
+
+def _native(code: str, raw: bytes) -> array[int]:
+    col = array(code)
+    col.frombytes(raw)
+    return col
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +58,9 @@ def read_columns(q: ShmQueue, offset: int, max_messages: int, max_bytes: int) ->
         n = min(w[q._groups.tail_word], start + max_messages) - start
         if n <= 0:
             return Columns(start, array("Q"), array("I"), array("I"), b"")
+        if _read_c is not None:
+            st, ml, pl, data = _read_c(mm, ring.slots_w, cap, sw, ring.data_off, size, start, n, max_bytes, 0)
+            return Columns(start, _native("Q", st), _native("I", ml), _native("I", pl), data)
         slots = array("Q")
         base = ring.slots_w * WORD
         i0 = start % cap
@@ -76,3 +88,21 @@ def read_columns(q: ShmQueue, offset: int, max_messages: int, max_bytes: int) ->
             i = j
         data = parts[0] if len(parts) == 1 else b"".join(parts)
         return Columns(start, slots[S_TIMESTAMP::sw][:n], mlens, plens, data)
+
+
+def read_field(q: ShmQueue, offset: int, max_messages: int, max_bytes: int) -> bytes:
+    """``read_columns``'s records as one ``records`` field (a READ_OK body,
+    ``codec_bodies.records_field``): with the accelerator, built under the lock in one pass."""
+    if _read_c is not None:
+        q._alive()
+        ring = q._ring
+        w = ring.w
+        with ring.clock:
+            start = max(offset, w[Q_FREE_OFFSET])
+            n = min(w[q._groups.tail_word], start + max_messages) - start
+            if n > 0:
+                return _read_c(ring.mm, ring.slots_w, ring.capacity, ring.slot_words,  # type: ignore[no-any-return]
+                               ring.data_off, ring.size, start, n, max_bytes, 1)
+    c = read_columns(q, offset, max_messages, max_bytes)
+    return records_field(range(c.first, c.first + len(c)), [0] * len(c), c.stamps, c.meta_lens,
+                         c.payload_lens, c.data)

@@ -1,13 +1,29 @@
 """``rawread.read_columns``: a range of records as columns, checked against ``ShmQueue.read``
-(the reference), directly and through the broker's READ, which answers with it."""
+(the reference), directly and through the broker's READ, which answers with it
+(``read_field``), on the compiled copy (``shmq._speedups.read_run``) and its pure twin."""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterator
+
+import pytest
+
 import shmq
-from shmq.rawread import Columns, read_columns
+from shmq import layout as L
+from shmq import rawread
+from shmq.codec_bodies import records_field
+from shmq.rawread import Columns, read_columns, read_field
 from shmq.shm import ShmBroker
 
 from .conftest import Server
+
+
+@pytest.fixture(params=["compiled", "pure"])
+def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    ext = importlib.import_module("shmq._speedups")
+    monkeypatch.setattr(rawread, "_read_c", ext.read_run if request.param == "compiled" else None)
+    yield request.param
 
 
 def rows(c: Columns) -> list[tuple[int, int, bytes, bytes]]:
@@ -34,7 +50,7 @@ def churn(q: shmq.Queue, laps: int) -> int:
     return n
 
 
-def test_columns_are_what_read_returns_across_both_wraps(instance: str) -> None:
+def test_columns_are_what_read_returns_across_both_wraps(impl: str, instance: str) -> None:
     b = ShmBroker(instance)
     try:
         q = b.create_queue("wrap", capacity=64, max_bytes=4096)
@@ -50,6 +66,37 @@ def test_columns_are_what_read_returns_across_both_wraps(instance: str) -> None:
         small = read_columns(q, first, 1000, 40)  # stops short of 40 bytes...
         assert 1 <= len(small) < 60 and rows(small) == reference(q, first, len(small))
         assert len(read_columns(q, first, 1000, 1)) == 1  # ... but gives at least one record
+        cases = ((0, 1000, 1 << 20), (first + 59, 10, 1 << 20), (first, 1000, 40), (first, 9, 1))
+        for start, k, most in cases:
+            c = read_columns(q, start, k, most)
+            assert read_field(q, start, k, most) == records_field(
+                range(c.first, c.first + len(c)), [0] * len(c), c.stamps, c.meta_lens, c.payload_lens, c.data)
+        assert read_field(q, first + 60, 5, 1 << 20) == bytes(4)  # nothing there: a count of 0
+    finally:
+        b.destroy()
+
+
+def test_the_compiled_copy_refuses_a_slot_that_reaches_past_the_ring(instance: str) -> None:
+    ext = importlib.import_module("shmq._speedups")
+    b = ShmBroker(instance)
+    try:
+        q = b.create_queue("bad", capacity=8, max_bytes=4096)
+        q.put_many([b"a" * 10, b"b" * 10])
+        r = q._ring
+        geom = (r.mm, r.slots_w, r.capacity, r.slot_words, r.data_off, r.size)
+        assert ext.read_run(*geom, 0, 2, 1 << 20, 0)[3] == b"a" * 10 + b"b" * 10
+        with pytest.raises(ValueError, match="geometry past the end"):
+            ext.read_run(r.mm, r.slots_w, 1 << 30, r.slot_words, r.data_off, r.size, 0, 2, 1 << 20, 0)
+        with pytest.raises(ValueError, match="bad geometry"):
+            ext.read_run(*geom, 0, 0, 1 << 20, 1)
+        lens_word = r.slots_w + 1 * r.slot_words + L.S_LENS
+        good = r.w[lens_word]
+        r.w[lens_word] = r.size  # offset 1's record claims the whole byte ring
+        try:
+            with pytest.raises(ValueError, match="offset 1 reaches past the byte ring"):
+                ext.read_run(*geom, 0, 2, 1 << 30, 1)
+        finally:
+            r.w[lens_word] = good
     finally:
         b.destroy()
 
