@@ -13,6 +13,7 @@ leases: a read gives the records from ``max(offset, first retained)`` on.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +75,47 @@ def read_records(q: Queue, offset: int, max_messages: int) -> Records:
                                                "max": min(max_messages, options.MAX_BATCH)}), _read_ok)
         return q._b._execute(req)  # type: ignore[no-any-return]
     return from_messages(q.read(offset, min(max_messages, options.MAX_BATCH)))
+
+
+def read_span(q: Queue, offset: int, end: int) -> Iterator[Records]:
+    """The retained records of ``[offset, end)``, as ``read_records`` gives them one read at a
+    time (a gap shows as a first offset past where the read began), until a read gives
+    nothing or reaches ``end``.  Over TCP the next READ is sent before this one's answer is
+    used (one round trip ahead): it asks from where a full answer would stop, and is read
+    again from the right offset when the answer stopped short."""
+    if not isinstance(q, TcpQueue):
+        while offset < end:
+            r = read_records(q, offset, end - offset)
+            yield r
+            if not len(r):
+                return
+            offset = int(r.offsets[-1]) + 1
+        return
+    b = q._b
+
+    def ask(at: int) -> tuple[int, Any]:
+        n = min(end - at, options.MAX_BATCH)
+        return at + n, b._begin(Request(_fields_frame, (T.READ, {"queue": q.name, "offset": at, "max": n}),
+                                        _read_ok))
+
+    asked, ahead = ask(offset), None
+    while True:
+        full_end, box = asked
+        if ahead is None and full_end < end:
+            ahead = ask(full_end)
+        r = _read_ok(b._wait(box), None)
+        yield r
+        if not len(r) or (offset := int(r.offsets[-1]) + 1) >= end:
+            break
+        if ahead is not None and offset == full_end:
+            asked, ahead = ahead, None
+            continue
+        if ahead is not None:  # this answer stopped short: the one asked ahead starts too far
+            b._wait(ahead[1])
+            ahead = None
+        asked = ask(offset)
+    if ahead is not None:
+        b._wait(ahead[1])  # not needed, but the connection's next answer: read it off
 
 
 def from_messages(msgs: list[Message]) -> Records:

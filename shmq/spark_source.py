@@ -39,7 +39,7 @@ from .errors import ConnectionLost, GroupNotFound, InvalidArgument, QueueExists
 from .seektime import to_ns
 from .spark_arrow import to_batch
 from .spark_options import DataLost, ReadOptions, broker_for
-from .spark_records import from_messages, read_records
+from .spark_records import from_messages, read_span
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 PARTITION_OFFSETS = 100_000  # a read task covers at most this many offsets (more: more partitions)
@@ -94,9 +94,8 @@ def read_range(o: ReadOptions, part: OffsetRange) -> Iterator[pa.RecordBatch]:
     try:
         q = b.queue(part.queue)
         off, end = part.start, part.end
-        while off < end:
-            # a read stops short of a frame (or MAX_READ_BYTES): we go on from where it stopped
-            r = read_records(q, off, end - off)
+        # a read stops short of a frame (or MAX_READ_BYTES): the next goes on from where it stopped
+        for r in read_span(q, off, end):
             first = int(r.offsets[0]) if len(r) else end
             if first != off:
                 if o.fail_on_data_loss:
