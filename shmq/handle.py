@@ -42,7 +42,7 @@ from .group import DeadItem, Groups
 from .headers import block_of
 from .names import check_group_name as _check_group_name
 from .registry import Registry
-from .ring import DUPLICATE, Ring
+from .ring import DUPLICATE, Joined, Ring
 
 _ALWAYS = options.DURABILITY_MODES.index("always")
 # a semaphore sleep ends at its timeout, or early once a signal was handled (its handler
@@ -191,7 +191,8 @@ class QueueHandle:
                   delay: int = 0, ttl: int = 0) -> int:
         """Store a batch (``delay``, ``ttl``: ms, 0 for none), sleeping for room as asked."""
         ring = self._ring
-        nbytes = sum(map(len, items)) + (sum(map(len, metas)) if metas else 0)
+        nbytes = (len(items.data) if items.__class__ is Joined else sum(map(len, items))) + (
+            sum(map(len, metas)) if metas else 0)
         if not ring.fits_empty(nbytes, len(items)):
             raise Full(f"a batch of {len(items)} messages / {nbytes} bytes can never fit queue "
                        f"{self.name!r} (capacity {ring.capacity}, max_bytes {ring.size})")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import time
 from collections.abc import Sequence
+from itertools import accumulate
 from typing import Any
 
 from . import headers as _headers
@@ -28,7 +29,7 @@ from .layout import (
     QS_ACTIVE,
 )
 from .names import check_group_name as _check_group_name
-from .ring import producer_key
+from .ring import Joined, producer_key
 from .seektime import Start, When, start_ns, to_ns
 
 
@@ -91,6 +92,28 @@ class ShmQueue(Consuming, QueueABC):
         metas = _headers.encode_many(headers, len(items)) if headers is not None else None
         ms = delay_ms(delay)
         return self._put_metas(items, metas, block, timeout, key, seq, wait_durable, ms, ttl_ms(ttl, ms))
+
+    def put_joined(self, lens: list[int], data: bytes | memoryview, *, producer: str, seq: int,
+                   timeout: float | None = None) -> int:
+        """``put_many`` of payloads given back to back, ``lens`` and their bytes ``data``, at
+        most once per (``producer``, ``seq``) (the Spark sink's chunks): no object per
+        payload on a memory-only queue.  The first offset; ``Duplicate`` as ``put_many``."""
+        check_producer(producer, seq)
+        if sum(lens) != len(data):
+            raise InvalidArgument(f"{len(data)} bytes for payloads of {sum(lens)}")
+        if self._durable or not lens:  # the journal writes each payload: made one by one
+            ends = list(accumulate(lens))
+            whole = bytes(data)
+            payloads = [whole[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+            return self.put_many(payloads, timeout=timeout, producer=producer, seq=seq)[0] if lens else -1
+        if max(lens) > self._max:
+            raise MessageTooLarge(f"a payload of {max(lens)} bytes exceeds max_message_size {self._max} "
+                                  f"of queue {self.name!r}")
+        self._alive()
+        first = self._put_wait(Joined(lens, data), None, True, timeout, first_try=True,  # type: ignore[arg-type]
+                               producer=producer_key(producer), seq=seq)
+        self._wake_consumers(len(lens))
+        return first
 
     def _put_metas(self, items: list[Any], metas: list[bytes] | None, block: bool, timeout: float | None,
                    key: int, seq: int | None, wait_durable: bool, delay: int = 0, ttl: int = 0) -> list[int]:

@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from . import layout as L
+from .errors import InstanceError
 from .group import Groups
 from .ring import Ring
 
@@ -28,7 +29,7 @@ def restore_fill(records: dict[int, tuple[int, bytes, bytes]], groups: list[dict
     state), delayed again on this boot's monotonic clock.  ``expires``: {offset: wall-clock
     ns when it expires} of the messages put with their own TTL."""
     w = ring.w
-    ring.restore(records, first, tail, expires)
+    fill_records(ring, records, first, tail, expires)
     if groups:
         Groups(ring).restore(groups, first, tail)
     else:
@@ -42,3 +43,46 @@ def restore_fill(records: dict[int, tuple[int, bytes, bytes]], groups: list[dict
     w[L.Q_CREATED_NS] = created_ns
     w[L.Q_DURABLE_OFFSET] = tail
     w[L.Q_DURABLE_SETTLE] = 0
+
+
+def fill_records(ring: Ring, records: dict[int, tuple[int, bytes, bytes]], first: int, tail: int,
+                 expires: dict[int, int] | None = None) -> None:
+    """Fill a new, unpublished segment (recovery): ``records`` maps offset to
+    (timestamp_ns, payload, metadata); every offset of [first, tail) not in it becomes a
+    tombstone, empty and DONE for every group (lost in a crash window, or never
+    handed out), so offsets keep their meaning and are never reused.  ``expires``:
+    {offset: S_EXPIRES} of the messages put with their own TTL."""
+    w = ring.w
+    size, cap = ring.size, ring.capacity
+    if tail - first > cap:
+        raise InstanceError(f"cannot restore {tail - first} offsets into capacity {cap}")
+    done_all = bytes(L.WORD) + b"".join(L.DONE.to_bytes(L.WORD, "little") for _ in range(ring.max_groups))
+    expires = expires or {}
+    mm = ring.mm
+    p = 0
+    for o in range(first, tail):
+        base = ring.slots_w + (o % cap) * ring.slot_words
+        rec = records.get(o)
+        b = (base + L.S_EXPIRES) * L.WORD
+        if rec is None:
+            mm[base * L.WORD:b] = L.SLOT_HEAD.pack(o, p, 0, 0)
+            mm[b:b + len(done_all)] = done_all
+            continue
+        ts, payload, meta = rec
+        n = len(payload) + len(meta)
+        phys = p % size
+        if phys + n > size:
+            p += size - phys
+        if p + n > size:
+            raise InstanceError(f"cannot restore {p + n} bytes into max_bytes {size}")
+        start = ring.data_off + p % size
+        mm[start:start + n] = meta + payload
+        mm[base * L.WORD:b] = L.SLOT_HEAD.pack(o, p, len(payload) | (len(meta) << L.LEN_META_SHIFT), ts)
+        mm[b:b + len(ring._zero_leases)] = ring._zero_leases
+        if o in expires:
+            w[base + L.S_EXPIRES] = expires[o]
+            w[L.Q_EXPIRES_MAX] = max(w[L.Q_EXPIRES_MAX], expires[o])
+        p += n
+    w[L.Q_TAIL_BYTES] = p
+    w[L.Q_FREE_OFFSET] = first
+    w[L.Q_NEXT_OFFSET] = tail

@@ -22,6 +22,7 @@ import hashlib
 import time
 from array import array
 from itertools import accumulate, compress
+from typing import Any, cast
 
 from . import crashpoints, options
 from . import layout as L
@@ -64,6 +65,19 @@ def producer_key(producer: str) -> int:
     """The nonzero 64-bit key of an idempotent producer's id."""
     key = int.from_bytes(hashlib.blake2b(producer.encode(), digest_size=8).digest(), "little")
     return key or 1
+
+
+class Joined:
+    """A batch's payloads given back to back, ``try_put_many``'s other form of ``payloads``:
+    their lengths and their bytes (no metadata), with no object per payload."""
+
+    __slots__ = ("lens", "data")
+
+    def __init__(self, lens: list[int], data: bytes | memoryview) -> None:
+        self.lens, self.data = lens, data
+
+    def __len__(self) -> int:
+        return len(self.lens)
 
 
 class Ring:
@@ -237,7 +251,7 @@ class Ring:
         finally:
             unlock(addr)
 
-    def try_put_many(self, payloads: list[bytes], metas: list[bytes] | None, ts: int,
+    def try_put_many(self, payloads: list[bytes] | Joined, metas: list[bytes] | None, ts: int,
                      producer: int = 0, seq: int = 0, due: int = 0, expires: int = 0) -> int:
         """Append a batch atomically (all or none); the first offset, -1 when it does not
         fit now, or DUPLICATE when ``producer`` (a key from ``producer_key``) already
@@ -273,10 +287,12 @@ class Ring:
                 p = tb
             # place every record first: nothing is written unless the whole batch fits
             one_run = False
+            joined = payloads if payloads.__class__ is Joined else None
+            plist = cast("list[bytes]", payloads)  # (when joined is None)
             if metas:
-                lens = [len(payloads[i]) | (len(metas[i]) << LEN_META_SHIFT) for i in range(count)]
+                lens = [len(plist[i]) | (len(metas[i]) << LEN_META_SHIFT) for i in range(count)]
             else:
-                lens = list(map(len, payloads))
+                lens = list(map(len, plist)) if joined is None else joined.lens
                 total = sum(lens)
                 one_run = p % size + total <= size  # back to back, inside this lap
             if one_run:
@@ -315,10 +331,12 @@ class Ring:
             i = 0
             if one_run:
                 start = data + positions[0] % size
-                if total < count * 2048:  # small records: one join, one copy into place
-                    mm[start:start + total] = b"".join(payloads)
+                if joined is not None:  # given back to back: one copy
+                    mm[start:start + total] = joined.data
+                elif total < count * 2048:  # small records: one join, one copy into place
+                    mm[start:start + total] = b"".join(plist)
                 else:  # large ones: each copied once, straight into place (no joined copy)
-                    for pl, at in zip(payloads, positions, strict=True):
+                    for pl, at in zip(plist, positions, strict=True):
                         a = data + at % size
                         mm[a:a + len(pl)] = pl
                 i = count
@@ -330,9 +348,11 @@ class Ring:
                     j += 1
                 start = data + positions[i] % size
                 if metas:
-                    parts = [x for k2 in range(i, j) for x in (metas[k2], payloads[k2])]
-                else:
-                    parts = payloads[i:j]
+                    parts: list[Any] = [x for k2 in range(i, j) for x in (metas[k2], plist[k2])]
+                elif joined is None:
+                    parts = plist[i:j]
+                else:  # records i .. j - 1 of the joined bytes
+                    parts = [joined.data[sum(lens[:i]):sum(lens[:j])]]
                 mm[start:start + end - positions[i]] = b"".join(parts)
                 i = j
             w[Q_TAIL_BYTES] = p
@@ -428,49 +448,6 @@ class Ring:
             w[e + L.P_PREV] = seq
             w[e + L.P_COMMIT] = commit
             w[e + L.P_KEY] = key
-
-    # ------------------------------------------------------------ recovery
-    def restore(self, records: dict[int, tuple[int, bytes, bytes]], first: int, tail: int,
-                expires: dict[int, int] | None = None) -> None:
-        """Fill a new, unpublished segment (recovery): ``records`` maps offset to
-        (timestamp_ns, payload, metadata); every offset of [first, tail) not in it becomes a
-        tombstone, empty and DONE for every group (lost in a crash window, or never
-        handed out), so offsets keep their meaning and are never reused.  ``expires``:
-        {offset: S_EXPIRES} of the messages put with their own TTL."""
-        w = self.w
-        size, cap = self.size, self.capacity
-        if tail - first > cap:
-            raise InstanceError(f"cannot restore {tail - first} offsets into capacity {cap}")
-        done_all = bytes(L.WORD) + b"".join(L.DONE.to_bytes(L.WORD, "little") for _ in range(self.max_groups))
-        expires = expires or {}
-        mm = self.mm
-        p = 0
-        for o in range(first, tail):
-            base = self.slots_w + (o % cap) * self.slot_words
-            rec = records.get(o)
-            b = (base + L.S_EXPIRES) * L.WORD
-            if rec is None:
-                mm[base * L.WORD:b] = L.SLOT_HEAD.pack(o, p, 0, 0)
-                mm[b:b + len(done_all)] = done_all
-                continue
-            ts, payload, meta = rec
-            n = len(payload) + len(meta)
-            phys = p % size
-            if phys + n > size:
-                p += size - phys
-            if p + n > size:
-                raise InstanceError(f"cannot restore {p + n} bytes into max_bytes {size}")
-            start = self.data_off + p % size
-            mm[start:start + n] = meta + payload
-            mm[base * L.WORD:b] = L.SLOT_HEAD.pack(o, p, len(payload) | (len(meta) << L.LEN_META_SHIFT), ts)
-            mm[b:b + len(self._zero_leases)] = self._zero_leases
-            if o in expires:
-                w[base + L.S_EXPIRES] = expires[o]
-                w[L.Q_EXPIRES_MAX] = max(w[L.Q_EXPIRES_MAX], expires[o])
-            p += n
-        w[L.Q_TAIL_BYTES] = p
-        w[L.Q_FREE_OFFSET] = first
-        w[L.Q_NEXT_OFFSET] = tail
 
     # ------------------------------------------------------------ checks
     def check_invariants(self) -> None:

@@ -181,6 +181,9 @@ def put_records(q: Queue, payload_lens: np.ndarray, data: np.ndarray, producer: 
         body = b"".join((head[:-4], _U32.pack(n), payload_lens.astype(">u4").tobytes(), data.data))
         return q._b._execute(Request(_produce_frame, (body,), _pick,  # type: ignore[no-any-return]
                                      (T.PRODUCE_BATCH_OK, "count")))
+    if isinstance(q, ShmQueue):
+        q.put_joined(payload_lens.tolist(), data.data, producer=producer, seq=seq, timeout=timeout)
+        return n
     ends = np.cumsum(payload_lens).tolist()
     whole = data.tobytes()
     q.put_many([whole[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)], timeout=timeout,
