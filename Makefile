@@ -46,7 +46,8 @@ lint: $(FULL)
 test: java lint
 	$(VENV)/bin/pytest -n 2 tests
 	@# the pure-Python twins of the C accelerator (shmq/accel.py), on the paths it speeds up
-	SHMQ_PURE=1 $(VENV)/bin/pytest -n 2 -q tests/test_speedups.py tests/test_queue.py tests/test_headers.py tests/test_crashpoints.py
+	SHMQ_PURE=1 $(VENV)/bin/pytest -n 2 -q tests/test_speedups.py tests/test_queue.py tests/test_headers.py tests/test_crashpoints.py \
+		tests/test_rawread.py tests/test_put_joined.py
 
 check: lint
 	$(VENV)/bin/pytest -n 2 -m "not slow and not spark and not crash" tests

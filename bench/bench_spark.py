@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    python bench/bench_spark.py              # 3 timed micro-batches of 200,000 rows, 3 rounds
+    python bench/bench_spark.py              # 3 timed micro-batches of 200,000 rows, 3 rounds (+1 untimed)
     python bench/bench_spark.py --quick      # smoke run: 2 batches of 20,000, 1 round
     python bench/bench_spark.py --only shm   # the ceiling and the pipelines whose name has "shm"
 
@@ -22,10 +22,12 @@ Pipelines, all Structured Streaming on ``local[2]`` with micro-batches of the sa
    writes nothing: what PySpark's Python Data Source API itself costs, the ceiling of
    any source or sink written with it.
 
-The rate pipelines never end: they start a batch every ``--interval`` seconds and are
-stopped between two batches, never in the middle of one (which Spark logs as aborted
-writes).  Rows per second = rows / time of the micro-batches (Spark's
-``durationMs.triggerExecution``), after one warm-up batch that is not counted.  Every
+Spark's JVM speeds up as it runs (its first rate batches are the slowest), so every
+pipeline runs once untimed first (``--warmup``, default 1 round).  The rate pipelines
+never end: they start a batch every ``--interval`` seconds and are stopped between two
+batches, never in the middle of one (which Spark logs as aborted writes).  Rows per
+second = rows / time of the micro-batches (Spark's ``durationMs.triggerExecution``),
+after one warm-up batch that is not counted.  Every
 round runs each pipeline in turn; the table reports the median over ``--rounds`` and the
 ratio to the rate -> noop ceiling.  The broker (``shmq serve --workers 2``) runs on the
 same 2 cores as Spark.  Spark logs at ERROR from its start (a log4j2 configuration given
@@ -197,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", type=int, help="rows per micro-batch (default 200,000; 20,000 with --quick)")
     p.add_argument("--batches", type=int, help="timed micro-batches per run (default 3; 2 with --quick)")
     p.add_argument("--rounds", type=int, help="interleaved rounds (default 3; 1 with --quick)")
+    p.add_argument("--warmup", type=int, help="untimed rounds first, to warm Spark's JVM up (default 1; "
+                   "0 with --quick)")
     p.add_argument("--quick", action="store_true", help="small smoke run")
     p.add_argument("--interval", type=float, default=2.0,
                    help="s between the starts of the batches of the rate pipelines (default 2)")
@@ -205,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = a.rows or (20_000 if a.quick else 200_000)
     batches = a.batches or (2 if a.quick else 3)
     rounds = a.rounds or (1 if a.quick else 3)
+    warmup = a.warmup if a.warmup is not None else (0 if a.quick else 1)
 
     out = Out(label_columns=1)
     os.environ["PYSPARK_PYTHON"] = sys.executable
@@ -247,13 +252,15 @@ def main(argv: list[str] | None = None) -> int:
         ]
         pipelines = [p for i, p in enumerate(pipelines) if i == 0 or not a.only or a.only in p[0]]
         out.line(f"Spark {spark.version} local[2], micro-batches of {rows:,} rows x {batches} timed "
-                 f"(+1 warm-up), {SIZE} B payloads, {rounds} round(s); broker: shmq serve --workers 2")
+                 f"(+1 warm-up), {SIZE} B payloads, {rounds} round(s) after {warmup} untimed; "
+                 "broker: shmq serve --workers 2")
         results: dict[str, list[float]] = {name: [] for name, _ in pipelines}
-        for r in range(rounds):
+        for r in range(-warmup, rounds):
             for name, fn in pipelines:
                 v = fn()
-                results[name].append(v)
-                out.line(f"round {r + 1}: {name:<48} {v:>12,.0f} rows/s")
+                if r >= 0:
+                    results[name].append(v)
+                out.line(f"{'warm-up' if r < 0 else f'round {r + 1}'}: {name:<48} {v:>12,.0f} rows/s")
         med = {name: statistics.median(v) for name, v in results.items()}
         ceiling = med[pipelines[0][0]]
         out.table("Rows per second (median of rounds)", ["pipeline", "rows/s", "vs rate -> noop"],

@@ -99,13 +99,13 @@ class ShmQueue(Consuming, QueueABC):
         most once per (``producer``, ``seq``) (the Spark sink's chunks): no object per
         payload on a memory-only queue.  The first offset; ``Duplicate`` as ``put_many``."""
         check_producer(producer, seq)
-        if sum(lens) != len(data):
-            raise InvalidArgument(f"{len(data)} bytes for payloads of {sum(lens)}")
-        if self._durable or not lens:  # the journal writes each payload: made one by one
+        if not lens or sum(lens) != len(data):
+            raise InvalidArgument(f"{len(data)} bytes for {len(lens)} payloads of {sum(lens)}")
+        if self._durable:  # the journal writes each payload: made one by one
             ends = list(accumulate(lens))
             whole = bytes(data)
             payloads = [whole[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
-            return self.put_many(payloads, timeout=timeout, producer=producer, seq=seq)[0] if lens else -1
+            return self.put_many(payloads, timeout=timeout, producer=producer, seq=seq)[0]
         if max(lens) > self._max:
             raise MessageTooLarge(f"a payload of {max(lens)} bytes exceeds max_message_size {self._max} "
                                   f"of queue {self.name!r}")

@@ -65,6 +65,8 @@ def test_a_joined_batch_is_idempotent_and_refusals_write_nothing(instance: str) 
             q.put_joined(*joined(payloads(2, 9)), producer="p", seq=1)
         with pytest.raises(shmq.InvalidArgument):
             q.put_joined([3, 3], b"12345", producer="p", seq=2)  # lengths and bytes disagree
+        with pytest.raises(shmq.InvalidArgument):
+            q.put_joined([], b"", producer="p", seq=2)
         with pytest.raises(shmq.MessageTooLarge):
             q.put_joined([101], b"x" * 101, producer="p", seq=2)
         with pytest.raises(shmq.InvalidArgument):
