@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shmq import crashpoints, headers
-from shmq.codec import WAIT_FOREVER, Frame, T, decode_body, frame, produce_ok_frame
+from shmq.codec import WAIT_FOREVER, Frame, T, decode_body, decode_joined, frame, produce_ok_frame
 from shmq.errors import Empty, Full, QueueNotFound, ShmqError, Status
 from shmq.names import is_reply_name
 from shmq.producing import PREFIX_FLAGS, split_prefixes
@@ -56,6 +56,8 @@ def decode_produce(f: Frame) -> dict[str, Any]:
     if f.status & PREFIX_FLAGS:
         ms, tms, body = split_prefixes(f.status, f.body)
         d = {**decode_body(f.type, body), "delay_ms": ms, "ttl_ms": tms}
+    elif f.type != T.PRODUCE and not f.status & headers.FLAG:  # plain payloads: one Joined, no copies
+        return decode_joined(f.type, f.body)
     else:
         d = decode_body(f.type, f.body)
     if f.status & headers.FLAG:

@@ -37,6 +37,7 @@ from .codec_bodies import (
     Columns,
     body_parts,
     decode_body,
+    decode_joined,
     encode_body,
     malformed,
     records_columns,
@@ -47,9 +48,9 @@ from .errors import ProtocolError, ShmqError, Status, error_for
 
 __all__ = [
     "HEADER_SIZE", "HEARTBEAT_FRAME", "MAGIC", "SCHEMAS", "VERSION", "Columns", "Frame", "FrameDecoder", "T",
-    "consume_frame", "decode_body", "decode_deliver", "deliver_frame", "encode_body", "encode_frame",
-    "error_of", "frame", "produce_frame", "produce_ok_frame", "records_columns", "records_field",
-    "settle_frame",
+    "consume_frame", "decode_body", "decode_deliver", "decode_joined", "deliver_frame", "encode_body",
+    "encode_frame", "error_of", "frame", "produce_frame", "produce_ok_frame", "records_columns",
+    "records_field", "settle_frame",
 ]
 
 MAGIC = 0xDEADBEEF

@@ -23,9 +23,10 @@ from typing import Any
 from . import options
 from .codec_schemas import SCHEMAS, TYPES, Schema, T
 from .errors import ProtocolError, Status
+from .joined import Joined
 
-__all__ = ["Columns", "body_parts", "decode_body", "encode_body", "malformed", "records_columns",
-           "records_field"]
+__all__ = ["Columns", "body_parts", "decode_body", "decode_joined", "encode_body", "malformed",
+           "records_columns", "records_field"]
 
 
 def _count(value: Any) -> int:
@@ -85,6 +86,18 @@ def _dec_blobs(body: bytes, pos: int, n: int, ln: int, what: str) -> tuple[list[
     if end > n:
         raise malformed(f"truncated {what}")
     return _slices(body, _ints("I", body[pos:end]), end, n, what)
+
+
+def _dec_blobs_joined(body: bytes, pos: int, n: int, ln: int, what: str) -> tuple[Joined, int]:
+    """``_dec_blobs``'s byte strings as one ``Joined`` (their lengths and their bytes, no copy)."""
+    end = pos + 4 * ln
+    if end > n:
+        raise malformed(f"truncated {what}")
+    lens = _ints("I", body[pos:end]).tolist()
+    stop = end + sum(lens)
+    if stop > n:
+        raise malformed(f"truncated {what}")
+    return Joined(lens, memoryview(body)[end:stop]), stop
 
 
 def _enc_settles(items: Any) -> bytes:
@@ -210,16 +223,19 @@ _GLOBALS: dict[str, Any] = {
 }
 
 
-def _compile(t: T, schema: Schema) -> tuple[Callable[[dict[str, Any]], tuple[Any, ...]],
-                                            Callable[[bytes], dict[str, Any]]]:
+def _compile(t: T, schema: Schema, joined: bool = False) -> tuple[Callable[[dict[str, Any]], tuple[Any, ...]],
+                                                                 Callable[[bytes], dict[str, Any]]]:
     """Generate the encoder (fields -> tuple of byte parts) and the decoder
     (body -> fields) of one schema.  A run of ints, with the length or count
-    prefix that follows it, is one precompiled Struct."""
+    prefix that follows it, is one precompiled Struct.  ``joined``: the decoder gives
+    a ``blobs`` field as one ``Joined``."""
     names = [n for n, _ in schema]
     kinds = [k for _, k in schema]
     assert all(k in _KINDS for k in kinds), schema
     assert "rest" not in kinds[:-1], schema
     ns = dict(_GLOBALS)
+    if joined:
+        ns["_dec_blobs"] = _dec_blobs_joined
     structs: list[struct.Struct] = []
 
     def struct_name(fmt: str) -> str:
@@ -371,6 +387,27 @@ def encode_body(type: int, **fields: Any) -> bytes:
     :data:`SCHEMAS`).  A missing, unexpected or out-of-range field is a
     ``ValueError``."""
     return b"".join(body_parts(type, fields))
+
+
+_JOINED: dict[int, Callable[[bytes], dict[str, Any]]] = {}
+
+
+def decode_joined(type: int, body: bytes | bytearray | memoryview) -> dict[str, Any]:
+    """``decode_body`` of a PRODUCE_BATCH or PRODUCE_IDEMPOTENT, its ``payloads`` as one
+    ``Joined`` (a view of ``body``: no object per payload).  The same checks and errors."""
+    dec = _JOINED.get(type)
+    if dec is None:
+        if type not in (T.PRODUCE_BATCH, T.PRODUCE_IDEMPOTENT):
+            raise ValueError(f"decode_joined reads PRODUCE_BATCH or PRODUCE_IDEMPOTENT, not {type!r}")
+        dec = _JOINED[type] = _compile(T(type), SCHEMAS[T(type)], joined=True)[1]
+    if body.__class__ is not bytes:
+        body = bytes(body)
+    try:
+        return dec(body)  # type: ignore[arg-type]
+    except ProtocolError:
+        raise
+    except (struct.error, ValueError) as e:
+        raise ProtocolError(f"malformed {TYPES[type].name} body: {e}", Status.PROTOCOL_ERROR) from None
 
 
 def decode_body(type: int, body: bytes | bytearray | memoryview) -> dict[str, Any]:

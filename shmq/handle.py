@@ -40,9 +40,10 @@ from .errors import (
 )
 from .group import DeadItem, Groups
 from .headers import block_of
+from .joined import Joined
 from .names import check_group_name as _check_group_name
 from .registry import Registry
-from .ring import DUPLICATE, Joined, Ring
+from .ring import DUPLICATE, Ring
 
 _ALWAYS = options.DURABILITY_MODES.index("always")
 # a semaphore sleep ends at its timeout, or early once a signal was handled (its handler

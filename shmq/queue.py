@@ -9,7 +9,6 @@ from __future__ import annotations
 import errno
 import time
 from collections.abc import Sequence
-from itertools import accumulate
 from typing import Any
 
 from . import headers as _headers
@@ -24,12 +23,13 @@ from .errors import (
     MessageTooLarge,
 )
 from .handle import Host, QueueHandle, _sync, monotonic_ms
+from .joined import Joined
 from .layout import (
     Q_STATE,
     QS_ACTIVE,
 )
 from .names import check_group_name as _check_group_name
-from .ring import Joined, producer_key
+from .ring import producer_key
 from .seektime import Start, When, start_ns, to_ns
 
 
@@ -93,25 +93,25 @@ class ShmQueue(Consuming, QueueABC):
         ms = delay_ms(delay)
         return self._put_metas(items, metas, block, timeout, key, seq, wait_durable, ms, ttl_ms(ttl, ms))
 
-    def put_joined(self, lens: list[int], data: bytes | memoryview, *, producer: str, seq: int,
-                   timeout: float | None = None) -> int:
-        """``put_many`` of payloads given back to back, ``lens`` and their bytes ``data``, at
-        most once per (``producer``, ``seq``) (the Spark sink's chunks): no object per
-        payload on a memory-only queue.  The first offset; ``Duplicate`` as ``put_many``."""
-        check_producer(producer, seq)
-        if not lens or sum(lens) != len(data):
-            raise InvalidArgument(f"{len(data)} bytes for {len(lens)} payloads of {sum(lens)}")
+    def put_joined(self, batch: Joined, block: bool = True, timeout: float | None = None, *,
+                   producer: str | None = None, seq: int | None = None, wait_durable: bool = True) -> int:
+        """``put_many`` of payloads given back to back (``Joined``), as one idempotent
+        producer's with ``producer`` and ``seq``: the Spark sink's chunks and the broker's
+        PRODUCE_BATCH bodies, with no object per payload on a memory-only queue.  The first
+        offset; the errors of ``put_many``."""
+        lens = batch.lens
+        key = producer_key(producer) if check_producer(producer, seq) else 0  # type: ignore[arg-type]
+        if not lens or sum(lens) != len(batch.data):
+            raise InvalidArgument(f"{len(batch.data)} bytes for {len(lens)} payloads of {sum(lens)}")
         if self._durable:  # the journal writes each payload: made one by one
-            ends = list(accumulate(lens))
-            whole = bytes(data)
-            payloads = [whole[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
-            return self.put_many(payloads, timeout=timeout, producer=producer, seq=seq)[0]
+            return self.put_many(batch.payloads(), block, timeout, producer=producer, seq=seq,
+                                 wait_durable=wait_durable)[0]
         if max(lens) > self._max:
             raise MessageTooLarge(f"a payload of {max(lens)} bytes exceeds max_message_size {self._max} "
                                   f"of queue {self.name!r}")
         self._alive()
-        first = self._put_wait(Joined(lens, data), None, True, timeout, first_try=True,  # type: ignore[arg-type]
-                               producer=producer_key(producer), seq=seq)
+        first = self._put_wait(batch, None, block, timeout, first_try=True,  # type: ignore[arg-type]
+                               producer=key, seq=seq or 0)
         self._wake_consumers(len(lens))
         return first
 

@@ -28,6 +28,7 @@ from . import crashpoints, options
 from . import layout as L
 from .accel import ext
 from .errors import InstanceError
+from .joined import Joined
 from .layout import (  # the hot paths' names: a global load each (L.NAME is an attribute lookup more)
     LEN_META_SHIFT,
     LEN_PAYLOAD_MASK,
@@ -65,19 +66,6 @@ def producer_key(producer: str) -> int:
     """The nonzero 64-bit key of an idempotent producer's id."""
     key = int.from_bytes(hashlib.blake2b(producer.encode(), digest_size=8).digest(), "little")
     return key or 1
-
-
-class Joined:
-    """A batch's payloads given back to back, ``try_put_many``'s other form of ``payloads``:
-    their lengths and their bytes (no metadata), with no object per payload."""
-
-    __slots__ = ("lens", "data")
-
-    def __init__(self, lens: list[int], data: bytes | memoryview) -> None:
-        self.lens, self.data = lens, data
-
-    def __len__(self) -> int:
-        return len(self.lens)
 
 
 class Ring:

@@ -32,6 +32,7 @@ from .errors import Empty, GroupNotFound, QueueNotFound, ShmqError
 from .group import NACK, OK, TO_DLQ, DeadItem
 from .handle import _ms
 from .headers import Block as HeaderBlock
+from .joined import Joined
 from .queue import ShmQueue
 from .readings import QueueReading, read_queue
 from .registry import Registry
@@ -104,6 +105,11 @@ class ServerQueue:
         """Store a batch now, all or none (an idempotent producer's with ``producer`` and
         ``seq``; ``metas``: their header blocks, checked; ``delay_ms``: when they are due;
         ``ttl_ms``: their own TTL): (the offsets, the mark confirming them)."""
+        if payloads.__class__ is Joined:  # a PRODUCE_BATCH's plain payloads (decode_joined)
+            first = self._q.put_joined(payloads, False, producer=producer, seq=seq,  # type: ignore[arg-type]
+                                       wait_durable=False)
+            offs = list(range(first, first + len(payloads)))
+            return offs, self.durability.put_mark(offs[-1] + 1, poke=False) if self._journaled else None
         if len(payloads) == 1 and metas is None and not delay_ms and not ttl_ms and producer is None \
                 and seq is None:
             off, mark = self.put(payloads[0])  # one plain message: put's path costs a third of put_many's
@@ -118,7 +124,8 @@ class ServerQueue:
 
     def could_fit(self, payloads: Sequence[Payload], metas: list[bytes] | None = None) -> bool:
         """Would this batch fit the queue when empty?  (If not, waiting cannot help.)"""
-        return self._q._ring.fits_empty(sum(map(len, payloads)) + sum(map(len, metas or ())), len(payloads))
+        nbytes = len(payloads.data) if payloads.__class__ is Joined else sum(map(len, payloads))  # type: ignore[attr-defined]
+        return self._q._ring.fits_empty(nbytes + sum(map(len, metas or ())), len(payloads))
 
     # ------------------------------------------------------------ deliver
     def group_ref(self, group: str, create: bool = True) -> int:

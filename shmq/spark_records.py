@@ -26,6 +26,7 @@ from .codec_bodies import encode_body, malformed
 from .commands import _fields, _fields_frame, _pick, _timeout_ms
 from .connection import Request
 from .errors import InvalidArgument, LimitExceeded
+from .joined import Joined
 from .queue import ShmQueue
 from .rawread import read_columns
 from .tcp import TcpQueue
@@ -182,7 +183,7 @@ def put_records(q: Queue, payload_lens: np.ndarray, data: np.ndarray, producer: 
         return q._b._execute(Request(_produce_frame, (body,), _pick,  # type: ignore[no-any-return]
                                      (T.PRODUCE_BATCH_OK, "count")))
     if isinstance(q, ShmQueue):
-        q.put_joined(payload_lens.tolist(), data.data, producer=producer, seq=seq, timeout=timeout)
+        q.put_joined(Joined(payload_lens.tolist(), data.data), timeout=timeout, producer=producer, seq=seq)
         return n
     ends = np.cumsum(payload_lens).tolist()
     whole = data.tobytes()

@@ -30,6 +30,7 @@ from shmq.codec import (
     consume_frame,
     decode_body,
     decode_deliver,
+    decode_joined,
     deliver_frame,
     encode_body,
     encode_frame,
@@ -402,6 +403,32 @@ def test_trailing_bytes_in_body(t: T) -> None:
         for extra in (b"\x00", b"\xff" * 9):
             with raises_code(Status.PROTOCOL_ERROR):
                 decode_body(t, body + extra)
+
+
+@pytest.mark.parametrize("t", [T.PRODUCE_BATCH, T.PRODUCE_IDEMPOTENT], ids=lambda t: t.name)
+def test_a_joined_decode_is_the_decode_and_fails_as_it_fails(t: T) -> None:
+    """``decode_joined`` (the broker's PRODUCE_BATCH without headers): the same fields, the
+    payloads as their lengths and one view of their bytes; every malformed body refused
+    with the same code, cut anywhere, with bytes past its end or over MAX_BATCH."""
+    for values in (FULL, MIN):
+        body = encode_body(t, **sample(t, values))
+        plain, joined = decode_body(t, body), decode_joined(t, body)
+        assert joined["payloads"].payloads() == plain.pop("payloads")
+        assert joined.pop("payloads").lens == [len(p) for p in sample(t, values)["payloads"]]
+        assert joined == plain
+        for k in range(len(body)):
+            with raises_code(Status.PROTOCOL_ERROR):
+                decode_joined(t, body[:k])
+        with raises_code(Status.PROTOCOL_ERROR):
+            decode_joined(t, body + b"\x00")
+    none = encode_body(t, **{**sample(t), "payloads": []})  # ends with the count, 0: made one over
+    big = none[:-4] + (options.MAX_BATCH + 1).to_bytes(4, "big") + bytes(4 * (options.MAX_BATCH + 1))
+    with raises_code(Status.PROTOCOL_ERROR):
+        decode_body(t, big)
+    with raises_code(Status.PROTOCOL_ERROR):
+        decode_joined(t, big)
+    with pytest.raises(ValueError):
+        decode_joined(T.PRODUCE, encode_body(T.PRODUCE, queue="q", timeout_ms=0, payload=b""))
 
 
 def test_rest_takes_trailing_bytes() -> None:

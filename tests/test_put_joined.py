@@ -1,27 +1,35 @@
 """``ShmQueue.put_joined``: a batch given as its payloads' lengths and their bytes back to
 back (the Spark sink's chunks) is stored exactly as ``put_many`` stores the same payloads:
 the same records, offsets and ring words, across the byte ring's end too; idempotent per
-(producer, seq); every refusal writes nothing."""
+(producer, seq); every refusal writes nothing.  The broker stores a PRODUCE_BATCH without
+headers the same way."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import shmq
 from shmq import layout as L
+from shmq.codec import T
+from shmq.errors import Status
+from shmq.joined import Joined
+from shmq.queue import ShmQueue
+from shmq.server.core import Core
 from shmq.shm import ShmBroker
 
 from .test_durability import Durable
+from .test_handlers import Peer
 
 
 def payloads(n: int, k: int) -> list[bytes]:
     return [bytes([(k + i) % 251]) * ((k + i) % 23 + 1) for i in range(n)]
 
 
-def joined(ps: list[bytes]) -> tuple[list[int], bytes]:
-    return [len(p) for p in ps], b"".join(ps)
+def joined(ps: list[bytes]) -> Joined:
+    return Joined([len(p) for p in ps], b"".join(ps))
 
 
 def state(q: shmq.Queue) -> tuple[list[tuple[int, bytes]], list[int]]:
@@ -45,7 +53,7 @@ def test_a_joined_batch_is_stored_as_put_many_stores_it(instance: str) -> None:
             batch = payloads(30, k)
             seq += 1
             first = [qs[0].put_many(batch, producer="p", seq=seq)[0],
-                     qs[1].put_joined(*joined(batch), producer="p", seq=seq)]
+                     qs[1].put_joined(joined(batch), producer="p", seq=seq)]
             assert first[0] == first[1] == k
             for q in qs:
                 q.commit("default", k + 20)  # keep 10 back: the next batch lands around them
@@ -60,21 +68,21 @@ def test_a_joined_batch_is_idempotent_and_refusals_write_nothing(instance: str) 
     try:
         q = b.create_queue("j", capacity=8, max_bytes=4096, max_message_size=100)
         ps = payloads(5, 0)
-        assert q.put_joined(*joined(ps), producer="p", seq=1) == 0
+        assert q.put_joined(joined(ps), producer="p", seq=1) == 0
         with pytest.raises(shmq.Duplicate):
-            q.put_joined(*joined(payloads(2, 9)), producer="p", seq=1)
+            q.put_joined(joined(payloads(2, 9)), producer="p", seq=1)
         with pytest.raises(shmq.InvalidArgument):
-            q.put_joined([3, 3], b"12345", producer="p", seq=2)  # lengths and bytes disagree
+            q.put_joined(Joined([3, 3], b"12345"), producer="p", seq=2)  # lengths and bytes disagree
         with pytest.raises(shmq.InvalidArgument):
-            q.put_joined([], b"", producer="p", seq=2)
+            q.put_joined(Joined([], b""), producer="p", seq=2)
         with pytest.raises(shmq.MessageTooLarge):
-            q.put_joined([101], b"x" * 101, producer="p", seq=2)
+            q.put_joined(Joined([101], b"x" * 101), producer="p", seq=2)
         with pytest.raises(shmq.InvalidArgument):
-            q.put_joined([1], b"x", producer="p", seq=0)
+            q.put_joined(Joined([1], b"x"), producer="p", seq=0)
         with pytest.raises(shmq.Full):
-            q.put_joined(*joined(payloads(4, 0)), producer="p", seq=2, timeout=0)  # 5 + 4 > 8 slots
+            q.put_joined(joined(payloads(4, 0)), producer="p", seq=2, timeout=0)  # 5 + 4 > 8 slots
         assert [bytes(m.payload) for m in q.read(0, 100)] == ps
-        assert q.put_joined(*joined(payloads(3, 5)), producer="p", seq=2) == 5
+        assert q.put_joined(joined(payloads(3, 5)), producer="p", seq=2) == 5
         assert [bytes(m.payload) for m in q.read(0, 100)] == payloads(8, 0)
     finally:
         b.destroy()
@@ -90,7 +98,7 @@ def test_a_joined_batch_on_a_journaled_queue_survives_kill9(tmp_path: Path) -> N
         local = ShmBroker(durable.inst)
         try:
             ps = payloads(40, 3)
-            assert local.queue("jj").put_joined(*joined(ps), producer="p", seq=1) == 0
+            assert local.queue("jj").put_joined(joined(ps), producer="p", seq=1) == 0
         finally:
             local.close()
         durable.crash(reboot=True)
@@ -103,3 +111,34 @@ def test_a_joined_batch_on_a_journaled_queue_survives_kill9(tmp_path: Path) -> N
     finally:
         if durable.srv.proc.poll() is None:
             assert durable.srv.stop() == 0
+
+
+def test_the_broker_stores_a_plain_produce_batch_from_its_joined_bytes(
+        core: Core, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PRODUCE_BATCH / PRODUCE_IDEMPOTENT without headers reaches the queue as one
+    ``Joined`` (``codec.decode_joined``), with put_many's answers and errors."""
+    seen: list[int] = []
+    real = ShmQueue.put_joined
+
+    def spy(self: ShmQueue, batch: Joined, *a: Any, **kw: Any) -> int:
+        seen.append(len(batch))
+        return real(self, batch, *a, **kw)
+
+    monkeypatch.setattr(ShmQueue, "put_joined", spy)
+    local = ShmBroker(core.broker.instance)
+    try:
+        q = local.create_queue("tcpj", capacity=8)
+        p = Peer(core)
+        ps = payloads(5, 1)
+        assert p.ok(T.PRODUCE_BATCH, T.PRODUCE_BATCH_OK, queue="tcpj", timeout_ms=0, payloads=ps) == {
+            "first": 0, "count": 5}
+        assert p.ok(T.PRODUCE_IDEMPOTENT, T.PRODUCE_BATCH_OK, queue="tcpj", producer="p", seq=3,
+                    timeout_ms=0, payloads=payloads(2, 7)) == {"first": 5, "count": 2}
+        dup = p.call(T.PRODUCE_IDEMPOTENT, queue="tcpj", producer="p", seq=3, timeout_ms=0, payloads=[b"x"])
+        assert dup.status == Status.DUPLICATE
+        never = p.call(T.PRODUCE_BATCH, queue="tcpj", timeout_ms=0, payloads=payloads(9, 0))
+        assert never.status == Status.QUEUE_FULL  # 9 can never fit 8 slots: refused, not parked
+        assert seen == [5, 2, 1, 9]
+        assert [bytes(m.payload) for m in q.read(0, 100)] == ps + payloads(2, 7)
+    finally:
+        local.close()
