@@ -20,4 +20,5 @@ PyObject *sp_deliver_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 PyObject *sp_ack_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 PyObject *sp_put_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 PyObject *sp_settle_range(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+PyObject *sp_ack_run(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 #endif

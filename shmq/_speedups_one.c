@@ -1,7 +1,7 @@
-/* shmq._speedups, the one-message put, get and ack, and a commit's range (shmq/_speedups.c
- * is the module).
+/* shmq._speedups, the one-message put, get and ack, a batch's ack and a commit's range
+ * (shmq/_speedups.c is the module).
  *
- * The four functions here write shared memory, each under the lock its caller holds and
+ * The five functions here write shared memory, each under the lock its caller holds and
  * only where no crash point is armed (the caller checks): the same aligned 8-byte stores
  * as its pure-Python twin, in the same order, the commit last (shmq/layout.py).  Each
  * returns a sentinel where its twin must decide instead, and writes nothing then. */
@@ -401,4 +401,101 @@ sp_settle_range(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     }
     PyBuffer_Release(&view);
     return PyLong_FromLong(left);
+}
+
+/* ack_run(geom, msgs, q, lone_gen) -> int
+ * The compiled twin of consume.ack_many's usual batch (Settlement.ack_offsets' strided
+ * path and its advance_floor) on a memory-only queue in a process without crash points
+ * (the caller checks both), under the consumer lock the caller holds: ``msgs``, a list of
+ * at least two Messages delivered through ``q`` to one group, consecutive offsets with
+ * one delivery count, none lapping the slot table, each one's lease word LEASED with that
+ * count.  Returns -1, having written nothing, for any other batch (the twin decides: a
+ * stale one, another group, a gap); else the twin's OK (0), FREED (3), or 4 where the
+ * floor moved and the twin would recompute the free offset.  The same stores as the twin
+ * in the same order: the lease words (DONE, in offset order), the acked count, the floor,
+ * the free offset. */
+PyObject *
+sp_ack_run(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "ack_run(geom, msgs, q, lone_gen)");
+        return NULL;
+    }
+    PyObject *msgs = args[1], *q = args[2];
+    long long lone_gen = PyLong_AsLongLong(args[3]);
+    if (lone_gen == -1 && PyErr_Occurred())
+        return NULL;
+    if (!PyList_Check(msgs)) {
+        PyErr_SetString(PyExc_TypeError, "ack_run: msgs must be a list");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(msgs);
+    if (n < 2)
+        return PyLong_FromLong(-1);
+    /* the batch's shape, from the messages alone */
+    unsigned long long ref = 0, o0 = 0, dc = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *m = PyList_GET_ITEM(msgs, i);
+        if (!PyTuple_Check(m) || PyTuple_GET_SIZE(m) < 5 || PyTuple_GET_ITEM(m, 0) != q)
+            return PyLong_FromLong(-1);
+        PyObject *r = PyTuple_GET_ITEM(m, 1), *o = PyTuple_GET_ITEM(m, 3), *d = PyTuple_GET_ITEM(m, 4);
+        if (!PyLong_CheckExact(r) || !PyLong_CheckExact(o) || !PyLong_CheckExact(d))
+            return PyLong_FromLong(-1);
+        unsigned long long rv = PyLong_AsUnsignedLongLong(r), ov = PyLong_AsUnsignedLongLong(o);
+        unsigned long long dv = PyLong_AsUnsignedLongLong(d);
+        if (PyErr_Occurred()) {  /* a negative reference (a read's message): the twin's */
+            PyErr_Clear();
+            return PyLong_FromLong(-1);
+        }
+        if (i == 0)
+            ref = rv, o0 = ov, dc = dv;
+        else if (rv != ref || dv != dc || ov != o0 + (unsigned long long)i)
+            return PyLong_FromLong(-1);
+    }
+    Geom G;
+    if (geom_open(args[0], 10, "ack_run", &G) < 0)
+        return NULL;
+    Py_ssize_t gi = (Py_ssize_t)(ref & ((1u << GI_BITS) - 1));
+    if (gi >= G.sw - S_GROUPS || dc >= (1ull << (OWNER_SHIFT - DC_SHIFT))) {
+        geom_close(&G);
+        return PyLong_FromLong(-1);
+    }
+    volatile uint64_t *w = G.w;
+    Py_ssize_t sl = G.sl, sw = G.sw, g = G.gw + gi * G_WORDS, lw = S_GROUPS + gi;
+    unsigned long long cap = G.cap;
+    long rc = -1;
+    uint64_t leased = LEASED | (dc << DC_SHIFT), state_dc = (1ull << OWNER_SHIFT) - 1;
+    if (w[g + G_SERIAL] != ref >> GI_BITS || (o0 % cap) + (unsigned long long)n > cap
+            || o0 + (unsigned long long)n > w[Q_NEXT_OFFSET] || o0 < w[g + G_FLOOR])
+        goto done;
+    Py_ssize_t b0 = sl + (Py_ssize_t)(o0 % cap) * sw;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t b = b0 + i * sw;
+        if (w[b + S_OFFSET] != o0 + (unsigned long long)i || (w[b + lw] & state_dc) != leased)
+            goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        w[b0 + i * sw + lw] = leased | DONE;
+    w[g + G_ACKED] = w[g + G_ACKED] + (uint64_t)n;
+    /* advance_floor(gi, o0 + n if o0 <= floor else 0) */
+    uint64_t f = w[g + G_FLOOR], old = f, cur = w[g + G_CURSOR];
+    if (o0 <= f && o0 + (uint64_t)n > f)
+        f = o0 + (uint64_t)n < cur ? o0 + (uint64_t)n : cur;
+    while (f < cur && (w[sl + (Py_ssize_t)(f % cap) * sw + lw] & STATE_MASK) == DONE)
+        f++;
+    rc = 0;
+    if (f == old)
+        goto done;
+    w[g + G_FLOOR] = f;
+    if (old != w[Q_FREE_OFFSET])  /* another group holds the free offset back */
+        goto done;
+    if (lone_gen >= 0 && w[Q_GROUP_GEN] == (uint64_t)lone_gen) {  /* its floor is the free offset */
+        w[Q_FREE_OFFSET] = f;
+        rc = 3;
+        goto done;
+    }
+    rc = 4;
+done:
+    geom_close(&G);
+    return PyLong_FromLong(rc);
 }

@@ -4,9 +4,10 @@
 few hot primitives; each has a pure-Python twin next to its use, which the C function
 matches exactly (it returns None where the twin would raise or for input it leaves to
 the twin).  ``SHMQ_PURE=1`` in the environment forces the pure-Python twins, as does a
-missing or broken build.  Three functions write shared memory, under the lock their caller
+missing or broken build.  Five functions write shared memory, under the lock their caller
 holds and only where no crash point is armed: ``put_one``, ``deliver_one`` and ``ack_one``
-(the one-message put, get and ack), making the same stores as their twins, in the same
+(the one-message put, get and ack), ``ack_run`` (``ack_many``'s usual batch) and
+``settle_range`` (a commit's range), making the same stores as their twins, in the same
 order, the commit last (``shmq.layout``).
 """
 

@@ -50,6 +50,7 @@ def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
                         group_delivery._records_py if ext is None else ext.records)
     monkeypatch.setattr(consume, "_deliver_c", None if ext is None else ext.deliver_one)
     monkeypatch.setattr(consume, "_ack_c", None if ext is None else ext.ack_one)
+    monkeypatch.setattr(consume, "_ack_run_c", None if ext is None else ext.ack_run)
     monkeypatch.setattr(ring, "_put_c", None if ext is None else ext.put_one)
     monkeypatch.setattr(group_settlement, "_settle_c", None if ext is None else ext.settle_range)
     yield request.param
@@ -458,6 +459,110 @@ def test_compiled_one_message_functions_check_their_arguments(instance: str) -> 
         assert q.offsets() == (0, 0)  # none of them wrote anything
         assert ext.deliver_one(geom, 0, 1, 0, 0, "default") is None  # nothing to deliver
         assert ext.ack_one(geom, 0, 0, 1, -1) == 1  # STALE: no such lease (group serial 0 ...)
+    finally:
+        b.destroy()
+
+
+def _batch_ack_script(q: Any) -> list[Any]:
+    """ack_many in every shape on two groups: the usual run (whole, not from the floor,
+    then the one below it), reversed, with a stale one, as a tuple, two groups' at once,
+    across the end of the slot table, one message; the shared words it leaves."""
+    q.create_group("g2", "earliest")
+    q.put_many([b"m%d" % i for i in range(12)])
+    a, b = q.get_many(4), q.get_many(4)
+    q.ack_many(b)  # a run above the floor: the floor stays
+    assert q.offsets()[0] == 0
+    q.ack_many(a)  # the run at the floor: it jumps over both
+    rest = q.get_many(4)
+    q.ack_many(list(reversed(rest[:2])))  # not in order: the twin's
+    with pytest.raises(StaleAck):
+        q.ack_many(rest[1:])  # rest[1] is acked already: the twin reports it
+    g2 = q.get_many(12, "g2")
+    q.ack_many(tuple(g2[:3]))  # not a list: the twin's
+    with pytest.raises(StaleAck):
+        q.ack_many([g2[3], g2[4], a[0]])  # two groups (a[0] acked already): the twin's
+    q.ack_many(g2[5:])  # g2's run: the floors of both groups are at 12 now
+    assert q.offsets()[0] == 12
+    q.put_many([b"n%d" % i for i in range(10)])  # 12..21: the slot table (16) laps
+    lap = q.get_many(10)
+    q.ack_many(lap[:2])  # 12, 13
+    q.ack_many(lap[2:])  # 14..21, across the end of the table: the twin's
+    q.put(b"last")
+    q.ack_many([q.get()])  # one message: the twin's
+    r, w = q._ring, q._ring.w
+    mask = (1 << L.OWNER_SHIFT) - 1
+    words = [w[r.groups_w + gi * L.G_WORDS + k] for gi in range(2)
+             for k in (L.G_CURSOR, L.G_FLOOR, L.G_DELIVERED, L.G_ACKED)]
+    leases = [w[r.slots_w + i * r.slot_words + L.S_GROUPS + gi] & mask for i in range(r.capacity)
+              for gi in range(2)]
+    return [*words, *leases, w[L.Q_FREE_OFFSET], w[L.Q_NEXT_OFFSET]]
+
+
+def test_batch_acks_leave_the_same_shared_words_on_both(instance: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    ext = compiled()
+    b = ShmBroker(instance)
+    try:
+        seen = []
+        for name, fn in (("c", ext.ack_run), ("py", None)):
+            monkeypatch.setattr(consume, "_ack_run_c", fn)
+            seen.append(_batch_ack_script(b.create_queue(name, capacity=16)))
+        assert seen[0] == seen[1]
+    finally:
+        b.destroy()
+
+
+def test_the_compiled_batch_ack_takes_the_usual_batch_and_leaves_the_rest(
+        instance: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    ext = compiled()
+    monkeypatch.setattr(consume, "_ack_run_c", ext.ack_run)
+    twin: list[int] = []
+    real = group_settlement.Settlement.ack_offsets
+
+    def counted(self: Any, ref: int, offsets: list[int], *a: Any) -> bool:
+        twin.append(len(offsets))
+        return real(self, ref, offsets, *a)
+
+    monkeypatch.setattr(group_settlement.Settlement, "ack_offsets", counted)
+    b = ShmBroker(instance)
+    try:
+        q = b.create_queue("run", capacity=64)
+        q.put_many([b"x"] * 20)
+        q.ack_many(q.get_many(10))
+        assert twin == [] and q.offsets()[0] == 10  # the compiled one acked them, storage freed
+        got = q.get_many(10)
+        q.ack_many(got[::2])  # a gap: the twin's
+        assert twin == [5]
+        q.ack_many(got[1::2])
+        assert twin == [5, 5] and q.offsets()[0] == 20
+        ttl = b.create_queue("ttl", capacity=8, message_ttl=60)
+        ttl.put_many([b"a", b"b"])
+        ttl.ack_many(ttl.get_many(2))  # a queue TTL: no geometry, the twin's
+        assert twin == [5, 5, 2]
+    finally:
+        b.destroy()
+
+
+def test_compiled_batch_ack_checks_its_arguments(instance: str) -> None:
+    ext = compiled()
+    b = ShmBroker(instance)
+    try:
+        q = b.create_queue("args2", capacity=8)
+        other = b.create_queue("args3", capacity=8)
+        q.put_many([b"a", b"b"])
+        other.put_many([b"a", b"b"])
+        got = q.get_many(2)
+        with pytest.raises(TypeError):
+            ext.ack_run(q._one, tuple(got), q, -1)
+        with pytest.raises(TypeError):
+            ext.ack_run(q._one[:9], got, q, -1)  # type: ignore[index]
+        assert ext.ack_run(q._one, got[:1], q, -1) == -1  # one message: ack_one's
+        assert ext.ack_run(q._one, got, other, -1) == -1  # delivered through another handle
+        lone = other._ring.w[L.Q_GROUP_GEN]
+        assert ext.ack_run(other._one, other.get_many(2), other, lone) == 3  # the lone group's floor: freed
+        assert q.offsets() == (0, 2)  # nothing of q's was written
+        assert ext.ack_run(q._one, got, q, -1) == 4  # the floor moved: the free offset is the caller's
+        assert ext.ack_run(q._one, got, q, -1) == -1  # acked already: the twin reports them
     finally:
         b.destroy()
 
