@@ -187,6 +187,32 @@ done:
     return res;
 }
 
+/* What Settlement.advance_floor does after an ack, for a memory-only queue: the floor of
+ * group entry ``g`` (lease word ``lw``) moved past DONE words, straight to ``done_to`` when
+ * the caller knows every word below it is DONE (0: it knows nothing).  0 (OK) when no
+ * storage was freed, 3 (FREED), or 4 where the twin would recompute the free offset.
+ * Stores: the floor, then the free offset. */
+static long
+floor_after_ack(const Geom *G, Py_ssize_t g, Py_ssize_t lw, uint64_t done_to, long long lone_gen)
+{
+    volatile uint64_t *w = G->w;
+    uint64_t f = w[g + G_FLOOR], old = f, cur = w[g + G_CURSOR];
+    if (done_to > f)
+        f = done_to < cur ? done_to : cur;
+    while (f < cur && (w[G->sl + (Py_ssize_t)(f % G->cap) * G->sw + lw] & STATE_MASK) == DONE)
+        f++;
+    if (f == old)
+        return 0;
+    w[g + G_FLOOR] = f;
+    if (old != w[Q_FREE_OFFSET])  /* another group holds the free offset back */
+        return 0;
+    if (lone_gen >= 0 && w[Q_GROUP_GEN] == (uint64_t)lone_gen) {  /* its floor is the free offset */
+        w[Q_FREE_OFFSET] = f;
+        return 3;
+    }
+    return 4;
+}
+
 /* ack_one(geom, ref, offset, dc, lone_gen) -> int
  * The compiled twin of group_settlement.Settlement.ack followed by its advance_floor, for
  * a memory-only queue (no settle sequence to bump) and a process without crash points
@@ -238,24 +264,7 @@ sp_ack_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     }
     w[base + lw] = DONE | (dc << DC_SHIFT);
     w[g + G_ACKED] = w[g + G_ACKED] + 1;
-    uint64_t f = w[g + G_FLOOR], old = f, cur = w[g + G_CURSOR];
-    while (f < cur && (w[sl + (Py_ssize_t)(f % cap) * sw + lw] & STATE_MASK) == DONE)
-        f++;
-    if (f == old) {
-        rc = 0;
-        goto done;
-    }
-    w[g + G_FLOOR] = f;
-    if (old != w[Q_FREE_OFFSET]) {  /* another group holds the free offset back */
-        rc = 0;
-        goto done;
-    }
-    if (lone_gen >= 0 && w[Q_GROUP_GEN] == (uint64_t)lone_gen) {  /* its floor is the free offset */
-        w[Q_FREE_OFFSET] = f;
-        rc = 3;
-        goto done;
-    }
-    rc = 4;
+    rc = floor_after_ack(&G, g, lw, 0, lone_gen);
 done:
     geom_close(&G);
     return PyLong_FromLong(rc);
@@ -477,24 +486,7 @@ sp_ack_run(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     for (Py_ssize_t i = 0; i < n; i++)
         w[b0 + i * sw + lw] = leased | DONE;
     w[g + G_ACKED] = w[g + G_ACKED] + (uint64_t)n;
-    /* advance_floor(gi, o0 + n if o0 <= floor else 0) */
-    uint64_t f = w[g + G_FLOOR], old = f, cur = w[g + G_CURSOR];
-    if (o0 <= f && o0 + (uint64_t)n > f)
-        f = o0 + (uint64_t)n < cur ? o0 + (uint64_t)n : cur;
-    while (f < cur && (w[sl + (Py_ssize_t)(f % cap) * sw + lw] & STATE_MASK) == DONE)
-        f++;
-    rc = 0;
-    if (f == old)
-        goto done;
-    w[g + G_FLOOR] = f;
-    if (old != w[Q_FREE_OFFSET])  /* another group holds the free offset back */
-        goto done;
-    if (lone_gen >= 0 && w[Q_GROUP_GEN] == (uint64_t)lone_gen) {  /* its floor is the free offset */
-        w[Q_FREE_OFFSET] = f;
-        rc = 3;
-        goto done;
-    }
-    rc = 4;
+    rc = floor_after_ack(&G, g, lw, o0 <= w[g + G_FLOOR] ? o0 + (uint64_t)n : 0, lone_gen);
 done:
     geom_close(&G);
     return PyLong_FromLong(rc);
