@@ -11,10 +11,12 @@ from __future__ import annotations
 import importlib
 import itertools
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -342,7 +344,6 @@ class Server:
                 if p.is_running() and p.pid != self.journal_pid and _name(p) != "shmq-metrics"]
 
     def stop(self, timeout: float = 20) -> int:
-        import signal
         import subprocess
 
         if self.proc.poll() is None:
@@ -456,3 +457,52 @@ class HeldMark:
 def held(core: Core) -> HeldMark:
     """``core``'s held answers, with a mark the test reaches (:class:`HeldMark`)."""
     return HeldMark(core)
+
+
+# ---------------------------------------------------------------- a journaled broker, killed and restarted
+def kill_broker(srv: Server) -> None:
+    """SIGKILL the supervisor, its journal process and its workers, all at once."""
+    procs = [psutil.Process(srv.proc.pid), *psutil.Process(srv.proc.pid).children(recursive=True)]
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+    srv.proc.wait()
+    for stream in (srv.proc.stdout, srv.proc.stderr):
+        if stream:
+            stream.close()
+
+
+def remove_shm(instance: str) -> None:
+    """What a reboot does to our shared memory."""
+    for n in leftovers(instance):
+        os.unlink(f"/dev/shm/{n}")
+
+
+class Durable:
+    """A broker with a data dir, and a way to crash it (optionally 'rebooting') and restart."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.data = str(tmp_path / "data")
+        self.inst = unique_instance()
+        self.srv = Server(workers=1, instance=self.inst, data_dir=self.data)
+
+    def crash(self, reboot: bool = True) -> None:
+        kill_broker(self.srv)
+        if reboot:
+            remove_shm(self.inst)
+
+    def start(self) -> str:
+        """Start again; what the broker logged while starting."""
+        self.srv = Server(workers=1, instance=self.inst, data_dir=self.data)
+        return self.srv.stderr_so_far()
+
+
+@pytest.fixture
+def durable(tmp_path: Path) -> Any:
+    d = Durable(tmp_path)
+    yield d
+    if d.srv.proc.poll() is None:
+        assert d.srv.stop() == 0

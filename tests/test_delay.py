@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,8 +14,7 @@ from shmq import layout as L
 from shmq.queue import ShmQueue
 from shmq.shm import ShmBroker
 
-from .conftest import FakeClock
-from .test_durability import Durable
+from .conftest import Durable, FakeClock
 
 
 def test_delayed_message_waits_then_goes_to_every_group(clocked: ShmBroker, clock: FakeClock) -> None:
@@ -129,26 +127,21 @@ def test_a_seek_back_over_a_delayed_message_settled_early_waits(clocked: ShmBrok
 
 
 @pytest.mark.slow
-def test_a_delayed_message_settled_early_keeps_its_due_time_through_recovery(tmp_path: Path) -> None:
-    durable = Durable(tmp_path)
-    try:
-        with shmq.connect(durable.srv.url) as b:
-            q = b.create_queue("d", durability="always")  # (the default group keeps the message)
-            q.create_group("a")
-            q.put(b"x", delay=600)
-            q.commit("a", 1)  # before it is due: DONE for "a", with its due time
-        durable.crash(reboot=True)
-        durable.start()
-        with shmq.connect(durable.srv.url) as b:
-            q = b.queue("d")
-            q.delete_group("a")
-            q.create_group("b", start="earliest")  # at the index "a" had
-            with pytest.raises(shmq.Empty):
-                q.get(group="b", block=False)
-            assert q.stats()["groups"]["b"]["delayed"] == 1
-    finally:
-        if durable.srv.proc.poll() is None:
-            assert durable.srv.stop() == 0
+def test_a_delayed_message_settled_early_keeps_its_due_time_through_recovery(durable: Durable) -> None:
+    with shmq.connect(durable.srv.url) as b:
+        q = b.create_queue("d", durability="always")  # (the default group keeps the message)
+        q.create_group("a")
+        q.put(b"x", delay=600)
+        q.commit("a", 1)  # before it is due: DONE for "a", with its due time
+    durable.crash(reboot=True)
+    durable.start()
+    with shmq.connect(durable.srv.url) as b:
+        q = b.queue("d")
+        q.delete_group("a")
+        q.create_group("b", start="earliest")  # at the index "a" had
+        with pytest.raises(shmq.Empty):
+            q.get(group="b", block=False)
+        assert q.stats()["groups"]["b"]["delayed"] == 1
 
 
 def test_leased_then_expired_delayed_message_comes_back(clocked: ShmBroker, clock: FakeClock) -> None:

@@ -20,37 +20,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 import shmq
 from shmq import layout as L
 from shmq.journal import Journal, queue_dir
 
-from .conftest import Server, leftovers, unique_instance, wait_until
+from .conftest import Server, kill_broker, leftovers, remove_shm, unique_instance, wait_until
 
 SYNC = 0.2  # --sync-interval of the `interval` runs (s)
-
-
-def kill_broker(srv: Server) -> None:
-    """SIGKILL the supervisor, its journal process and its workers, all at once."""
-    procs = [psutil.Process(srv.proc.pid), *psutil.Process(srv.proc.pid).children(recursive=True)]
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=10)
-    srv.proc.wait()
-    for stream in (srv.proc.stdout, srv.proc.stderr):
-        if stream:
-            stream.close()
-
-
-def remove_shm(instance: str) -> None:
-    """What a reboot does to our shared memory."""
-    for n in leftovers(instance):
-        os.unlink(f"/dev/shm/{n}")
 
 
 class Producer(threading.Thread):
@@ -220,33 +198,6 @@ def test_kill9_with_publisher_confirms_and_lost_shared_memory(tmp_path: Path) ->
 
 
 # ---------------------------------------------------------------- one broker, restarts
-
-
-class Durable:
-    """A broker with a data dir, and a way to crash it (optionally 'rebooting') and restart."""
-
-    def __init__(self, tmp_path: Path) -> None:
-        self.data = str(tmp_path / "data")
-        self.inst = unique_instance()
-        self.srv = Server(workers=1, instance=self.inst, data_dir=self.data)
-
-    def crash(self, reboot: bool = True) -> None:
-        kill_broker(self.srv)
-        if reboot:
-            remove_shm(self.inst)
-
-    def start(self) -> str:
-        """Start again; what the broker logged while starting."""
-        self.srv = Server(workers=1, instance=self.inst, data_dir=self.data)
-        return self.srv.stderr_so_far()
-
-
-@pytest.fixture
-def durable(tmp_path: Path) -> Any:
-    d = Durable(tmp_path)
-    yield d
-    if d.srv.proc.poll() is None:
-        assert d.srv.stop() == 0
 
 
 def test_recovery_keeps_offsets_groups_acks_and_never_reuses_an_offset(durable: Any) -> None:

@@ -19,8 +19,7 @@ from shmq.commands import _offsets
 from shmq.connection import Request
 from shmq.journal import Journal
 
-from .conftest import Server
-from .test_durability import Durable
+from .conftest import Durable, Server
 
 H: dict[str, str | bytes] = {"trace-id": "abc123", "bin": b"\x00\xff\x10", "ключ-鍵": "värde ✓", "empty": b""}
 WANT = {"trace-id": b"abc123", "bin": b"\x00\xff\x10", "ключ-鍵": "värde ✓".encode(), "empty": b""}
@@ -208,28 +207,23 @@ def test_the_journal_keeps_metadata_and_old_records_read_as_before(tmp_path: Pat
     assert rec.metas == {2: meta} and not rec.problems
 
 
-def test_headers_and_origins_survive_kill9_and_recovery(tmp_path: Path) -> None:
-    durable = Durable(tmp_path)
-    try:
-        with shmq.connect(durable.srv.url) as b:
-            q = b.create_queue("hkeep", durability="always", max_deliveries=1)
-            q.put(b"a", headers=H)
-            q.put_many([b"b", b"c"], headers=[None, {"n": "2"}])
-            q.get(timeout=1).nack()  # a: dead-lettered, its headers with it
-        durable.crash(reboot=True)  # the shared memory goes too: all from the journal
-        durable.start()
-        with shmq.connect(durable.srv.url) as b:
-            got = b.queue("hkeep").get_many(10, timeout=1)
-            # a's settle may not have reached the journal before the kill (at least once): then
-            # it is back too, with its headers
-            by = {bytes(m.payload): dict(m.headers) for m in got}
-            assert (by[b"b"], by[b"c"], by.get(b"a", WANT)) == ({}, {"n": b"2"}, WANT) and len(got) <= 3
-            d = b.queue("hkeep.dlq").get(timeout=1)
-            assert (d.payload, dict(d.headers)) == (b"a", WANT)
-            assert d.origin is not None and d.origin.queue == "hkeep"
-    finally:
-        if durable.srv.proc.poll() is None:
-            assert durable.srv.stop() == 0
+def test_headers_and_origins_survive_kill9_and_recovery(durable: Durable) -> None:
+    with shmq.connect(durable.srv.url) as b:
+        q = b.create_queue("hkeep", durability="always", max_deliveries=1)
+        q.put(b"a", headers=H)
+        q.put_many([b"b", b"c"], headers=[None, {"n": "2"}])
+        q.get(timeout=1).nack()  # a: dead-lettered, its headers with it
+    durable.crash(reboot=True)  # the shared memory goes too: all from the journal
+    durable.start()
+    with shmq.connect(durable.srv.url) as b:
+        got = b.queue("hkeep").get_many(10, timeout=1)
+        # a's settle may not have reached the journal before the kill (at least once): then
+        # it is back too, with its headers
+        by = {bytes(m.payload): dict(m.headers) for m in got}
+        assert (by[b"b"], by[b"c"], by.get(b"a", WANT)) == ({}, {"n": b"2"}, WANT) and len(got) <= 3
+        d = b.queue("hkeep.dlq").get(timeout=1)
+        assert (d.payload, dict(d.headers)) == (b"a", WANT)
+        assert d.origin is not None and d.origin.queue == "hkeep"
 
 
 def test_cli_produces_headers_and_shows_them(shm_broker: Any, instance: str) -> None:

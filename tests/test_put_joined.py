@@ -6,7 +6,6 @@ headers the same way."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +19,7 @@ from shmq.queue import ShmQueue
 from shmq.server.core import Core
 from shmq.shm import ShmBroker
 
-from .test_durability import Durable
+from .conftest import Durable
 from .test_handlers import Peer
 
 
@@ -88,29 +87,24 @@ def test_a_joined_batch_is_idempotent_and_refusals_write_nothing(instance: str) 
         b.destroy()
 
 
-def test_a_joined_batch_on_a_journaled_queue_survives_kill9(tmp_path: Path) -> None:
+def test_a_joined_batch_on_a_journaled_queue_survives_kill9(durable: Durable) -> None:
     """On an ``always`` queue the journal has the batch before put_joined returns: a broker
     killed with its shared memory removed gives back every payload from disk."""
-    durable = Durable(tmp_path)
+    with shmq.connect(durable.srv.url) as b:
+        b.create_queue("jj", durability="always")
+    local = ShmBroker(durable.inst)
     try:
-        with shmq.connect(durable.srv.url) as b:
-            b.create_queue("jj", durability="always")
-        local = ShmBroker(durable.inst)
-        try:
-            ps = payloads(40, 3)
-            assert local.queue("jj").put_joined(joined(ps), producer="p", seq=1) == 0
-        finally:
-            local.close()
-        durable.crash(reboot=True)
-        durable.start()
-        with shmq.connect(durable.srv.url) as b:
-            q = b.queue("jj")
-            assert [bytes(m.payload) for m in q.read(0, 100)] == ps
-            with pytest.raises(shmq.Duplicate):  # the producer's sequence was journaled too
-                q.put_many([b"again"], producer="p", seq=1)
+        ps = payloads(40, 3)
+        assert local.queue("jj").put_joined(joined(ps), producer="p", seq=1) == 0
     finally:
-        if durable.srv.proc.poll() is None:
-            assert durable.srv.stop() == 0
+        local.close()
+    durable.crash(reboot=True)
+    durable.start()
+    with shmq.connect(durable.srv.url) as b:
+        q = b.queue("jj")
+        assert [bytes(m.payload) for m in q.read(0, 100)] == ps
+        with pytest.raises(shmq.Duplicate):  # the producer's sequence was journaled too
+            q.put_many([b"again"], producer="p", seq=1)
 
 
 def test_the_broker_stores_a_plain_produce_batch_from_its_joined_bytes(

@@ -10,7 +10,6 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,8 +22,7 @@ from shmq.cli import app
 from shmq.seektime import parse_time, to_ns
 from shmq.shm import ShmBroker
 
-from .conftest import Server, wait_until
-from .test_durability import Durable
+from .conftest import Durable, Server, wait_until
 
 
 def spaced(q: Any, n: int) -> list[int]:
@@ -260,26 +258,21 @@ def test_asyncio_client_seeks_and_creates_at_a_time(server: Server) -> None:
 
 
 @pytest.mark.slow
-def test_a_journaled_seek_survives_kill9_and_recovery(tmp_path: Path) -> None:
-    durable = Durable(tmp_path)
-    try:
-        with shmq.connect(durable.srv.url) as b:
-            q = b.create_queue("seekd", durability="always")
-            q.create_group("lag")
-            ts = spaced(q, 6)
-            q.ack_many(q.get_many(6))  # the default group acked everything; lag keeps it retained
-            assert q.seek("default", between(ts, 2)) == 2  # back: 2..5 delivered again
-            assert q.seek("lag", between(ts, 4)) == 4  # forward: 0..3 settled for lag
-            q.create_group("late", start=between(ts, 5))
-        durable.crash(reboot=True)
-        durable.start()
-        with shmq.connect(durable.srv.url) as b:
-            q = b.queue("seekd")
-            assert offsets(q.get_many(10, block=False)) == [2, 3, 4, 5]
-            assert offsets(q.get_many(10, group="lag", block=False)) == [4, 5]
-            assert offsets(q.get_many(10, group="late", block=False)) == [5]
-            assert q.stats()["first_offset"] == 2
-    finally:
-        if durable.srv.proc.poll() is None:
-            assert durable.srv.stop() == 0
+def test_a_journaled_seek_survives_kill9_and_recovery(durable: Durable) -> None:
+    with shmq.connect(durable.srv.url) as b:
+        q = b.create_queue("seekd", durability="always")
+        q.create_group("lag")
+        ts = spaced(q, 6)
+        q.ack_many(q.get_many(6))  # the default group acked everything; lag keeps it retained
+        assert q.seek("default", between(ts, 2)) == 2  # back: 2..5 delivered again
+        assert q.seek("lag", between(ts, 4)) == 4  # forward: 0..3 settled for lag
+        q.create_group("late", start=between(ts, 5))
+    durable.crash(reboot=True)
+    durable.start()
+    with shmq.connect(durable.srv.url) as b:
+        q = b.queue("seekd")
+        assert offsets(q.get_many(10, block=False)) == [2, 3, 4, 5]
+        assert offsets(q.get_many(10, group="lag", block=False)) == [4, 5]
+        assert offsets(q.get_many(10, group="late", block=False)) == [5]
+        assert q.stats()["first_offset"] == 2
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,8 +20,7 @@ from shmq.cli import app
 from shmq.readings import read_queue
 from shmq.shm import ShmBroker
 
-from .conftest import FakeClock, wait_until
-from .test_durability import Durable
+from .conftest import Durable, FakeClock, wait_until
 
 
 def _dlq(b: shmq.Broker, name: str) -> list[Any]:
@@ -247,26 +245,21 @@ def test_cli_create_with_ttl(shm_broker: ShmBroker) -> None:
     assert "d" not in {i.name for i in shm_broker.list_queues()}
 
 
-def test_a_journaled_queue_keeps_its_ttl_and_timestamps_across_recovery(tmp_path: Path) -> None:
-    durable = Durable(tmp_path)
+def test_a_journaled_queue_keeps_its_ttl_and_timestamps_across_recovery(durable: Durable) -> None:
+    with shmq.connect(durable.srv.url) as b:
+        q = b.create_queue("keep", durability="always", message_ttl=3600, expired_to_dlq=False)
+        q.put(b"x")
+        ts = q.get(timeout=1).timestamp_ns  # leased at the kill: given back by the recovery
+    durable.crash(reboot=True)
+    durable.start()
+    with shmq.connect(durable.srv.url) as b:
+        (info,) = [i for i in b.list_queues() if i.name == "keep"]
+        assert (info.config.message_ttl, info.config.expired_to_dlq) == (3600, False)
+        again = b.queue("keep").get(timeout=1)  # the put's wall-clock time, which the TTL counts from
+        assert (again.payload, again.timestamp_ns) == (b"x", ts)
+    local = ShmBroker(durable.inst)
     try:
-        with shmq.connect(durable.srv.url) as b:
-            q = b.create_queue("keep", durability="always", message_ttl=3600, expired_to_dlq=False)
-            q.put(b"x")
-            ts = q.get(timeout=1).timestamp_ns  # leased at the kill: given back by the recovery
-        durable.crash(reboot=True)
-        durable.start()
-        with shmq.connect(durable.srv.url) as b:
-            (info,) = [i for i in b.list_queues() if i.name == "keep"]
-            assert (info.config.message_ttl, info.config.expired_to_dlq) == (3600, False)
-            again = b.queue("keep").get(timeout=1)  # the put's wall-clock time, which the TTL counts from
-            assert (again.payload, again.timestamp_ns) == (b"x", ts)
-        local = ShmBroker(durable.inst)
-        try:
-            ring = local.queue("keep")._ring  # type: ignore[attr-defined]
-            assert ring.w[L.Q_MESSAGE_TTL_MS] == 3_600_000 and ring.flags & L.F_TTL_DROP
-        finally:
-            local.close()
+        ring = local.queue("keep")._ring  # type: ignore[attr-defined]
+        assert ring.w[L.Q_MESSAGE_TTL_MS] == 3_600_000 and ring.flags & L.F_TTL_DROP
     finally:
-        if durable.srv.proc.poll() is None:
-            assert durable.srv.stop() == 0
+        local.close()

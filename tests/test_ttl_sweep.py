@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,8 +21,7 @@ from shmq import layout as L
 from shmq.serverqueue import ServerBroker
 from shmq.shm import ShmBroker
 
-from .conftest import FakeClock, wait_until
-from .test_durability import Durable
+from .conftest import Durable, FakeClock, wait_until
 
 
 @pytest.fixture
@@ -190,41 +188,36 @@ def test_a_journaled_dead_letter_queue_gets_each_expired_message_once(server: An
 
 
 @pytest.mark.slow
-def test_own_ttls_survive_kill9_and_the_loss_of_shared_memory(tmp_path: Path) -> None:
-    durable = Durable(tmp_path)
+def test_own_ttls_survive_kill9_and_the_loss_of_shared_memory(durable: Durable) -> None:
+    with shmq.connect(durable.srv.url) as b:
+        q = b.create_queue("keep", durability="always")
+        q.put(b"a", ttl=3600, headers={"k": "v"})
+        q.put(b"plain")
+        q.put_many([b"b", b"c"], ttl=7200)
+        q.put(b"soon", ttl=2.0)
+        put_soon = time.time_ns()
+    local = ShmBroker(durable.inst)
     try:
-        with shmq.connect(durable.srv.url) as b:
-            q = b.create_queue("keep", durability="always")
-            q.put(b"a", ttl=3600, headers={"k": "v"})
-            q.put(b"plain")
-            q.put_many([b"b", b"c"], ttl=7200)
-            q.put(b"soon", ttl=2.0)
-            put_soon = time.time_ns()
-        local = ShmBroker(durable.inst)
-        try:
-            ring = local.queue("keep")._ring  # type: ignore[attr-defined]
-            before = [ring.w[ring.slot_base(o) + L.S_EXPIRES] for o in range(5)]
-        finally:
-            local.close()
-        assert [bool(x) for x in before] == [True, False, True, True, True]
-        durable.crash(reboot=True)
-        durable.start()
-        local = ShmBroker(durable.inst)
-        try:
-            ring = local.queue("keep")._ring  # type: ignore[attr-defined]
-            assert [ring.w[ring.slot_base(o) + L.S_EXPIRES] for o in range(5)] == before
-            assert ring.w[L.Q_EXPIRES_MAX] == max(before)
-        finally:
-            local.close()
-        with shmq.connect(durable.srv.url) as b:
-            q = b.queue("keep")
-            wait_until(lambda: time.time_ns() > put_soon + 2_100_000_000)  # "soon" is past its TTL
-            got = q.get_many(10, timeout=1)
-            assert [bytes(m.payload) for m in got] == [b"a", b"plain", b"b", b"c"]
-            assert dict(got[0].headers) == {"k": b"v"}
-            wait_until(lambda: "keep.dlq" in {i.name for i in b.list_queues()})
-            (d,) = b.queue("keep.dlq").get_many(10, timeout=5)
-            assert (d.payload, d.origin.reason if d.origin else None) == (b"soon", "ttl_expired")
+        ring = local.queue("keep")._ring  # type: ignore[attr-defined]
+        before = [ring.w[ring.slot_base(o) + L.S_EXPIRES] for o in range(5)]
     finally:
-        if durable.srv.proc.poll() is None:
-            assert durable.srv.stop() == 0
+        local.close()
+    assert [bool(x) for x in before] == [True, False, True, True, True]
+    durable.crash(reboot=True)
+    durable.start()
+    local = ShmBroker(durable.inst)
+    try:
+        ring = local.queue("keep")._ring  # type: ignore[attr-defined]
+        assert [ring.w[ring.slot_base(o) + L.S_EXPIRES] for o in range(5)] == before
+        assert ring.w[L.Q_EXPIRES_MAX] == max(before)
+    finally:
+        local.close()
+    with shmq.connect(durable.srv.url) as b:
+        q = b.queue("keep")
+        wait_until(lambda: time.time_ns() > put_soon + 2_100_000_000)  # "soon" is past its TTL
+        got = q.get_many(10, timeout=1)
+        assert [bytes(m.payload) for m in got] == [b"a", b"plain", b"b", b"c"]
+        assert dict(got[0].headers) == {"k": b"v"}
+        wait_until(lambda: "keep.dlq" in {i.name for i in b.list_queues()})
+        (d,) = b.queue("keep.dlq").get_many(10, timeout=5)
+        assert (d.payload, d.origin.reason if d.origin else None) == (b"soon", "ttl_expired")
