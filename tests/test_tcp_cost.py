@@ -5,9 +5,10 @@ are written, the worker's queue lookups cached per registry generation."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -164,18 +165,31 @@ def test_other_threads_ring_at_once_while_one_holds(bells: tuple[int, list[Bell]
     assert b0.drain() == {3}
 
 
-def test_a_read_that_fails_still_rings(instance: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@contextlib.contextmanager
+def _driven(instance: str, monkeypatch: pytest.MonkeyPatch, log: list[str],
+            ring: Callable[[Any], str]) -> Iterator[Driver]:
+    """A worker's Driver over queue "q" of a fresh instance, past its handshake, with worker 1
+    waiting on the queue: what it writes, and ``ring(flags)`` of each ring it sends, go to
+    ``log``."""
     ShmBroker(instance).create_queue("q")
     sb = ServerBroker(instance)
     host = _Host(Core(sb))
-    log: list[str] = []
     try:
         sb.serve_as(0)
-        sb.queue("q").set_bell(1, True)
-        monkeypatch.setattr(RINGER, "_send", lambda flags, uid, qid, skip: log.append("ring"))
+        sb.queue("q").set_bell(1, True)  # worker 1 waits on the queue
+        monkeypatch.setattr(RINGER, "_send", lambda flags, uid, qid, skip: log.append(ring(flags)))
         d = Driver(host)  # type: ignore[arg-type]
         d.connection_made(_Transport(log))
         d.data_received(frame(T.HANDSHAKE, 1, token="", client="t", affinity="", heartbeat_ms=0))
+        yield d
+    finally:
+        host.loop.close()
+        sb.close()
+
+
+def test_a_read_that_fails_still_rings(instance: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    log: list[str] = []
+    with _driven(instance, monkeypatch, log, lambda flags: "ring") as d:
         real = handlers.handle_frames
 
         def fails_after(*args: Any) -> None:  # a read that fails once its put is stored
@@ -187,9 +201,6 @@ def test_a_read_that_fails_still_rings(instance: str, monkeypatch: pytest.Monkey
         assert log[1:] == ["write PRODUCE_OK", "write ERROR", "ring"]
         assert RINGER.hold()  # released
         RINGER.release()
-    finally:
-        host.loop.close()
-        sb.close()
 
 
 class _Transport(asyncio.Transport):
@@ -222,23 +233,11 @@ class _Host:
 
 def test_a_worker_answers_a_put_before_it_rings_the_other_workers(instance: str,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    ShmBroker(instance).create_queue("q")
-    sb = ServerBroker(instance)
-    host = _Host(Core(sb))
     log: list[str] = []
-    try:
-        sb.serve_as(0)
-        sb.queue("q").set_bell(1, True)  # worker 1 waits on the queue
-        monkeypatch.setattr(RINGER, "_send", lambda flags, uid, qid, skip: log.append(f"ring {flags[1]}"))
-        d = Driver(host)  # type: ignore[arg-type]
-        d.connection_made(_Transport(log))
-        d.data_received(frame(T.HANDSHAKE, 1, token="", client="t", affinity="", heartbeat_ms=0))
+    with _driven(instance, monkeypatch, log, lambda flags: f"ring {flags[1]}") as d:
         d.data_received(produce_frame(2, b"q", 0, b"x") + produce_frame(3, b"q", 0, b"y"))
         assert log == ["write HANDSHAKE_ACK", "write PRODUCE_OK", "ring 1"]  # one write, then one ring
         d.close()
-    finally:
-        host.loop.close()
-        sb.close()
 
 
 def test_a_queue_deleted_and_made_again_is_the_new_one(instance: str) -> None:
