@@ -40,7 +40,7 @@ from .errors import (
 )
 from .group import DeadItem, Groups
 from .headers import block_of
-from .joined import Joined
+from .joined import nbytes as batch_bytes
 from .names import check_group_name as _check_group_name
 from .registry import Registry
 from .ring import DUPLICATE, Ring
@@ -192,8 +192,7 @@ class QueueHandle:
                   delay: int = 0, ttl: int = 0) -> int:
         """Store a batch (``delay``, ``ttl``: ms, 0 for none), sleeping for room as asked."""
         ring = self._ring
-        nbytes = (len(items.data) if items.__class__ is Joined else sum(map(len, items))) + (
-            sum(map(len, metas)) if metas else 0)
+        nbytes = batch_bytes(items) + (sum(map(len, metas)) if metas else 0)
         if not ring.fits_empty(nbytes, len(items)):
             raise Full(f"a batch of {len(items)} messages / {nbytes} bytes can never fit queue "
                        f"{self.name!r} (capacity {ring.capacity}, max_bytes {ring.size})")

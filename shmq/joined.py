@@ -5,6 +5,8 @@ PRODUCE_BATCH body without headers, as the broker reads it (``codec_bodies.decod
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class Joined:
     """``lens``: each payload's length; ``data``: the payloads back to back (their sum)."""
@@ -24,3 +26,8 @@ class Joined:
             out.append(whole[at:at + n])
             at += n
         return out
+
+
+def nbytes(batch: Any) -> int:
+    """The payload bytes of a batch: a ``Joined`` or a sequence of byte strings."""
+    return len(batch.data) if batch.__class__ is Joined else sum(map(len, batch))

@@ -50,6 +50,21 @@ class Columns:
 def read_columns(q: ShmQueue, offset: int, max_messages: int, max_bytes: int) -> Columns:
     """Up to ``max_messages`` retained records from ``offset`` on, fewer where their bytes would
     pass ``max_bytes`` (but at least one)."""
+    return _read(q, offset, max_messages, max_bytes, False)  # type: ignore[return-value]
+
+
+def read_field(q: ShmQueue, offset: int, max_messages: int, max_bytes: int) -> bytes:
+    """``read_columns``'s records as one ``records`` field (a READ_OK body,
+    ``codec_bodies.records_field``): with the accelerator, built under the lock in one pass."""
+    c = _read(q, offset, max_messages, max_bytes, True)
+    if isinstance(c, bytes):
+        return c
+    return records_field(range(c.first, c.first + len(c)), [0] * len(c), c.stamps, c.meta_lens,
+                         c.payload_lens, c.data)
+
+
+def _read(q: ShmQueue, offset: int, max_messages: int, max_bytes: int, field: bool) -> Columns | bytes:
+    """``read_columns``; with ``field``, where the accelerator is built, its records field instead."""
     q._alive()
     ring = q._ring
     w, mm, cap, sw, size = ring.w, ring.mm, ring.capacity, ring.slot_words, ring.size
@@ -59,7 +74,10 @@ def read_columns(q: ShmQueue, offset: int, max_messages: int, max_bytes: int) ->
         if n <= 0:
             return Columns(start, array("Q"), array("I"), array("I"), b"")
         if _read_c is not None:
-            st, ml, pl, data = _read_c(mm, ring.slots_w, cap, sw, ring.data_off, size, start, n, max_bytes, 0)
+            got = _read_c(mm, ring.slots_w, cap, sw, ring.data_off, size, start, n, max_bytes, field)
+            if field:
+                return got  # type: ignore[no-any-return]
+            st, ml, pl, data = got
             return Columns(start, _native("Q", st), _native("I", ml), _native("I", pl), data)
         slots = array("Q")
         base = ring.slots_w * WORD
@@ -88,21 +106,3 @@ def read_columns(q: ShmQueue, offset: int, max_messages: int, max_bytes: int) ->
             i = j
         data = parts[0] if len(parts) == 1 else b"".join(parts)
         return Columns(start, slots[S_TIMESTAMP::sw][:n], mlens, plens, data)
-
-
-def read_field(q: ShmQueue, offset: int, max_messages: int, max_bytes: int) -> bytes:
-    """``read_columns``'s records as one ``records`` field (a READ_OK body,
-    ``codec_bodies.records_field``): with the accelerator, built under the lock in one pass."""
-    if _read_c is not None:
-        q._alive()
-        ring = q._ring
-        w = ring.w
-        with ring.clock:
-            start = max(offset, w[Q_FREE_OFFSET])
-            n = min(w[q._groups.tail_word], start + max_messages) - start
-            if n > 0:
-                return _read_c(ring.mm, ring.slots_w, ring.capacity, ring.slot_words,  # type: ignore[no-any-return]
-                               ring.data_off, ring.size, start, n, max_bytes, 1)
-    c = read_columns(q, offset, max_messages, max_bytes)
-    return records_field(range(c.first, c.first + len(c)), [0] * len(c), c.stamps, c.meta_lens,
-                         c.payload_lens, c.data)

@@ -33,6 +33,7 @@ from .group import NACK, OK, TO_DLQ, DeadItem
 from .handle import _ms
 from .headers import Block as HeaderBlock
 from .joined import Joined
+from .joined import nbytes as batch_bytes
 from .queue import ShmQueue
 from .readings import QueueReading, read_queue
 from .registry import Registry
@@ -124,8 +125,7 @@ class ServerQueue:
 
     def could_fit(self, payloads: Sequence[Payload], metas: list[bytes] | None = None) -> bool:
         """Would this batch fit the queue when empty?  (If not, waiting cannot help.)"""
-        nbytes = len(payloads.data) if payloads.__class__ is Joined else sum(map(len, payloads))  # type: ignore[attr-defined]
-        return self._q._ring.fits_empty(nbytes + sum(map(len, metas or ())), len(payloads))
+        return self._q._ring.fits_empty(batch_bytes(payloads) + sum(map(len, metas or ())), len(payloads))
 
     # ------------------------------------------------------------ deliver
     def group_ref(self, group: str, create: bool = True) -> int:
