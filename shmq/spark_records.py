@@ -182,13 +182,11 @@ def put_records(q: Queue, payload_lens: np.ndarray, data: np.ndarray, producer: 
         body = b"".join((head[:-4], _U32.pack(n), payload_lens.astype(">u4").tobytes(), data.data))
         return q._b._execute(Request(_produce_frame, (body,), _pick,  # type: ignore[no-any-return]
                                      (T.PRODUCE_BATCH_OK, "count")))
+    batch = Joined(payload_lens.tolist(), data.data)
     if isinstance(q, ShmQueue):
-        q.put_joined(Joined(payload_lens.tolist(), data.data), timeout=timeout, producer=producer, seq=seq)
-        return n
-    ends = np.cumsum(payload_lens).tolist()
-    whole = data.tobytes()
-    q.put_many([whole[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)], timeout=timeout,
-               producer=producer, seq=seq)
+        q.put_joined(batch, timeout=timeout, producer=producer, seq=seq)
+    else:
+        q.put_many(batch.payloads(), timeout=timeout, producer=producer, seq=seq)
     return n
 
 
