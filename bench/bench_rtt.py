@@ -6,12 +6,16 @@ what shmq and Redis add to it.
 Each round times, in turn, ``--n`` sequential round trips (median, µs) of:
 
 * ``raw socket``: a Python client sends 40 bytes to a Python echo server (a child
-  process, TCP_NODELAY both ways) and reads them back: the floor any Python client and
-  server pay, the kernel's wake-ups included;
+  process, TCP_NODELAY both ways) and reads them back, both ends asleep in ``recv``
+  while they wait: the floor of a Python client and server that sleep, the kernel's
+  wake-ups included;
 * ``redis PING``: redis-py's ``ping()`` against ``redis-server`` (no persistence);
 * ``shmq put``: a blocking TCP client's ``q.put(100 B)`` against ``shmq serve --workers 1``
-  (memory-only queue, purged between rounds);
-* ``shmq stats``: the same client's ``q.stats()``, a request that touches no message.
+  (memory-only queue, purged between rounds), both ends polling before they sleep, as
+  they do by default (``shmq.spin``);
+* ``shmq put, spin_us=0``: the same from a client that sleeps at once (the worker still
+  polls);
+* ``shmq stats``: the first client's ``q.stats()``, a request that touches no message.
 
 Then the medians over the rounds, each as a multiple of the raw socket's.  The
 throughput benches (``bench_tcp.py``) run client and server at the same time on the
@@ -100,18 +104,22 @@ def main(argv: list[str] | None = None) -> int:
             rs.start()
         b = shmq.connect(server.url)
         q = b.create_queue("rtt")
+        sleeper = shmq.connect(server.url, spin_us=0)
+        q0 = sleeper.queue("rtt")
         series: list[tuple[str, Callable[[], float]]] = [("raw socket", lambda: raw_socket(a.n))]
         if rs is not None:
             series.append(("redis PING", lambda: timed(a.n, rs.client.ping)))
         payload = b"x" * 100
         series += [("shmq put", lambda: timed(a.n, lambda: q.put(payload))),
+                   ("shmq put, spin_us=0", lambda: timed(a.n, lambda: q0.put(payload))),
                    ("shmq stats", lambda: timed(a.n, q.stats))]
         for r in range(a.rounds):
             for name, fn in series:
                 v = fn()
                 results.setdefault(name, []).append(v)
-                out.line(f"round {r + 1}: {name:<12} {v:8.1f} µs")
+                out.line(f"round {r + 1}: {name:<20} {v:8.1f} µs")
             q.purge()
+        sleeper.close()
         b.close()
     finally:
         if rs is not None:

@@ -26,6 +26,7 @@ from shmq.errors import ProtocolError, Status
 from . import handlers
 from .connection import ServerConnection
 from .core import Core
+from .spinner import Spinner
 
 log = logging.getLogger("shmq.worker")
 
@@ -48,6 +49,7 @@ class Host(Protocol):
     max_connections: int
     worker_id: int
     loop: asyncio.AbstractEventLoop
+    spinner: Spinner  # told of every read
 
     @property
     def stopping(self) -> bool: ...
@@ -120,6 +122,7 @@ class Driver(asyncio.Protocol):
         if conn.closed:  # refused, or closing: what comes is dropped
             return
         self._reads += 1
+        self.w.spinner.read()  # keep polling for the next request a while (server.spinner)
         held = RINGER.hold()  # other workers' doorbells are rung once our answers are written
         try:
             handlers.receive(self.core, conn, data)

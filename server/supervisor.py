@@ -49,6 +49,7 @@ from shmq import crashpoints, options, runtime
 from shmq.config import Effective, QueueDecl
 from shmq.errors import InvalidArgument, ShmqError
 from shmq.serverqueue import ServerBroker
+from shmq.spin import check_spin_us
 from shmq.text import plural
 from shmq.tls import ServerTls, server_context
 
@@ -123,7 +124,7 @@ class Supervisor:
                  log_format: str = logs.DEFAULT_FORMAT, unix: str | None = None,
                  no_auth: bool = False, tls: ServerTls | None = None, *,
                  heartbeat: float = options.HEARTBEAT, queues: Sequence[QueueDecl] = (),
-                 metrics: str | None = None) -> None:
+                 metrics: str | None = None, spin_us: float = options.WORKER_SPIN_US) -> None:
         if tls is not None:
             server_context(tls)  # a file that cannot be used is named now, before any worker starts
         self.tls = tls
@@ -162,6 +163,7 @@ class Supervisor:
         if not 0 <= heartbeat <= 3600:
             raise InvalidArgument("--heartbeat must be in [0, 3600] seconds (0: none)")
         self.heartbeat = heartbeat
+        self.spin_us = check_spin_us(spin_us, "--spin-us")
         self.keep = keep
         if not 0 < sync_interval <= 3600:
             raise InvalidArgument("sync interval must be in (0, 3600] seconds")
@@ -187,14 +189,15 @@ class Supervisor:
         return cls(v["instance"], v["host"], v["port"], v["workers"], token, v["max_connections"], v["keep"],
                    v["data_dir"] or None, v["sync_interval"], v["journal_segment_bytes"], v["log_level"],
                    v["log_format"], None if v["unix"] in ("", "off") else v["unix"], v["no_auth"], tls,
-                   heartbeat=v["heartbeat"], queues=eff.queues, metrics=v["metrics"] or None)
+                   heartbeat=v["heartbeat"], queues=eff.queues, metrics=v["metrics"] or None,
+                   spin_us=v["spin_us"])
 
     def _start(self, i: int) -> None:
         ready = self.ctx.Event()
         p = self.ctx.Process(target=_child, name=f"shmq-worker-{i}", daemon=False,
                              args=(f"worker-{i}", self.log, worker_main, self.instance, self.host,
                                    self.port, i, self.token, ready, self.max_connections, self.counts,
-                                   self.unix_sock, self.tls, self.heartbeat, self.board))
+                                   self.unix_sock, self.tls, self.heartbeat, self.board, self.spin_us))
         p.start()
         self.procs[i] = (p, ready)
 

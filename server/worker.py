@@ -38,6 +38,7 @@ from shmq.codec import Frame, encode_frame
 from shmq.doorbell import Bell
 from shmq.errors import ShmqError
 from shmq.serverqueue import ServerBroker, ServerQueue
+from shmq.spin import Spin
 from shmq.tls import ServerTls, server_context
 
 from .connection import ServerConnection
@@ -46,6 +47,7 @@ from .driver import Driver
 from .parking import poke
 from .placement import Counts, Handoff, choose
 from .scoreboard import Scoreboard
+from .spinner import Spinner
 from .tls_listener import TlsListener
 
 BIND_TRIES = 20  # x 50 ms: a restarted worker waits for its predecessor's doorbell and handoff sockets to go
@@ -68,8 +70,10 @@ class Worker:
     def __init__(self, instance: str, host: str, port: int, worker_id: int, token: str,
                  max_connections: int = options.MAX_CONNECTIONS, counts: Counts | None = None,
                  unix_sock: socket.socket | None = None, tls: ServerTls | None = None,
-                 heartbeat: float = options.HEARTBEAT, board: Scoreboard | None = None) -> None:
+                 heartbeat: float = options.HEARTBEAT, board: Scoreboard | None = None,
+                 spin_us: float = options.WORKER_SPIN_US) -> None:
         self.instance = instance
+        self.spin_us = spin_us  # --spin-us: polling for the next request after a read (server.spinner)
         self.board = board  # --metrics: this worker's requests are counted in its row
         self.tls = tls  # the TCP port speaks TLS (the Unix socket never does)
         self.tls_listener: TlsListener | None = None
@@ -88,6 +92,7 @@ class Worker:
         self.flagged_ids: dict[int, str] = {}  # their ids (a doorbell datagram names the id)
         self.flag_needed: dict[str, float] = {}  # queue -> when the tick last saw someone wait there
         self.loop: asyncio.AbstractEventLoop
+        self.spinner: Spinner
         self.broker: ServerBroker
         self.core: Core
 
@@ -107,6 +112,7 @@ class Worker:
 
     async def _main(self, ready: Any) -> None:
         self.loop = asyncio.get_running_loop()
+        self.spinner = Spinner(Spin(self.spin_us), self.loop.call_soon)
         self.core = Core(self.broker, self.worker_id, self.token, post=self.loop.call_soon_threadsafe,
                          flag=self._flag, place=self.place, heartbeat=self.heartbeat, counts=self.counts,
                          meter=None if self.board is None else self.board.worker(self.worker_id))
@@ -310,11 +316,12 @@ async def _bind(kind: Callable[[int, int], Any], instance_uid: int, worker_id: i
 def worker_main(instance: str, host: str, port: int, worker_id: int, token: str, ready: Any,
                 max_connections: int, counts: Counts | None = None,
                 unix_sock: socket.socket | None = None, tls: ServerTls | None = None,
-                heartbeat: float = options.HEARTBEAT, board: Scoreboard | None = None) -> None:
+                heartbeat: float = options.HEARTBEAT, board: Scoreboard | None = None,
+                spin_us: float = options.WORKER_SPIN_US) -> None:
     """Entry point of a worker process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides; SIGTERM stops us
     _die_with_parent()
     sys.setswitchinterval(0.0005)  # a woken durable-mark thread gets the GIL in 0.5 ms, not 5 ms
     os.environ.pop(options.TOKEN_ENV, None)
     Worker(instance, host, port, worker_id, token, max_connections, counts, unix_sock, tls,
-           heartbeat, board).run(ready)
+           heartbeat, board, spin_us).run(ready)

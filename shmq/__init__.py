@@ -83,9 +83,11 @@ def connect(url: str = "shm://default", token: str | None = None, **kwargs: Any)
     presenting ``token`` (default the URL's ``?token=``, else ``$SHMQ_TOKEN``, else the
     token a broker on this host left for this user; URL parameters: ``shmq.urls``); its other
     keywords are ``connect_timeout`` (seconds for the connect and the handshake: a
-    port that is no broker fails within it), ``client`` (a name for the broker's logs) and
+    port that is no broker fails within it), ``client`` (a name for the broker's logs),
     ``affinity`` (connections with the same affinity are served by one broker worker:
-    docs/operations.md, "Which worker serves a connection").
+    docs/operations.md, "Which worker serves a connection") and ``spin_us`` (microseconds a
+    call polls its socket for the answer before it sleeps, default ``options.CLIENT_SPIN_US``;
+    0: sleep at once; ``shmq.spin``).
     """
     if url.startswith("shm://"):
         from .shm import ShmBroker

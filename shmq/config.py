@@ -94,6 +94,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_connections", int, options.MAX_CONNECTIONS, "connections per worker"),
     Setting("heartbeat", float, options.HEARTBEAT, "seconds between heartbeats on each connection, at "
             f"most (0: none); a peer silent {_H} intervals is closed"),
+    Setting("spin_us", float, options.WORKER_SPIN_US, "microseconds a worker polls for the next request "
+            f"after a read before it sleeps (0: never; at most {options.MAX_SPIN_US:,.0f})"),
     Setting("keep", bool, False, "keep the shared memory (memory-only queues too) when stopping",
             off_flag="--no-keep"),
     Setting("data_dir", str, "", "journal of durable queues",

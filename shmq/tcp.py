@@ -39,6 +39,7 @@ from .errors import ConnectionLost, ProtocolError, ShmqError
 from .reply import end_requests
 from .seektime import Start, When
 from .settle import Settle
+from .spin import Spin, check_spin_us, recv_into
 from .subscription import Feed
 from .urls import BrokerUrl, client_settings, parse_tcp_url
 
@@ -54,7 +55,8 @@ class TcpBroker(Broker):
 
     def __init__(self, url: str, token: str | None = None, *, connect_timeout: float = 10.0,
                  client: str = "shmq-python", affinity: str = "",
-                 heartbeat: float = options.HEARTBEAT) -> None:
+                 heartbeat: float = options.HEARTBEAT, spin_us: float = options.CLIENT_SPIN_US) -> None:
+        self.spin_us = check_spin_us(spin_us)
         u, self._token = client_settings(url, token)  # refused here: a token in clear text off loopback
         self.url = url = u.without_token()  # (in errors, logs and pickles: the token travels apart)
         self.affinity = affinity
@@ -66,6 +68,7 @@ class TcpBroker(Broker):
         self._waiting = 0  # threads waiting on the condition for another's read
         self._rbuf = bytearray(RECV_SIZE)  # reused by every read: no allocation per recv
         self._rview = memoryview(self._rbuf)
+        self._spin = Spin(0)  # the handshake reads with a timeout: no polling before it is done
         self._received = 0  # bytes read so far: the heartbeat thread's sign of life
         self._seen = 0  # ..._received when the heartbeat thread last looked
         self._stop_beating = threading.Event()
@@ -82,12 +85,14 @@ class TcpBroker(Broker):
                 raise tls.handshake_lost(e, u) from None
             raise
         self._sock.settimeout(None)
+        if isinstance(self._sock, socket.socket):  # (not a TLS stream: it reads whole records)
+            self._spin = Spin(spin_us)
         if self.heartbeat:
             threading.Thread(target=_beating, args=(weakref.ref(self), self._stop_beating, self.heartbeat),
                              name=f"shmq heartbeat {url}", daemon=True).start()
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (_reconnect, (self.url, self._token, self.affinity, self._heartbeat))
+        return (_reconnect, (self.url, self._token, self.affinity, self._heartbeat, self.spin_us))
 
     def __repr__(self) -> str:
         return f"TcpBroker({self.url!r})"
@@ -155,7 +160,7 @@ class TcpBroker(Broker):
         the reader)."""
         conn = self._conn
         try:
-            n = self._sock.recv_into(self._rbuf)
+            n = recv_into(self._sock, self._rbuf, self._spin)  # polls a while first (shmq.spin)
         except TimeoutError:  # only the handshake reads with a timeout
             conn.lost(f"did not answer the handshake within {self._sock.gettimeout()} s: "
                       "is it a shmq broker?")
@@ -320,7 +325,8 @@ class TcpQueue(Queue):
         self._qb = str.encode(name)  # the name on the wire, for the one-message frames
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
-        return (_tcp_queue, (self._b.url, self._b._token, self.name, self._b.affinity, self._b._heartbeat))
+        b = self._b
+        return (_tcp_queue, (b.url, b._token, self.name, b.affinity, b._heartbeat, b.spin_us))
 
     def __repr__(self) -> str:
         return f"TcpQueue({self._b.url!r}, {self.name!r})"
@@ -465,13 +471,14 @@ def _open_socket(u: BrokerUrl, connect_timeout: float) -> Any:
         raise ConnectionLost(f"cannot connect to {url}: TLS handshake failed: {e.strerror or e}") from None
 
 
-def _reconnect(url: str, token: str, affinity: str, heartbeat: float = options.HEARTBEAT) -> TcpBroker:
-    return TcpBroker(url, token, affinity=affinity, heartbeat=heartbeat)
+def _reconnect(url: str, token: str, affinity: str, heartbeat: float = options.HEARTBEAT,
+               spin_us: float = options.CLIENT_SPIN_US) -> TcpBroker:
+    return TcpBroker(url, token, affinity=affinity, heartbeat=heartbeat, spin_us=spin_us)
 
 
-def _tcp_queue(url: str, token: str, name: str, affinity: str = "", heartbeat: float = options.HEARTBEAT
-               ) -> TcpQueue:
-    return TcpQueue(_reconnect(url, token, affinity, heartbeat), name)
+def _tcp_queue(url: str, token: str, name: str, affinity: str = "", heartbeat: float = options.HEARTBEAT,
+               spin_us: float = options.CLIENT_SPIN_US) -> TcpQueue:
+    return TcpQueue(_reconnect(url, token, affinity, heartbeat, spin_us), name)
 
 
 __all__ = ["TcpBroker", "TcpQueue", "batch_acks", "batch_payloads", "parse_tcp_url", "settles_by_group"]

@@ -87,6 +87,11 @@ DOCUMENTED = [
     ("silent intervals before",
      f"{options.HEARTBEAT_MISSES} ({_seconds(options.HEARTBEAT * options.HEARTBEAT_MISSES)}"),
     ("TLS negotiation", _seconds(options.TLS_HANDSHAKE_TIMEOUT)),
+    ("a worker's polling for the next request", f"| {options.WORKER_SPIN_US:g} µs;"),
+    ("a worker's polling for the next request", f"at most {options.MAX_SPIN_US:,.0f} µs (`MAX_SPIN_US`)"),
+    ("a blocking client's polling for an answer", f"| {options.CLIENT_SPIN_US:g} µs;"),
+    ("a blocking client's polling for an answer", f"at most {options.MAX_SPIN_US:,.0f} µs;"),
+    ("waits that sleep at once after a poll", f"| {options.SPIN_BACKOFF} |"),
     ("progress bar delay", _seconds(options.PROGRESS_DELAY)),
     ("progress line interval", _seconds(options.PROGRESS_INTERVAL)),
     ("refused tokens from one peer address", f"{options.AUTH_FAILURES_MAX} in "

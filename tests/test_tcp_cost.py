@@ -23,8 +23,10 @@ from shmq.errors import ProtocolError, QueueNotFound, Status
 from shmq.server import handlers
 from shmq.server.core import Core
 from shmq.server.driver import Driver
+from shmq.server.spinner import Spinner
 from shmq.serverqueue import ServerBroker
 from shmq.shm import ShmBroker
+from shmq.spin import Spin
 from shmq.subscription import Feed
 
 RECORDS = [
@@ -225,6 +227,7 @@ class _Host:
         self.max_connections = 10
         self.worker_id = 0
         self.loop = asyncio.new_event_loop()
+        self.spinner = Spinner(Spin(0), self.loop.call_soon)
         self.stopping = False
 
     def count_changed(self) -> None:
