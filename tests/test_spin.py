@@ -11,14 +11,15 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 import shmq
 from shmq import options
+from shmq.cli import app
 from shmq.errors import InvalidArgument
 from shmq.server.spinner import Spinner
-from shmq.server.supervisor import Supervisor
 from shmq.spin import MSG_DONTWAIT, Spin, check_spin_us, recv_into
-from tests.conftest import Server, connect_tcp
+from tests.conftest import Server, connect_tcp, objects, unique_instance
 
 
 class Clock:
@@ -221,6 +222,10 @@ def test_a_pickled_handle_keeps_its_window(server: Server) -> None:
         b.close()
 
 
-def test_serve_refuses_a_window_out_of_range() -> None:
-    with pytest.raises(InvalidArgument, match="--spin-us must be"):
-        Supervisor(port=0, workers=1, no_auth=True, spin_us=options.MAX_SPIN_US * 2)
+def test_serve_refuses_a_window_out_of_range_before_it_makes_anything() -> None:
+    instance = unique_instance()
+    out = CliRunner().invoke(app, ["serve", "--port", "0", "--workers", "1", "--instance", instance,
+                                   "--spin-us", str(options.MAX_SPIN_US * 2)], env={"SHMQ_SPIN_US": None})
+    assert out.exit_code == 1, out.output
+    assert "error: --spin-us must be a number of microseconds in [0, 10000]" in out.stderr
+    assert objects(instance) == []
