@@ -45,8 +45,8 @@ def check_spin_us(spin_us: float, what: str = "spin_us") -> float:
 
 
 class Spin:
-    """One waiter's polling policy (not shared between threads: each socket reader, each
-    worker loop has its own)."""
+    """One waiter's polling policy: a broker handle's (used by whichever thread reads its
+    socket, one at a time) or a worker loop's."""
 
     __slots__ = ("window", "backoff", "clock", "skip")
 
