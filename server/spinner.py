@@ -19,24 +19,23 @@ from shmq.spin import Spin
 
 
 class Spinner:
-    __slots__ = ("spin", "call_soon", "until", "spinning", "reads")
+    __slots__ = ("spin", "call_soon", "until", "reads")
 
     def __init__(self, spin: Spin, call_soon: Callable[[Callable[[], Any]], Any]) -> None:
         self.spin = spin
         self.call_soon = call_soon  # the loop's
-        self.until = 0  # the clock's ns at which the window ends
-        self.spinning = False
+        self.until = 0  # the clock's ns at which the window ends; 0: not polling
         self.reads = 0  # reads during the window
 
     def read(self) -> None:
         """The worker read a request (any connection's): poll for the next one."""
-        if self.spinning:
+        if self.until:
             self.reads += 1
             self.until = self.spin.clock() + self.spin.window
             return
         until = self.spin.deadline()
         if until:
-            self.until, self.spinning, self.reads = until, True, 0
+            self.until, self.reads = until, 0
             self.call_soon(self._poll)
 
     def _poll(self) -> None:
@@ -44,6 +43,6 @@ class Spinner:
             os.sched_yield()
             self.call_soon(self._poll)
             return
-        self.spinning = False
+        self.until = 0
         if not self.reads:
             self.spin.missed()

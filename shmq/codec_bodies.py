@@ -400,27 +400,24 @@ def decode_joined(type: int, body: bytes | bytearray | memoryview) -> dict[str, 
         if type not in (T.PRODUCE_BATCH, T.PRODUCE_IDEMPOTENT):
             raise ValueError(f"decode_joined reads PRODUCE_BATCH or PRODUCE_IDEMPOTENT, not {type!r}")
         dec = _JOINED[type] = _compile(T(type), SCHEMAS[T(type)], joined=True)[1]
+    return decode_body(type, body, dec)
+
+
+def decode_body(type: int, body: bytes | bytearray | memoryview,
+                dec: Callable[[bytes], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The fields of a ``type`` body, by name (``dec``: another decoder of that type's,
+    ``decode_joined``'s).  Any malformed body (truncated, trailing bytes, bad UTF-8 or
+    JSON, a count over ``options.MAX_BATCH``) raises ProtocolError(PROTOCOL_ERROR); an
+    unknown type, ProtocolError(INVALID_TYPE)."""
+    if dec is None:
+        coders = _CODERS.get(type) or _coders(type)
+        if coders is None:
+            raise ProtocolError(f"unknown message type {type!r}", Status.INVALID_TYPE)
+        dec = coders[1]
     if body.__class__ is not bytes:
         body = bytes(body)
     try:
         return dec(body)  # type: ignore[arg-type]
-    except ProtocolError:
-        raise
-    except (struct.error, ValueError) as e:
-        raise ProtocolError(f"malformed {TYPES[type].name} body: {e}", Status.PROTOCOL_ERROR) from None
-
-
-def decode_body(type: int, body: bytes | bytearray | memoryview) -> dict[str, Any]:
-    """The fields of a ``type`` body, by name.  Any malformed body (truncated,
-    trailing bytes, bad UTF-8 or JSON, a count over ``options.MAX_BATCH``) raises
-    ProtocolError(PROTOCOL_ERROR); an unknown type, ProtocolError(INVALID_TYPE)."""
-    coders = _CODERS.get(type) or _coders(type)
-    if coders is None:
-        raise ProtocolError(f"unknown message type {type!r}", Status.INVALID_TYPE)
-    if body.__class__ is not bytes:
-        body = bytes(body)
-    try:
-        return coders[1](body)
     except ProtocolError:
         raise
     except (struct.error, ValueError, RecursionError) as e:  # ValueError: bad UTF-8 or JSON

@@ -103,17 +103,8 @@ class ShmQueue(Consuming, QueueABC):
         key = producer_key(producer) if check_producer(producer, seq) else 0  # type: ignore[arg-type]
         if not lens or sum(lens) != len(batch.data):
             raise InvalidArgument(f"{len(batch.data)} bytes for {len(lens)} payloads of {sum(lens)}")
-        if self._durable:  # the journal writes each payload: made one by one
-            return self.put_many(batch.payloads(), block, timeout, producer=producer, seq=seq,
-                                 wait_durable=wait_durable)[0]
-        if max(lens) > self._max:
-            raise MessageTooLarge(f"a payload of {max(lens)} bytes exceeds max_message_size {self._max} "
-                                  f"of queue {self.name!r}")
-        self._alive()
-        first = self._put_wait(batch, None, block, timeout, first_try=True,  # type: ignore[arg-type]
-                               producer=key, seq=seq or 0)
-        self._wake_consumers(len(lens))
-        return first
+        items = batch.payloads() if self._durable else batch  # the journal writes each payload: one by one
+        return self._put_first(items, None, block, timeout, key, seq, wait_durable)
 
     def _put_metas(self, items: list[Any], metas: list[bytes] | None, block: bool, timeout: float | None,
                    key: int, seq: int | None, wait_durable: bool, delay: int = 0, ttl: int = 0) -> list[int]:
@@ -124,22 +115,33 @@ class ShmQueue(Consuming, QueueABC):
             raise InvalidArgument(f"{self.name!r} is a dead-letter queue: its messages have no TTL")
         if not items:
             return []
+        first = self._put_first(items, metas, block, timeout, key, seq, wait_durable, delay, ttl)
+        return list(range(first, first + len(items)))
+
+    def _put_first(self, items: Any, metas: list[bytes] | None, block: bool,
+                   timeout: float | None, key: int, seq: int | None, wait_durable: bool, delay: int = 0,
+                   ttl: int = 0) -> int:
+        """``_put_metas`` of a batch that is not empty, a list of payloads or (with no metas,
+        and not to a journaled queue) a ``Joined``: its first offset."""
         if metas is not None and not any(metas):
             metas = None
         self._alive()
-        sizes = list(map(len, items)) if metas is None else [len(p) + len(m) for p, m in zip(
-            items, metas, strict=True)]
+        if items.__class__ is Joined:
+            sizes = items.lens
+        elif metas is None:
+            sizes = list(map(len, items))
+        else:
+            sizes = [len(p) + len(m) for p, m in zip(items, metas, strict=True)]
         big = max(sizes)
         if big > self._max:
             raise MessageTooLarge(f"a {'payload' if metas is None else 'message (payload + headers)'} of "
                                   f"{big} bytes exceeds max_message_size {self._max} of queue {self.name!r}")
         if self._durable:
-            first = self._put_durable(items, block, timeout, wait_durable, key, seq or 0, metas, delay, ttl)
-        else:
-            first = self._put_wait(items, metas, block, timeout, first_try=True, producer=key, seq=seq or 0,
-                                   delay=delay, ttl=ttl)
-            self._wake_consumers(len(items))
-        return list(range(first, first + len(items)))
+            return self._put_durable(items, block, timeout, wait_durable, key, seq or 0, metas, delay, ttl)
+        first = self._put_wait(items, metas, block, timeout, first_try=True, producer=key, seq=seq or 0,
+                               delay=delay, ttl=ttl)
+        self._wake_consumers(len(items))
+        return first
 
     def _publish(self, payload: Payload, block: bool, timeout: float | None, headers: Headers | None = None,
                  delay: float | None = None, ttl: float | None = None) -> int:

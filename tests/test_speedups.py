@@ -11,7 +11,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -328,6 +328,23 @@ def test_a_batch_of_large_records_is_copied_whole_across_the_ring_end(impl: str,
 
 
 # ------------------------------------------------------------------ one message: put, get, ack
+def _words_on_both(instance: str, monkeypatch: pytest.MonkeyPatch, script: Callable[[Any], list[Any]],
+                   compiled_fns: dict[tuple[ModuleType, str], Any], **queue: Any) -> list[list[Any]]:
+    """What ``script`` leaves in the shared words of a new queue (``queue``: its settings),
+    run with the compiled functions (``compiled_fns``: where each is looked up) and then
+    with their pure twins."""
+    b = ShmBroker(instance)
+    try:
+        seen = []
+        for name, use_c in (("c", True), ("py", False)):
+            for (module, attr), fn in compiled_fns.items():
+                monkeypatch.setattr(module, attr, fn if use_c else None)
+            seen.append(script(b.create_queue(name, **queue)))
+        return seen
+    finally:
+        b.destroy()
+
+
 def _one_message_script(q: Any) -> list[int]:
     """Puts, gets and acks one at a time, out of order, on two groups, a message with its
     own TTL among them, a stale ack, the slot table and the byte ring lapped; the shared
@@ -383,17 +400,10 @@ def _one_message_script(q: Any) -> list[int]:
 def test_one_message_paths_leave_the_same_shared_words_on_both(instance: str,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     ext = compiled()
-    b = ShmBroker(instance)
-    try:
-        seen = []
-        for name, fns in (("c", (ext.deliver_one, ext.ack_one, ext.put_one)), ("py", (None, None, None))):
-            monkeypatch.setattr(consume, "_deliver_c", fns[0])
-            monkeypatch.setattr(consume, "_ack_c", fns[1])
-            monkeypatch.setattr(ring, "_put_c", fns[2])
-            seen.append(_one_message_script(b.create_queue(name, capacity=8, max_bytes=4096)))
-        assert seen[0] == seen[1]
-    finally:
-        b.destroy()
+    seen = _words_on_both(instance, monkeypatch, _one_message_script,
+                          {(consume, "_deliver_c"): ext.deliver_one, (consume, "_ack_c"): ext.ack_one,
+                           (ring, "_put_c"): ext.put_one}, capacity=8, max_bytes=4096)
+    assert seen[0] == seen[1]
 
 
 def test_the_compiled_one_message_path_is_taken_and_leaves_the_twin_what_it_must(
@@ -500,16 +510,9 @@ def _batch_ack_script(q: Any) -> list[Any]:
 
 def test_batch_acks_leave_the_same_shared_words_on_both(instance: str,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    ext = compiled()
-    b = ShmBroker(instance)
-    try:
-        seen = []
-        for name, fn in (("c", ext.ack_run), ("py", None)):
-            monkeypatch.setattr(consume, "_ack_run_c", fn)
-            seen.append(_batch_ack_script(b.create_queue(name, capacity=16)))
-        assert seen[0] == seen[1]
-    finally:
-        b.destroy()
+    seen = _words_on_both(instance, monkeypatch, _batch_ack_script,
+                          {(consume, "_ack_run_c"): compiled().ack_run}, capacity=16)
+    assert seen[0] == seen[1]
 
 
 def test_the_compiled_batch_ack_takes_the_usual_batch_and_leaves_the_rest(
