@@ -367,24 +367,36 @@ class Queue(ABC):
         """Wait until the put behind ``token`` is confirmed as ``put()`` would confirm it;
         return its offset or raise what ``put()`` would have raised."""
 
+    @abstractmethod
+    def _publish_many(self, payloads: Sequence[Payload], block: bool, timeout: float | None,
+                      headers: Sequence[Headers | None] | None = None, delay: float | None = None,
+                      ttl: float | None = None) -> Any:
+        """Start one put_many of a batch that is not empty; a token for :meth:`_confirm_many`."""
+
+    @abstractmethod
+    def _confirm_many(self, token: Any) -> list[int]:
+        """:meth:`_confirm` of a batch: its offsets, or what ``put_many()`` would have raised."""
+
 
 class Publisher:
-    """Publisher confirms: one message per ``put()``, without a round trip per message.
+    """Publisher confirms: puts and batches without a round trip waited for each.
 
-    ``put()`` starts the put and returns; the confirmation (the offset, or the error
-    ``Queue.put`` would have raised) is collected later.  At most ``window`` puts are
-    unconfirmed at once: a ``put()`` that would exceed it first waits for the oldest.
-    ``flush()`` waits for all.  A confirmation means what ``Queue.put`` returning means
-    for the queue's durability policy (with ``always``: the record is fsynced), so
-    nothing is confirmed early; only the waiting is overlapped, like RabbitMQ's
-    publisher confirms or a Kafka producer.
+    ``put()`` and ``put_many()`` start the put and return; the confirmation (the offset,
+    or the error ``Queue.put`` / ``Queue.put_many`` would have raised) is collected
+    later.  At most ``window`` messages are unconfirmed at once: a call that would
+    exceed it first waits for the oldest (a batch larger than the window waits until
+    nothing else is pending, then goes alone).  ``flush()`` waits for all.  A
+    confirmation means what ``Queue.put`` returning means for the queue's durability
+    policy (with ``always``: the record is fsynced), so nothing is confirmed early; only
+    the waiting is overlapped, like RabbitMQ's publisher confirms or a Kafka producer.
 
     Puts are stored in the order they were made (over TCP too, also while the queue is
     full and puts wait for room).  A failed put raises its error (``Full`` after
-    ``timeout``, ``StorageError``, ...) from the ``put()`` or ``flush()`` that collected
-    it, with ``error.index`` set to that put's number (0 for this publisher's first
-    put); the puts after it are unaffected and are still confirmed.  Use a
-    ``with`` block, or call ``flush()`` before relying on what was sent.
+    ``timeout``, ``StorageError``, ...) from the call or ``flush()`` that collected it,
+    with ``error.index`` set to that put's number (0 for this publisher's first
+    message; a batch fails whole, numbered by its first message); the puts after it are
+    unaffected and are still confirmed.  Use a ``with`` block, or call ``flush()``
+    before relying on what was sent.
 
         with q.publisher(window=256) as p:
             for line in lines:
@@ -400,26 +412,45 @@ class Publisher:
         self.window = window
         self._block = block
         self._timeout = timeout
-        self._pending: deque[tuple[int, Any]] = deque()  # (put number, transport token), oldest first
-        self.sent = 0  # puts started
-        self.confirmed = 0  # puts confirmed
-        self.failed = 0  # puts whose error was raised
-        self.last_offset = -1  # the offset of the latest confirmed put
+        # (number of the first message, messages, transport token, a batch?), oldest first
+        self._pending: deque[tuple[int, int, Any, bool]] = deque()
+        self._unconfirmed = 0  # messages in _pending
+        self.sent = 0  # messages started
+        self.confirmed = 0  # messages confirmed
+        self.failed = 0  # messages whose error was raised
+        self.last_offset = -1  # the offset of the latest confirmed message
 
     @property
     def pending(self) -> int:
-        """Puts started and not yet confirmed."""
-        return len(self._pending)
+        """Messages started and not yet confirmed."""
+        return self._unconfirmed
 
     def put(self, payload: Payload, headers: Headers | None = None, *, delay: float | None = None,
             ttl: float | None = None) -> None:
         """Start one put; ``headers``, ``delay`` and ``ttl`` as for ``Queue.put`` (checked
         here: a bad one raises at once, and nothing is sent)."""
-        while len(self._pending) >= self.window:
+        while self._unconfirmed >= self.window:
             self._collect()
         token = self.queue._publish(payload, self._block, self._timeout, headers, delay, ttl)
-        self._pending.append((self.sent, token))
-        self.sent += 1
+        self._started(1, token, False)
+
+    def put_many(self, payloads: Sequence[Payload], headers: Sequence[Headers | None] | None = None, *,
+                 delay: float | None = None, ttl: float | None = None) -> None:
+        """Start one atomic batch, as ``Queue.put_many`` stores it (``headers``: one mapping
+        or None per payload; ``delay``, ``ttl``: for each; all checked here).  It counts
+        ``len(payloads)`` messages in the window and is confirmed, or fails, whole."""
+        n = len(payloads)
+        if not n:
+            return
+        while self._pending and self._unconfirmed + n > self.window:
+            self._collect()
+        token = self.queue._publish_many(payloads, self._block, self._timeout, headers, delay, ttl)
+        self._started(n, token, True)
+
+    def _started(self, n: int, token: Any, many: bool) -> None:
+        self._pending.append((self.sent, n, token, many))
+        self._unconfirmed += n
+        self.sent += n
 
     def flush(self) -> None:
         """Wait until every put so far is confirmed (raises the first error met; call
@@ -428,14 +459,18 @@ class Publisher:
             self._collect()
 
     def _collect(self) -> None:
-        index, token = self._pending.popleft()
+        index, n, token, many = self._pending.popleft()
+        self._unconfirmed -= n
         try:
-            self.last_offset = self.queue._confirm(token)
+            if many:
+                self.last_offset = self.queue._confirm_many(token)[-1]
+            else:
+                self.last_offset = self.queue._confirm(token)
         except ShmqError as e:
-            self.failed += 1
+            self.failed += n
             e.index = index  # type: ignore[attr-defined]
             raise
-        self.confirmed += 1
+        self.confirmed += n
 
     def __enter__(self) -> Publisher:
         return self

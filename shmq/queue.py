@@ -152,6 +152,17 @@ class ShmQueue(Consuming, QueueABC):
             self.wait_durable(token + 1)
         return token
 
+    def _publish_many(self, payloads: Sequence[Payload], block: bool, timeout: float | None,
+                      headers: Sequence[Headers | None] | None = None, delay: float | None = None,
+                      ttl: float | None = None) -> list[int]:
+        return self.put_many(payloads, block, timeout, wait_durable=False, headers=headers, delay=delay,
+                             ttl=ttl)
+
+    def _confirm_many(self, token: list[int]) -> list[int]:
+        if self._always:
+            self.wait_durable(token[-1] + 1)
+        return token
+
     def _put_durable(self, items: list[Any], block: bool, timeout: float | None, wait_durable: bool,
                      key: int, seq: int, metas: list[bytes] | None = None, delay: int = 0, ttl: int = 0
                      ) -> int:

@@ -351,6 +351,17 @@ class TcpQueue(Queue):
         req, box = token
         return req.parse(self._b._wait(box), req.ctx)
 
+    def _publish_many(self, payloads: Sequence[Payload], block: bool, timeout: float | None,
+                      headers: Sequence[Headers | None] | None = None, delay: float | None = None,
+                      ttl: float | None = None) -> tuple[Request[list[int]], Box]:
+        req = cmd.put_many(self, payloads, block, timeout, None, None, headers, delay, ttl)
+        assert isinstance(req, Request)  # (a batch that is not empty is one request)
+        return req, self._b._begin(req)
+
+    def _confirm_many(self, token: tuple[Request[list[int]], Box]) -> list[int]:
+        req, box = token
+        return req.parse(self._b._wait(box), req.ctx)
+
     def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
             visibility_timeout: float | None = None, *, ack: Message | None = None) -> Message:
         if ack is not None and not rides(self, group, (ack,)):

@@ -785,6 +785,75 @@ def test_publisher_without_blocking_fails_the_puts_that_find_no_room(broker: shm
     assert [m.payload for m in q.get_many(10, timeout=1)] == [b"0", b"1"]
 
 
+def test_publisher_batches_are_confirmed_whole_and_in_order(broker: shmq.Broker) -> None:
+    """``put_many`` through a publisher: each batch counts its messages in the window, and
+    batches and single puts are stored in the order they were started."""
+    q = broker.create_queue("pubmany")
+    sent: list[bytes] = []
+    with q.publisher(window=10) as p:
+        for i in range(30):
+            if i % 3 == 0:
+                p.put(f"s{i}")
+                sent.append(f"s{i}".encode())
+            else:
+                batch = [f"b{i}.{j}".encode() for j in range(i % 7 + 1)]
+                p.put_many(batch)
+                sent.extend(batch)
+            assert p.pending <= 10
+        p.put_many([])  # nothing to start
+        assert p.sent == len(sent)
+    assert (p.confirmed, p.failed, p.pending) == (len(sent), 0, 0)
+    assert p.last_offset == len(sent) - 1
+    got = q.get_many(1000, timeout=1)
+    assert [m.payload for m in got] == sent
+    assert [m.offset for m in got] == list(range(len(sent)))
+
+
+def test_publisher_batch_larger_than_the_window_goes_alone(broker: shmq.Broker) -> None:
+    q = broker.create_queue("pubbig")
+    p = q.publisher(window=4)
+    p.put(b"a")
+    p.put_many([b"%d" % i for i in range(9)])  # waits for "a" first, then is the only one pending
+    assert (p.confirmed, p.pending) == (1, 9)
+    p.put(b"z")  # waits for the batch
+    assert (p.confirmed, p.pending) == (10, 1)
+    p.flush()
+    assert [m.payload for m in q.get_many(20, timeout=1)] == [b"a"] + [b"%d" % i for i in range(9)] + [b"z"]
+
+
+def test_publisher_batch_errors_fail_the_whole_batch_and_spare_the_others(broker: shmq.Broker) -> None:
+    q = broker.create_queue("pubmanyerr", max_message_size=10)
+    p = q.publisher(window=8)
+    p.put_many([b"a", b"b"])
+    with pytest.raises(shmq.MessageTooLarge) as info:  # raised at once (shm) or on collecting it (tcp)
+        p.put_many([b"c", b"x" * 11, b"d"])
+        p.flush()
+    if hasattr(info.value, "index"):
+        assert info.value.index == 2  # the failed batch's first message
+        assert p.failed == 3
+    p.put_many([b"e"])
+    p.put(b"f")
+    p.flush()
+    assert (p.confirmed, p.pending) == (4, 0)
+    assert [m.payload for m in q.get_many(10, timeout=1)] == [b"a", b"b", b"e", b"f"]
+
+
+def test_publisher_batch_without_blocking_fails_whole_when_it_finds_no_room(broker: shmq.Broker) -> None:
+    q = broker.create_queue("pubmanynb", capacity=4)
+    p = q.publisher(window=16, block=False)
+    fates: list[str] = []
+    for batch in ([b"0", b"1", b"2"], [b"3", b"4"], [b"5"]):
+        try:
+            p.put_many(batch)
+            p.flush()
+            fates.append("stored")
+        except shmq.Full:
+            fates.append("full")
+    assert fates == ["stored", "full", "stored"]
+    assert (p.confirmed, p.pending) == (4, 0)
+    assert [m.payload for m in q.get_many(10, timeout=1)] == [b"0", b"1", b"2", b"5"]
+
+
 @pytest.mark.parametrize("window", [0, -1, options.MAX_PUBLISH_WINDOW + 1, 2.5])
 def test_publisher_window_is_bounded(broker: shmq.Broker, window: object) -> None:
     q = broker.create_queue("pubwin")

@@ -63,6 +63,6 @@ def test_the_quick_start_then_the_python_section_run_as_written(tmp_path: Path) 
         r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                            timeout=60)
         assert r.returncode == 0, r.stderr
-        assert r.stdout.splitlines() == ["b'order #42'", "[b'order #42', b'a', b'b']", "1000"], r.stdout
+        assert r.stdout.splitlines() == ["b'order #42'", "[b'order #42', b'a', b'b']", "1002"], r.stdout
     finally:
         assert srv.stop() == 0
