@@ -7,6 +7,8 @@ skipped with a warning and shmq installs as pure Python (``shmq.accel``).
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("shmq._speedups", ["shmq/_speedups.c", "shmq/_speedups_one.c"],
+SOURCES = ["shmq/_speedups.c", "shmq/_speedups_one.c", "shmq/_speedups_wire.c"]
+
+setup(ext_modules=[Extension("shmq._speedups", SOURCES,
                              depends=["shmq/_speedups.h"], optional=True,
                              extra_compile_args=["-O2"])])

@@ -541,6 +541,8 @@ static PyMethodDef methods[] = {
      "read_run(mm, slots_w, cap, sw, data_off, size, start, n, max_bytes, field) -> columns | a records field."},
     {"ack_run", (PyCFunction)(void (*)(void))sp_ack_run, METH_FASTCALL,
      "ack_run(geom, msgs, q, lone_gen) -> int: ack a run of deliveries and move the floor (-1: the twin's)."},
+    {"wire_records", (PyCFunction)(void (*)(void))sp_wire_records, METH_FASTCALL,
+     "wire_records(out, cls, prefix, body, max_records) -> int | None: a records field's messages."},
     {"settle_range", (PyCFunction)(void (*)(void))sp_settle_range, METH_FASTCALL,
      "settle_range(mm, sl, cap, sw, lw, start, end) -> int: a commit's DONE words (DEADING ones left)."},
     {NULL, NULL, 0, NULL},

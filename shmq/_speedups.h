@@ -1,5 +1,6 @@
 /* shmq/_speedups.h: what the sources of shmq._speedups share (shmq/_speedups.c, the module;
- * shmq/_speedups_one.c, the one-message put, get and ack).  The slot words are those of
+ * shmq/_speedups_one.c, the one-message put, get and ack; shmq/_speedups_wire.c, a
+ * consumer's messages from an answer's bytes).  The slot words are those of
  * shmq/layout.py. */
 #ifndef SHMQ_SPEEDUPS_H
 #define SHMQ_SPEEDUPS_H
@@ -21,4 +22,5 @@ PyObject *sp_ack_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 PyObject *sp_put_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 PyObject *sp_settle_range(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 PyObject *sp_ack_run(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+PyObject *sp_wire_records(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 #endif

@@ -3,7 +3,8 @@
 ``shmq/_speedups.c`` (built by ``pip install``, skipped without a compiler) speeds up a
 few hot primitives; each has a pure-Python twin next to its use, which the C function
 matches exactly (it returns None where the twin would raise or for input it leaves to
-the twin).  ``SHMQ_PURE=1`` in the environment forces the pure-Python twins, as does a
+the twin).  ``wire_records`` (shmq/_speedups_wire.c) makes a TCP client's messages from an
+answer's bytes.  ``SHMQ_PURE=1`` in the environment forces the pure-Python twins, as does a
 missing or broken build.  Five functions write shared memory, under the lock their caller
 holds and only where no crash point is armed: ``put_one``, ``deliver_one`` and ``ack_one``
 (the one-message put, get and ack), ``ack_run`` (``ack_many``'s usual batch) and

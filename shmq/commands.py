@@ -28,8 +28,8 @@ from itertools import repeat
 from operator import itemgetter
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
+from . import accel, options
 from . import headers as _headers
-from . import options
 from .api import (
     BrokerInfo,
     Headers,
@@ -220,6 +220,27 @@ def _messages(q: Handle[M], gi: int, group: str | None, columns: Columns) -> lis
     return list(map(tuple.__new__, repeat(q._message), fields))
 
 
+_wire_records = accel.ext.wire_records if accel.ext is not None else None
+
+
+def _answer_messages(q: Handle[M], gi: int, group: str | None, f: Frame, reply: T) -> list[M]:
+    """``_messages`` of ``_records(f, reply)``; made in one compiled pass (``wire_records``,
+    shmq/_speedups_wire.c) where it can, else by the twin (which raises for a malformed
+    body and an ERROR)."""
+    if f.type == reply and _wire_records is not None:
+        out: list[M] = []
+        if _wire_records(out, q._message, (q, gi, group), f.body, options.MAX_BATCH) is not None:
+            return out
+    return _messages(q, gi, group, _records(f, reply))
+
+
+def pushed_messages(q: Handle[M], group: str, f: Frame) -> list[M]:
+    """The messages of a pushed DELIVER or DELIVER_BATCH frame (an ERROR raises)."""
+    if f.type == T.DELIVER_BATCH:
+        return _answer_messages(q, 0, group, f, T.DELIVER_BATCH)
+    return _messages(q, 0, group, pushed_records(f))
+
+
 def _records(f: Frame, reply: T) -> Columns:
     """The records of answer ``f`` (a DELIVER_BATCH or READ_OK: ``reply``) in columns; an
     ERROR raises its typed error."""
@@ -374,7 +395,7 @@ def get_many(q: Handle[M], max_messages: int, group: str, block: bool, timeout: 
 
 
 def _delivered_batch(f: Frame, ctx: tuple[Handle[M], str]) -> list[M]:
-    return _messages(ctx[0], 0, ctx[1], _records(f, T.DELIVER_BATCH))
+    return _answer_messages(ctx[0], 0, ctx[1], f, T.DELIVER_BATCH)
 
 
 def read(q: Handle[M], offset: int, max_messages: int) -> Request[list[M]]:
@@ -384,7 +405,7 @@ def read(q: Handle[M], offset: int, max_messages: int) -> Request[list[M]]:
 
 
 def _read(f: Frame, q: Handle[M]) -> list[M]:
-    return _messages(q, -1, None, _records(f, T.READ_OK))
+    return _answer_messages(q, -1, None, f, T.READ_OK)
 
 
 def _ack_frame(msg_id: int, queue: bytes, group: bytes, offset: int, deliveries: int) -> bytes:

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Generic
 
 from .codec import Frame, T
-from .commands import _LEASES, Batch, Handle, M, _call, _messages, _vis, give_back, pushed_records
+from .commands import _LEASES, Batch, Handle, M, _call, _vis, give_back, pushed_messages, pushed_records
 
 
 class Feed(Generic[M]):
@@ -43,7 +43,7 @@ class Feed(Generic[M]):
         if isinstance(f, BaseException):
             raise f
         if self.subscribed:
-            self.ready.extend(_messages(self.q, 0, self.group, pushed_records(f)))
+            self.ready.extend(pushed_messages(self.q, self.group, f))
             return
         if f.type == T.ERROR:
             self.refused = True
