@@ -36,6 +36,7 @@ from .spark_options import (
     DEFAULT_SINK_BATCH,
     DEFAULT_URL,
     DEFAULT_WRITE_TIMEOUT,
+    MAX_MIN_PARTITIONS,
     DataLost,
     ReadOptions,
     WriteOptions,
@@ -68,13 +69,37 @@ FORMAT = "shmq"
 
 
 def register(spark: Any) -> None:
-    """Register the data source with a SparkSession under the name ``shmq``."""
-    spark.dataSource.register(ShmqDataSource)
+    """Register the data source with a SparkSession under the name ``shmq``; its reads
+    default ``minPartitions`` to the session's parallelism (``local[N]``: N), so a range
+    is read by as many tasks in parallel as Spark has cores."""
+    spark.dataSource.register(source_for(default_parallelism(spark)))
+
+
+def default_parallelism(spark: Any) -> int:
+    """Spark's default parallelism (its cores), clamped to minPartitions' range; 1 when the
+    session does not say (Spark Connect has no SparkContext)."""
+    try:
+        n = int(spark.sparkContext.defaultParallelism)
+    except Exception:  # noqa: BLE001 (no SparkContext here: one task per range, as unregistered)
+        return 1
+    return max(1, min(n, MAX_MIN_PARTITIONS))
+
+
+def source_for(min_partitions: int) -> type[ShmqDataSource]:
+    """``ShmqDataSource`` with reads' default minPartitions set.  A class made here is
+    pickled by value when Spark ships it to its Python workers, the default with it."""
+
+    class ShmqSource(ShmqDataSource):
+        DEFAULT_MIN_PARTITIONS = min_partitions
+
+    return ShmqSource
 
 
 # =============================================================== the data source
 class ShmqDataSource(DataSource):
     """The ``shmq`` format.  Options: docs/spark.md."""
+
+    DEFAULT_MIN_PARTITIONS = 1  # reads' minPartitions when the option is not given (see source_for)
 
     @classmethod
     def name(cls) -> str:
@@ -85,11 +110,11 @@ class ShmqDataSource(DataSource):
 
     def reader(self, schema: StructType) -> BatchReader:
         check_schema(schema)
-        return BatchReader(read_options(self.options, streaming=False))
+        return BatchReader(read_options(self.options, False, self.DEFAULT_MIN_PARTITIONS))
 
     def streamReader(self, schema: StructType) -> StreamReader:
         check_schema(schema)
-        return StreamReader(read_options(self.options, streaming=True))
+        return StreamReader(read_options(self.options, True, self.DEFAULT_MIN_PARTITIONS))
 
     def writer(self, schema: StructType, overwrite: bool) -> BatchWriter:
         if overwrite:
@@ -104,5 +129,6 @@ class ShmqDataSource(DataSource):
 __all__ = ["ARROW_SCHEMA", "DEFAULT_GROUP", "DEFAULT_SINK_BATCH", "DEFAULT_URL", "DEFAULT_WRITE_TIMEOUT",
            "DataLost", "FORMAT", "PARTITION_OFFSETS", "SCHEMA", "SEQS_PER_BATCH", "SINK_BATCH_BYTES",
            "BatchReader", "BatchWriter", "OffsetRange", "ReadOptions", "ShmqDataSource", "StreamReader",
-           "StreamWriter", "WriteOptions", "Written", "headers_column", "payload_column", "read_options",
-           "read_range", "register", "split", "to_arrow", "write_options", "write_partition"]
+           "StreamWriter", "WriteOptions", "Written", "default_parallelism", "headers_column",
+           "payload_column", "read_options", "read_range", "register", "source_for", "split", "to_arrow",
+           "write_options", "write_partition"]

@@ -124,8 +124,12 @@ def _common(o: dict[str, str]) -> tuple[str, str | None, str]:
     return url, o.get("token"), queue
 
 
-def read_options(opts: Mapping[str, str], streaming: bool) -> ReadOptions:
-    """Check a read's options (case-insensitive, as Spark passes them)."""
+MAX_MIN_PARTITIONS = 10_000
+
+
+def read_options(opts: Mapping[str, str], streaming: bool, default_min_partitions: int = 1) -> ReadOptions:
+    """Check a read's options (case-insensitive, as Spark passes them); minPartitions
+    defaults to ``default_min_partitions`` (``register`` passes Spark's parallelism)."""
     o = _lower(opts, _READ_OPTIONS)
     url, token, queue = _common(o)
     if streaming and "endingoffsets" in o:
@@ -144,7 +148,7 @@ def read_options(opts: Mapping[str, str], streaming: bool) -> ReadOptions:
     starting_ts = _int(o, "startingtimestamp", "startingTimestamp", None, 0, (1 << 64) // 1_000_000 - 1)
     if starting_ts is not None and "startingoffsets" in o:
         raise InvalidArgument("give option startingOffsets or startingTimestamp, not both")
-    min_partitions = _int(o, "minpartitions", "minPartitions", 1, 1, 10_000)
+    min_partitions = _int(o, "minpartitions", "minPartitions", default_min_partitions, 1, MAX_MIN_PARTITIONS)
     assert min_partitions is not None
     return ReadOptions(url, token, queue, o.get("group", DEFAULT_GROUP), starting, ending,
                        max_per_trigger, min_partitions, flag == "true", starting_ts)

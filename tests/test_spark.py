@@ -153,6 +153,30 @@ def test_split_is_deterministic_and_covers_the_range() -> None:
     assert ss.split("q", 5, 5, 2) == [] and len(ss.split("q", 0, 3, 10)) == 3
 
 
+def test_reads_default_min_partitions_to_the_sessions_cores() -> None:
+    class Ctx:
+        def __init__(self, n: int) -> None:
+            self.defaultParallelism = n
+
+    class Session:
+        def __init__(self, n: int) -> None:
+            self.sparkContext = Ctx(n)
+
+    class Connect:  # Spark Connect: a session without a SparkContext
+        @property
+        def sparkContext(self) -> Any:
+            raise RuntimeError("not supported in Spark Connect")
+
+    sessions = (Session(2), Session(64), Session(0), Session(10**6), Connect())
+    assert [ss.default_parallelism(s) for s in sessions] == [2, 64, 1, 10_000, 1]
+    source = ss.source_for(3)
+    assert issubclass(source, ss.ShmqDataSource) and source.name() == "shmq"
+    assert source({"queue": "q"}).reader(ss.SCHEMA).o.min_partitions == 3
+    assert source({"queue": "q", "minPartitions": "1"}).reader(ss.SCHEMA).o.min_partitions == 1
+    assert ss.ShmqDataSource({"queue": "q"}).reader(ss.SCHEMA).o.min_partitions == 1
+    assert len(ss.split("q", 0, ss.PARTITION_OFFSETS * 2 + 1, 1)) == 3
+
+
 def _rows(reader: ss.StreamReader, start: dict[str, int], end: dict[str, int]) -> list[tuple[int, bytes]]:
     out = []
     for part in reader.partitions(start, end):
@@ -315,6 +339,9 @@ def test_batch_write_and_read_round_trip(spark: Any, srv: Server) -> None:
         assert q.stats()["next_offset"] == 500
         back = spark.read.format("shmq").option("url", srv.url).option("queue", q.name).load()
         assert back.schema == ss.SCHEMA
+        assert back.rdd.getNumPartitions() == 2  # register(spark): minPartitions = local[2]'s cores
+        assert (spark.read.format("shmq").option("url", srv.url).option("queue", q.name)
+                .option("minPartitions", 3).load().rdd.getNumPartitions()) == 3
         rows = back.collect()
         assert sorted(r.offset for r in rows) == list(range(500))
         assert sorted(bytes(r.payload) for r in rows) == sorted(f"row {i}".encode() for i in range(500))
