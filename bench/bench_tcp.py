@@ -32,6 +32,14 @@ parent only coordinates); payloads are 100 B.  Workloads:
    consumer's max_ack_pending lets its broker) and acks each 100 with
    ``ack_many(msgs, wait=False)``; the producer and the Redis consumers as in
    ``batch-nowait``.
+   ``batch-stream`` ("batch 100, streamed"): no round trip waited at either end.
+   shmq's producer starts each batch through a publisher
+   (``q.publisher(window=1600).put_many``: up to 16 batches unconfirmed, their
+   confirmations collected as they come) and its consumer is ``batch-push``'s.
+   Redis gets the same depth: its producer pipelines 16 LPUSHes of 100 values per
+   round trip (Streams: 1,600 XADDs) and its consumer takes up to ``--credit``
+   messages per round trip (BRPOP + RPOP count credit - 1; Streams: XREADGROUP
+   COUNT credit, the XACK pipelined with the next read).
    ``single-push`` ("1 / call, push"): one message per call in push mode, the way a
    RabbitMQ consumer with a prefetch works: shmq's consumer subscribes with the same
    credit and acks every message with ``msg.ack()``, waiting for each answer; the
@@ -117,12 +125,15 @@ except ImportError:
 RLIST, RSTREAM = "redis-lists", "redis-streams"
 # the workloads of this bench: common's, each again with the acks not waited for, and in push mode
 TCP_WORKLOADS = {"single": 1, "single-nowait": 1, "single-push": 1, "single-chained": 1, "batch": BATCH,
-                 "batch-nowait": BATCH, "batch-push": BATCH, "batch-chained": BATCH}
+                 "batch-nowait": BATCH, "batch-push": BATCH, "batch-chained": BATCH, "batch-stream": BATCH}
 TCP_LABELS = {**WORKLOAD_LABELS, "single-nowait": "1 / call, nowait", "single-push": "1 / call, push",
               "single-chained": "1 / call, ack on get", "batch-nowait": f"batch {BATCH}, nowait",
-              "batch-push": f"batch {BATCH}, push", "batch-chained": f"batch {BATCH}, ack on get"}
-NOWAIT = {"single-nowait", "batch-nowait", "batch-push"}
-PUSH = {"single-push", "batch-push"}  # shmq's consumer subscribes (push mode) instead of calling get_many
+              "batch-push": f"batch {BATCH}, push", "batch-chained": f"batch {BATCH}, ack on get",
+              "batch-stream": f"batch {BATCH}, streamed"}
+NOWAIT = {"single-nowait", "batch-nowait", "batch-push", "batch-stream"}
+PUSH = {"single-push", "batch-push", "batch-stream"}  # shmq's consumer subscribes instead of calling get_many
+STREAM = {"batch-stream"}  # nothing waited: shmq's producer publishes, Redis pipelines to the same depth
+STREAM_WINDOW = 16 * BATCH  # messages a streaming producer has unconfirmed (shmq) or in one pipeline (Redis)
 CHAINED = {"single-chained", "batch-chained"}  # shmq's consumer acks with its next get: get(ack=...)
 PING_VARIANTS = {"ping-pong": "wait", "ping-pong, nowait": "nowait",  # label -> how shmq acks
                  "ping-pong, ack on get": "chained"}
@@ -132,6 +143,7 @@ TARGETS = {
     "batch-nowait": (f"batched (x{BATCH}), nowait vs Redis pipelined", 2.8, 4.0),
     "batch-push": (f"batched (x{BATCH}), push vs Redis pipelined", 2.8, 4.0),
     "batch-chained": (f"batched (x{BATCH}), ack on get vs Redis pipelined", 2.8, 4.0),
+    "batch-stream": (f"batched (x{BATCH}), streamed vs Redis pipelined as deep", 2.8, 4.0),
     "single": ("one at a time, get + waited ack vs Redis", 0.8, 1.0),
     "single-chained": ("one at a time, get(ack=previous) vs Redis", 0.8, 1.0),
     "single-nowait": ("one at a time + ack(wait=False) vs Redis", 1.0, 1.6),
@@ -201,7 +213,7 @@ def _stream_entries(resp: Any) -> list[Any]:
 
 
 def _producer(system: str, handle: Handle, n: int, size: int, batch: int, ready: Any, start: Any,
-              workers: Any, affinity: str = "") -> None:
+              workers: Any, affinity: str = "", stream: bool = False) -> None:
     c = _Client(system, handle, affinity)
     try:
         workers[0] = c.worker
@@ -209,18 +221,25 @@ def _producer(system: str, handle: Handle, n: int, size: int, batch: int, ready:
         chunk = [payload] * batch
         common.wait_ready(ready)
         start.value = time.monotonic_ns()
+        per_trip = STREAM_WINDOW // batch if stream else 1  # Redis: batches per pipelined round trip
         if system == SHMQ:
-            common.shmq_produce(c.q, payload, n, batch)
+            common.shmq_produce(c.q, payload, n, batch, STREAM_WINDOW if stream else 0)
         elif system == RLIST:
             key = c.key
             if batch == 1:
                 lpush = c.r.lpush
                 for _ in range(n):
                     lpush(key, payload)
-            else:
+            elif per_trip == 1:
                 lpush = c.r.lpush
                 for _ in range(n // batch):
                     lpush(key, *chunk)  # one LPUSH with 100 values
+            else:
+                for i in range(0, n // batch, per_trip):
+                    pipe = c.r.pipeline(transaction=False)
+                    for _ in range(min(per_trip, n // batch - i)):
+                        pipe.lpush(key, *chunk)
+                    pipe.execute()
         else:  # Streams
             key, fields = c.key, {STREAM_FIELD: payload}
             if batch == 1:
@@ -229,9 +248,9 @@ def _producer(system: str, handle: Handle, n: int, size: int, batch: int, ready:
                     xadd(key, fields)
             else:
                 pipeline = c.r.pipeline
-                for _ in range(n // batch):
+                for i in range(0, n // batch, per_trip):
                     pipe = pipeline(transaction=False)
-                    for _ in range(batch):
+                    for _ in range(batch * min(per_trip, n // batch - i)):
                         pipe.xadd(key, fields)
                     pipe.execute()
     finally:
@@ -240,7 +259,8 @@ def _producer(system: str, handle: Handle, n: int, size: int, batch: int, ready:
 
 def _consumer(system: str, handle: Handle, n: int, batch: int, size: int, ready: Any, start: Any,
               result: Any, workers: Any, nowait: bool = False, affinity: str = "",
-              push: bool = False, credit: int = common.PUSH_CREDIT, chained: bool = False) -> None:
+              push: bool = False, credit: int = common.PUSH_CREDIT, chained: bool = False,
+              stream: bool = False) -> None:
     c = _Client(system, handle, affinity)
     try:
         workers[1] = c.worker
@@ -258,11 +278,12 @@ def _consumer(system: str, handle: Handle, n: int, batch: int, size: int, ready:
                 got = n
             else:
                 # one round trip per batch: BRPOP blocks for the first, RPOP with a count takes the rest
-                pipeline = c.r.pipeline
+                # (streamed: up to the credit per round trip, as far ahead as shmq's push reaches)
+                pipeline, depth = c.r.pipeline, credit if stream else batch
                 while got < n:
                     pipe = pipeline(transaction=False)
                     pipe.brpop(key, 0)
-                    pipe.rpop(key, batch - 1)
+                    pipe.rpop(key, depth - 1)
                     first, rest = pipe.execute()
                     got += 1
                     last = first[1]
@@ -277,7 +298,7 @@ def _consumer(system: str, handle: Handle, n: int, batch: int, size: int, ready:
                 pipe = r.pipeline(transaction=False)
                 if acks:
                     pipe.xack(key, STREAM_GROUP, *acks)
-                pipe.xreadgroup(STREAM_GROUP, "c1", streams, count=batch, block=0)
+                pipe.xreadgroup(STREAM_GROUP, "c1", streams, count=credit if stream else batch, block=0)
                 entries = _stream_entries(pipe.execute()[-1])
                 acks = [e[0] for e in entries]
                 got += len(entries)
@@ -650,7 +671,8 @@ class Bench:
 
     # ------------------------------------------------------------ workloads
     def throughput(self, system: str, n: int, batch: int, nowait: bool = False, push: bool = False,
-                   size: int = SIZE, chained: bool = False) -> tuple[float, tuple[int, int]]:
+                   size: int = SIZE, chained: bool = False, stream: bool = False
+                   ) -> tuple[float, tuple[int, int]]:
         """One run: messages per second seen by the consumer, and the shmq workers (producer,
         consumer) the two connections landed on.  ``size``: payload bytes (bench/sweep.py varies it)."""
         ctx = self.ctx
@@ -662,9 +684,9 @@ class Bench:
         try:
             cons = self.children.start(f"{system}-consumer", _consumer, system, handle, n, batch, size,
                                        ready, start, result, workers, nowait, self.place[1], push,
-                                       self.credit, chained)
+                                       self.credit, chained, stream)
             prod = self.children.start(f"{system}-producer", _producer, system, handle, n, size, batch,
-                                       ready, start, workers, self.place[0])
+                                       ready, start, workers, self.place[0], stream)
             self.children.wait([cons, prod], self.timeout)
         finally:
             self._release(system, (handle,))
@@ -824,7 +846,7 @@ def run(args: argparse.Namespace, out: Out, bench: Bench, systems: list[str]) ->
                 where = ""
                 try:
                     v, ws = bench.throughput(system, n, batch, workload in NOWAIT, workload in PUSH,
-                                             chained=workload in CHAINED)
+                                             chained=workload in CHAINED, stream=workload in STREAM)
                     shown = common.fmt_progress_rate(v)
                     if system == SHMQ:
                         where = f"   (producer/consumer on worker {fmt_workers(ws)})"
@@ -891,6 +913,10 @@ def report(args: argparse.Namespace, out: Out, res: Results, systems: list[str],
                "connection's next request), Redis Streams' XACK pipelined with the next XREADGROUP")
     if PUSH & set(args.workloads):
         caption += f"; push: q.subscribe(credit={args.credit})"
+    if STREAM & set(args.workloads):
+        caption += (f"; streamed: the producer through q.publisher(window={STREAM_WINDOW}).put_many, "
+                    f"Redis's pipelining {STREAM_WINDOW // BATCH} batches per round trip and its consumer "
+                    f"taking up to {args.credit} per round trip")
     if CHAINED & set(args.workloads):
         caption += ("; ack on get: q.get(ack=m) / get_many(ack=msgs), the ack in the get's request, "
                     "confirmed by its answer")

@@ -102,8 +102,15 @@ def wait_ready(ready: Any) -> None:
         raise TrialError("the peer process never became ready")
 
 
-def shmq_produce(q: Any, payload: bytes, n: int, batch: int) -> None:
-    """``n`` puts of ``payload`` on the shmq queue ``q``, ``batch`` per call."""
+def shmq_produce(q: Any, payload: bytes, n: int, batch: int, window: int = 0) -> None:
+    """``n`` puts of ``payload`` on the shmq queue ``q``, ``batch`` per call; ``window``: batches
+    through a publisher, up to that many messages unconfirmed (no round trip waited per batch)."""
+    if window:
+        chunk = [payload] * batch
+        with q.publisher(window=window) as p:
+            for _ in range(n // batch):
+                p.put_many(chunk)
+        return
     if batch == 1:
         put = q.put
         for _ in range(n):
