@@ -66,9 +66,11 @@ def test_publisher_puts_headers(broker: shmq.Broker) -> None:
     with q.publisher(window=8) as p:
         for i in range(20):
             p.put(b"%d" % i, headers={"i": str(i)} if i % 2 else None)
+        p.put_many([b"b0", b"b1"], headers=[{"batch": "yes"}, None])  # a batch's, one per payload
     got = q.get_many(100, timeout=1)
     assert [(m.payload, dict(m.headers)) for m in got] == [
-        (b"%d" % i, {"i": str(i).encode()} if i % 2 else {}) for i in range(20)]
+        (b"%d" % i, {"i": str(i).encode()} if i % 2 else {}) for i in range(20)] + [
+        (b"b0", {"batch": b"yes"}), (b"b1", {})]
 
 
 def test_headers_survive_nack_and_redelivery(broker: shmq.Broker) -> None:
@@ -117,6 +119,8 @@ def test_bad_headers_are_refused_and_store_nothing(broker: shmq.Broker, bad: Any
         q.put_many([b"ok", b"bad", b"ok"], headers=[{"k": "v"}, bad, None])
     with pytest.raises(error), q.publisher() as p:
         p.put(b"x", headers=bad)
+    with pytest.raises(error), q.publisher() as p:
+        p.put_many([b"ok", b"bad"], headers=[None, bad])
     assert depth(q) == 0 and q.read(0, 10) == []
 
 

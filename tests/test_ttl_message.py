@@ -231,15 +231,17 @@ def test_the_publisher_takes_delay_and_ttl(broker: shmq.Broker) -> None:
         p.put(b"later", delay=3600, ttl=7200, headers={"k": "v"})
         p.put(b"now")
         p.put(b"delayed", delay=3600)
-    assert (p.confirmed, p.last_offset) == (4, 3)
+        p.put_many([b"batch gone", b"batch gone too"], ttl=0.05)
+        p.put_many([b"batch delayed"], delay=3600)
+    assert (p.confirmed, p.last_offset) == (7, 6)
     put_done = time.time_ns()
     wait_until(lambda: time.time_ns() > put_done + 60_000_000)
     (m,) = q.get_many(10, timeout=1)
     assert m.payload == b"now"
     st = q.stats()["groups"]["default"]
-    assert (st["delayed"], st["ttl_expired"]) == (2, 1)
-    (d,) = _dlq_queue(broker, "pub").get_many(10, timeout=5)
-    assert d.payload == b"gone"
+    assert (st["delayed"], st["ttl_expired"]) == (3, 3)
+    assert sorted(d.payload for d in _dlq_queue(broker, "pub").get_many(10, timeout=5)) == [
+        b"batch gone", b"batch gone too", b"gone"]
 
 
 async def _aio(url: str) -> tuple[list[int], int]:
