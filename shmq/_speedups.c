@@ -284,6 +284,37 @@ sp_decode_headers(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
  * reads) is not used here.
  */
 
+int
+sp_append_message(PyObject *out, PyTypeObject *type, PyObject *prefix, PyObject *off, PyObject *dc,
+                  PyObject *payload, PyObject *meta, PyObject *stamp)
+{
+    Py_ssize_t np = PyTuple_GET_SIZE(prefix);
+    PyObject *t = NULL;
+    if (off != NULL && dc != NULL && payload != NULL && meta != NULL && stamp != NULL)
+        t = type->tp_alloc(type, np + 5);
+    if (t == NULL) {
+        Py_XDECREF(off);
+        Py_XDECREF(dc);
+        Py_XDECREF(payload);
+        Py_XDECREF(meta);
+        Py_XDECREF(stamp);
+        return -1;
+    }
+    for (Py_ssize_t j = 0; j < np; j++) {
+        PyObject *x = PyTuple_GET_ITEM(prefix, j);
+        Py_INCREF(x);
+        PyTuple_SET_ITEM(t, j, x);
+    }
+    PyTuple_SET_ITEM(t, np, off);
+    PyTuple_SET_ITEM(t, np + 1, dc);
+    PyTuple_SET_ITEM(t, np + 2, payload);
+    PyTuple_SET_ITEM(t, np + 3, meta);
+    PyTuple_SET_ITEM(t, np + 4, stamp);
+    int rc = PyList_Append(out, t);
+    Py_DECREF(t);
+    return rc;
+}
+
 PyObject *
 sp_slice_bytes(const char *buf, Py_ssize_t len, Py_ssize_t a, Py_ssize_t b)
 {
@@ -334,7 +365,6 @@ sp_records(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyTypeObject *type = (PyTypeObject *)cls;
-    Py_ssize_t np = PyTuple_GET_SIZE(prefix);
     PyObject *one = PyLong_FromLong(1);
     PyObject *empty = PyBytes_FromStringAndSize(NULL, 0);
     if (one == NULL || empty == NULL)
@@ -347,7 +377,7 @@ sp_records(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         uint64_t ts = ((volatile const uint64_t *)slot)[S_TIMESTAMP];
         uint64_t start = (uint64_t)data + pos % size;
         uint64_t mlen = lens >> 32, plen = lens & 0xFFFFFFFFull;
-        PyObject *payload, *meta, *off, *stamp, *t;
+        PyObject *payload, *meta, *off, *stamp;
         if ((uint64_t)len < start || start + mlen + plen > (uint64_t)PY_SSIZE_T_MAX)
             start = (uint64_t)len, mlen = plen = 0;  /* out of the mapping: clamped to nothing */
         if (mlen) {
@@ -361,29 +391,8 @@ sp_records(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         }
         off = PyLong_FromUnsignedLongLong(offset + (uint64_t)i);
         stamp = PyLong_FromUnsignedLongLong(ts);
-        t = type->tp_alloc(type, np + 5);
-        if (payload == NULL || meta == NULL || off == NULL || stamp == NULL || t == NULL) {
-            Py_XDECREF(payload);
-            Py_XDECREF(meta);
-            Py_XDECREF(off);
-            Py_XDECREF(stamp);
-            Py_XDECREF(t);
-            goto error;
-        }
-        for (Py_ssize_t j = 0; j < np; j++) {
-            PyObject *x = PyTuple_GET_ITEM(prefix, j);
-            Py_INCREF(x);
-            PyTuple_SET_ITEM(t, j, x);
-        }
         Py_INCREF(one);
-        PyTuple_SET_ITEM(t, np, off);
-        PyTuple_SET_ITEM(t, np + 1, one);
-        PyTuple_SET_ITEM(t, np + 2, payload);
-        PyTuple_SET_ITEM(t, np + 3, meta);
-        PyTuple_SET_ITEM(t, np + 4, stamp);
-        int rc = PyList_Append(out, t);
-        Py_DECREF(t);
-        if (rc < 0)
+        if (sp_append_message(out, type, prefix, off, one, payload, meta, stamp) < 0)
             goto error;
     }
     Py_DECREF(one);
@@ -409,13 +418,6 @@ error:
  * deliveries (0), timestamps, metadata and payload lengths, then the bytes).  It only
  * reads shared memory; a slot whose record would reach past the byte ring (a corrupt
  * slot) is a ValueError. */
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-#define BE64(x) (x)
-#define BE32(x) (x)
-#else
-#define BE64(x) __builtin_bswap64(x)
-#define BE32(x) __builtin_bswap32(x)
-#endif
 
 static PyObject *
 sp_read_run(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)

@@ -14,8 +14,23 @@
 #define S_LENS 2
 #define S_TIMESTAMP 3
 
+/* big-endian (the wire's order) from and to this machine's */
+#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+#define BE64(x) (x)
+#define BE32(x) (x)
+#else
+#define BE64(x) __builtin_bswap64(x)
+#define BE32(x) __builtin_bswap32(x)
+#endif
+
 /* b[a:b] of buf[0:len] as bytes, clamped as Python's slicing clamps */
 PyObject *sp_slice_bytes(const char *buf, Py_ssize_t len, Py_ssize_t a, Py_ssize_t b);
+
+/* cls((*prefix, off, dc, payload, meta, stamp)) appended to the list out (cls a tuple
+ * subclass: api.Message); takes the five references, also when one is NULL or on failure
+ * (then -1, with a Python error set) */
+int sp_append_message(PyObject *out, PyTypeObject *type, PyObject *prefix, PyObject *off, PyObject *dc,
+                      PyObject *payload, PyObject *meta, PyObject *stamp);
 
 PyObject *sp_deliver_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 PyObject *sp_ack_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);

@@ -23,11 +23,7 @@ be64(const unsigned char *p)
 {
     uint64_t x;
     memcpy(&x, p, 8);
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    return x;
-#else
-    return __builtin_bswap64(x);
-#endif
+    return BE64(x);
 }
 
 static inline uint32_t
@@ -35,17 +31,7 @@ be32(const unsigned char *p)
 {
     uint32_t x;
     memcpy(&x, p, 4);
-#if __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-    return x;
-#else
-    return __builtin_bswap32(x);
-#endif
-}
-
-static inline uint16_t
-be16(const unsigned char *p)
-{
-    return (uint16_t)((p[0] << 8) | p[1]);
+    return BE32(x);
 }
 
 PyObject *
@@ -86,11 +72,10 @@ sp_wire_records(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     if (empty == NULL)
         goto done;
     PyTypeObject *type = (PyTypeObject *)cls;
-    Py_ssize_t np = PyTuple_GET_SIZE(prefix);
     pos = 4 + 26 * n;
     for (uint64_t i = 0; i < n; i++) {
         uint64_t mlen = be32(mlens + 4 * i), plen = be32(plens + 4 * i);
-        PyObject *meta, *payload, *off, *dc, *stamp, *t;
+        PyObject *meta;
         if (mlen) {
             meta = PyBytes_FromStringAndSize((const char *)b + pos, (Py_ssize_t)mlen);
         }
@@ -98,34 +83,12 @@ sp_wire_records(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
             meta = empty;
             Py_INCREF(meta);
         }
-        payload = PyBytes_FromStringAndSize((const char *)b + pos + mlen, (Py_ssize_t)plen);
+        PyObject *payload = PyBytes_FromStringAndSize((const char *)b + pos + mlen, (Py_ssize_t)plen);
         pos += mlen + plen;
-        off = PyLong_FromUnsignedLongLong(be64(offs + 8 * i));
-        dc = PyLong_FromLong(be16(dcs + 2 * i));
-        stamp = PyLong_FromUnsignedLongLong(be64(stamps + 8 * i));
-        t = type->tp_alloc(type, np + 5);
-        if (meta == NULL || payload == NULL || off == NULL || dc == NULL || stamp == NULL || t == NULL) {
-            Py_XDECREF(meta);
-            Py_XDECREF(payload);
-            Py_XDECREF(off);
-            Py_XDECREF(dc);
-            Py_XDECREF(stamp);
-            Py_XDECREF(t);
-            goto done;
-        }
-        for (Py_ssize_t j = 0; j < np; j++) {
-            PyObject *x = PyTuple_GET_ITEM(prefix, j);
-            Py_INCREF(x);
-            PyTuple_SET_ITEM(t, j, x);
-        }
-        PyTuple_SET_ITEM(t, np, off);
-        PyTuple_SET_ITEM(t, np + 1, dc);
-        PyTuple_SET_ITEM(t, np + 2, payload);
-        PyTuple_SET_ITEM(t, np + 3, meta);
-        PyTuple_SET_ITEM(t, np + 4, stamp);
-        int rc = PyList_Append(out, t);
-        Py_DECREF(t);
-        if (rc < 0)
+        const unsigned char *d = dcs + 2 * i;
+        if (sp_append_message(out, type, prefix, PyLong_FromUnsignedLongLong(be64(offs + 8 * i)),
+                              PyLong_FromLong((d[0] << 8) | d[1]), payload, meta,
+                              PyLong_FromUnsignedLongLong(be64(stamps + 8 * i))) < 0)
             goto done;
     }
     result = PyLong_FromUnsignedLongLong(n);
