@@ -159,8 +159,7 @@ class ShmQueue(Consuming, QueueABC):
                              ttl=ttl)
 
     def _confirm_many(self, token: list[int]) -> list[int]:
-        if self._always:
-            self.wait_durable(token[-1] + 1)
+        self._confirm(token[-1])  # the batch is durable once its last message is
         return token
 
     def _put_durable(self, items: list[Any], block: bool, timeout: float | None, wait_durable: bool,

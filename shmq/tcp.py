@@ -122,6 +122,10 @@ class TcpBroker(Broker):
         the broker reads both at once and applies them in order."""
         self._send_frame(data, MSG_MORE)
 
+    def _finish(self, req: Request[R], box: Box) -> R:
+        """The result of ``req``, sent by :meth:`_begin` with ``box``: its answer, parsed."""
+        return req.parse(self._wait(box), req.ctx)
+
     def _begin(self, req: Request[Any]) -> Box:
         """Send a request; the box its answer will be filed in."""
         box: Box = deque()
@@ -187,7 +191,7 @@ class TcpBroker(Broker):
             for data in command.nowait:
                 self._send_no_reply(data)
             boxes = [(req, self._begin(req)) for req in command.requests]  # pipelined
-            return command.combine([req.parse(self._wait(box), req.ctx) for req, box in boxes])
+            return command.combine([self._finish(req, box) for req, box in boxes])
         box: Box = deque()  # as _begin, inlined: the one-request commands are the hot path
         with self._lock:
             self._sendall(self._conn.send(command, box)[1])
@@ -348,8 +352,7 @@ class TcpQueue(Queue):
         return req, self._b._begin(req)
 
     def _confirm(self, token: tuple[Request[int], Box]) -> int:
-        req, box = token
-        return req.parse(self._b._wait(box), req.ctx)
+        return self._b._finish(*token)
 
     def _publish_many(self, payloads: Sequence[Payload], block: bool, timeout: float | None,
                       headers: Sequence[Headers | None] | None = None, delay: float | None = None,
@@ -359,8 +362,7 @@ class TcpQueue(Queue):
         return req, self._b._begin(req)
 
     def _confirm_many(self, token: tuple[Request[list[int]], Box]) -> list[int]:
-        req, box = token
-        return req.parse(self._b._wait(box), req.ctx)
+        return self._b._finish(*token)
 
     def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
             visibility_timeout: float | None = None, *, ack: Message | None = None) -> Message:

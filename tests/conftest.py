@@ -506,3 +506,14 @@ def durable(tmp_path: Path) -> Any:
     yield d
     if d.srv.proc.poll() is None:
         assert d.srv.stop() == 0
+
+
+# ---------------------------------------------------------------- a queue handle without a broker
+class FakeHandle:
+    """A queue handle as ``shmq.commands`` sees it (``commands.Handle``), with no connection
+    behind it: for building requests and parsing answers in the tests."""
+
+    name = "q"
+    _qb = b"q"
+    _message = shmq.Message
+    _b = object()

@@ -19,6 +19,8 @@ from shmq import commands, options
 from shmq.codec import FrameDecoder, T, frame, records_columns
 from shmq.errors import ProtocolError
 
+from .conftest import FakeHandle
+
 U64 = st.integers(0, (1 << 64) - 1)
 record = st.tuples(U64, st.integers(0, (1 << 16) - 1), U64, st.binary(max_size=12), st.binary(max_size=40))
 RECS = [(10, 1, 6, b"\x01meta", b"p"), (11, 2, 7, b"", b"qq"), (12, 3, 8, b"m", b"")]  # with header blocks
@@ -28,21 +30,15 @@ def ext() -> ModuleType:
     return importlib.import_module("shmq._speedups")
 
 
-class _Q:
-    name = "q"
-    _qb = b"q"
-    _message = shmq.Message
-
-
 def body_of(type_: T, records: list[tuple[Any, ...]]) -> bytes:
     return frame(type_, 1, records=records)[16:]
 
 
-def twin(q: _Q, gi: int, group: str | None, type_: T, body: bytes) -> list[Any]:
+def twin(q: FakeHandle, gi: int, group: str | None, type_: T, body: bytes) -> list[Any]:
     return commands._messages(q, gi, group, records_columns(type_, body))  # type: ignore[arg-type]
 
 
-def compiled(q: _Q, gi: int, group: str | None, body: Any) -> tuple[Any, list[Any]]:
+def compiled(q: FakeHandle, gi: int, group: str | None, body: Any) -> tuple[Any, list[Any]]:
     out: list[Any] = []
     return ext().wire_records(out, q._message, (q, gi, group), body, options.MAX_BATCH), out
 
@@ -54,7 +50,7 @@ def same(a: list[Any], b: list[Any]) -> bool:
 @settings(max_examples=200, deadline=None)
 @given(st.lists(record, max_size=30), st.sampled_from([T.DELIVER_BATCH, T.READ_OK]))
 def test_compiled_messages_are_the_twins(records: list[tuple[Any, ...]], type_: T) -> None:
-    q = _Q()
+    q = FakeHandle()
     body = body_of(type_, records)
     gi, group = (0, "g") if type_ == T.DELIVER_BATCH else (-1, None)
     n, got = compiled(q, gi, group, body)
@@ -70,7 +66,7 @@ def test_compiled_messages_are_the_twins(records: list[tuple[Any, ...]], type_: 
 def test_every_cut_and_every_trailing_byte_is_left_to_the_twin() -> None:
     """Byte by byte: every prefix of a body (and the body with bytes after it) is refused
     by both; the whole body is read by both."""
-    q = _Q()
+    q = FakeHandle()
     body = body_of(T.DELIVER_BATCH, RECS)
     for bad in [body[:cut] for cut in range(len(body))] + [body + b"x", body + b"\x00" * 9]:
         n, out = compiled(q, 0, "g", bad)
@@ -81,7 +77,7 @@ def test_every_cut_and_every_trailing_byte_is_left_to_the_twin() -> None:
 
 
 def test_more_records_than_the_limit_are_left_to_the_twin() -> None:
-    q = _Q()
+    q = FakeHandle()
     body = body_of(T.READ_OK, [(i, 0, 0, b"", b"") for i in range(5)])
     out: list[Any] = []
     assert ext().wire_records(out, shmq.Message, (q, -1, None), body, 4) is None and out == []
@@ -116,7 +112,7 @@ def which(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> It
 
 
 def test_a_get_many_a_read_and_a_push_make_the_same_messages_on_both(which: str) -> None:
-    q: Any = _Q()
+    q: Any = FakeHandle()
     recs = RECS
     get = commands.get_many(q, 3, "g", True, None, None)
     got = get.parse(next(iter(FrameDecoder().feed(frame(T.DELIVER_BATCH, 1, records=recs)))), get.ctx)

@@ -29,6 +29,8 @@ from shmq.shm import ShmBroker
 from shmq.spin import Spin
 from shmq.subscription import Feed
 
+from .conftest import FakeHandle
+
 RECORDS = [
     [],
     [(7, 1, 123, b"", b"a")],
@@ -59,15 +61,8 @@ def test_malformed_records_fail_as_the_decoder_fails(cut: int) -> None:
         records_columns(T.DELIVER, body)  # no records body
 
 
-class _Q:
-    name = "q"
-    _qb = b"q"
-    _message = shmq.Message
-    _b = object()
-
-
 def test_messages_of_a_batch_answer_and_of_a_read() -> None:
-    q = _Q()
+    q = FakeHandle()
     recs = RECORDS[3]
     got = commands.get_many(q, 3, "g", True, None, None).parse(  # type: ignore[arg-type]
         next(iter(FrameDecoder().feed(frame(T.DELIVER_BATCH, 1, records=recs)))), (q, "g"))
@@ -82,7 +77,7 @@ def test_messages_of_a_batch_answer_and_of_a_read() -> None:
 
 
 def test_a_push_of_one_and_of_many_make_the_same_messages() -> None:
-    q = _Q()
+    q = FakeHandle()
     one = Feed(q, "g", 10, None)  # type: ignore[arg-type]
     one.take(next(iter(FrameDecoder().feed(frame(T.SUBSCRIBE_OK, 1)))))
     one.take(next(iter(FrameDecoder().feed(frame(T.DELIVER, 1, offset=10, deliveries=1, timestamp_ns=6,
@@ -92,7 +87,7 @@ def test_a_push_of_one_and_of_many_make_the_same_messages() -> None:
 
 
 def test_acks_ride_only_with_a_get_of_their_handle_and_group() -> None:
-    q, same, other = _Q(), _Q(), _Q()
+    q, same, other = FakeHandle(), FakeHandle(), FakeHandle()
     other._b = object()  # type: ignore[misc]
     msgs = [tuple.__new__(shmq.Message, (q, 0, "g", o, 1, b"", b"", 0)) for o in range(3)]
     assert rides(q, "g", msgs)
