@@ -11,6 +11,7 @@ from itertools import repeat
 
 from shmq import crashpoints, options
 from shmq.codec import T, deliver_frame, encode_frame, frame, records_field
+from shmq.errors import QueueNotFound
 from shmq.serverqueue import ServerQueue
 
 from .connection import ServerConnection, Subscription
@@ -66,15 +67,21 @@ def push(core: Core, s: Subscription) -> None:
     one pushed to behind the others."""
     total = 0
     conn = s.conn
-    q = core.queue(s.queue)
-    while s.credit > 0:
-        n = min(s.credit, conn.leases.room(), options.MAX_BATCH)
-        if n <= 0:
-            break
-        sent = deliver(conn, q, s.group, n, s.vis_ms, s.sub_id, s.credit == 1)
-        if not sent:
-            break
-        s.credit -= sent
-        total += sent
+    try:
+        q = core.queue(s.queue)
+        while s.credit > 0:
+            n = min(s.credit, conn.leases.room(), options.MAX_BATCH)
+            if n <= 0:
+                break
+            sent = deliver(conn, q, s.group, n, s.vis_ms, s.sub_id, s.credit == 1)
+            if not sent:
+                break
+            s.credit -= sent
+            total += sent
+    except QueueNotFound as e:  # deleted: the subscription ends with the error, its id on it
+        conn.subs.pop(s.sub_id, None)
+        core.drop_sub(s)
+        conn.error(s.sub_id, e.code, str(e))
+        return
     if total:
         core.rotate(s)

@@ -251,6 +251,7 @@ class JournalService:
             if g != gen or any(not wr.is_alive() for wr in self.writers.values()):
                 gen = g
                 self.scan()
+            self.broker.prune()  # memory-only queues deleted: this process mapped them too
         self.shutdown()
 
     def shutdown(self) -> None:

@@ -165,7 +165,8 @@ def metrics_main(instance: str, sock: socket.socket, token: str, tls: ssl.SSLCon
         ready.set()
     try:
         while not stop:
-            server.handle_request()
+            server.handle_request()  # (returns at least every 0.25 s)
+            broker.prune()  # a queue deleted since: its memory goes from here too
     finally:
         broker.close()
 

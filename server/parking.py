@@ -205,7 +205,10 @@ def poke(core: Core, name: str) -> None:
                 if producing:
                     stuck.add(w.conn)
             elif producing:
-                w.conn.parked_produces[name] -= 1
+                pp = w.conn.parked_produces
+                pp[name] -= 1
+                if not pp[name]:  # (the names a connection ever waited on do not pile up)
+                    del pp[name]
         if keep:
             core.waiters[name] = keep
         else:

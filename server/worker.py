@@ -158,17 +158,27 @@ class Worker:
         self.broker.close()
 
     async def _tick(self) -> None:
-        core = self.core
         while True:
             await asyncio.sleep(options.WORKER_TICK)
-            now = time.monotonic()
-            for name in list(core.waiters) + list(core.subs):
-                self._flag(name)  # the flag may be on a queue deleted and created again
-                poke(core, name)
+            try:
+                self._tock()
+            except Exception:  # noqa: BLE001 - the tick must outlive any one queue's trouble
+                log.exception("worker %d: tick failed", self.worker_id)
+
+    def _tock(self) -> None:
+        """One tick: let go of deleted queues, retry what waits (deadlines, expired leases,
+        delays, room freed, subscriptions of deleted queues ended), keep the flags."""
+        core = self.core
+        self.broker.prune()  # a queue deleted by anyone: its memory goes from here too
+        now = time.monotonic()
+        for name in list(core.waiters) + list(core.subs):
+            self._flag(name)  # the flag may be on a queue deleted and created again
+            poke(core, name)
+            if name in self.flagged:
                 self.flag_needed[name] = now
-            grace = options.WORKER_FLAG_GRACE
-            for name in [n for n in self.flagged if now - self.flag_needed.get(n, 0.0) > grace]:
-                self._unflag(name)
+        grace = options.WORKER_FLAG_GRACE
+        for name in [n for n in self.flagged if now - self.flag_needed.get(n, 0.0) > grace]:
+            self._unflag(name)
 
     # ------------------------------------------------------------ doorbell
     async def _open_bell(self) -> None:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-import posix_ipc
-
 from . import crashpoints, options
 from . import group_delivery as _gd
 from . import group_settlement as _gs
@@ -47,7 +45,6 @@ from .settle import Settle
 
 # a semaphore sleep ends at its timeout, or early once a signal was handled (its handler
 # did not raise: a CLI's Ctrl-C, a SIGCHLD, ...): either way the waiter looks again
-_BusyError = (posix_ipc.BusyError, posix_ipc.SignalError)
 _CRASH = crashpoints.watch(__name__)
 _monotonic_ns = time.monotonic_ns
 # the compiled twin of Groups.deliver_one (shmq.accel); _take_one falls back to the twin
@@ -198,10 +195,7 @@ class Consuming(QueueHandle):
                 with clock:
                     w[Q_CONSUMER_WAITERS] -= 1 if w[Q_CONSUMER_WAITERS] else 0
                 self._alive()
-            try:
-                self._ne.acquire(wait)
-            except _BusyError:
-                pass
+            self._sem_sleep(self._ne, wait)
 
     # ------------------------------------------------------------ settle
     def _ack_nowait(self, msg: Message) -> None:
@@ -243,6 +237,7 @@ class Consuming(QueueHandle):
                         "cannot be settled)")
 
     def _stale(self, msg: Message) -> StaleAck:
+        self._alive()  # a lease of a deleted queue: QueueNotFound says why
         return StaleAck(f"the lease of message {msg[3]} (delivery {msg[4]}) on {self.name!r} is no "
                         "longer held: it was settled already, or it expired and was given back")
 

@@ -59,6 +59,7 @@ class Journaled(Protocol):
     def _sleep_until(self, attempt: Callable[[], int | None], sem: posix_ipc.Semaphore, waiters: int,
                      deadline: float | None, expired: Callable[[], Exception]) -> int: ...
     def _wake(self, sem: posix_ipc.Semaphore, waiters: int, n: int) -> None: ...
+    def _sem_sleep(self, sem: posix_ipc.Semaphore, timeout: float) -> None: ...
     def _wake_consumers(self, n: int) -> None: ...
 
 _ALWAYS = options.DURABILITY_MODES.index("always")
@@ -116,7 +117,7 @@ class Durability:
     def poke(self) -> None:
         """Wake the writer if it sleeps (an ``always`` round starts at once)."""
         if self.w[L.Q_JOURNAL_WAITING]:
-            self._js.release()
+            self.wake_writer()
 
     def offset(self) -> int:
         """Offsets below this are as durable as the queue's policy makes them."""
@@ -205,16 +206,16 @@ class Durability:
         w[L.Q_JOURNAL_WAITING] = 1
         try:
             if not due():
-                try:
-                    self._js.acquire(timeout)
-                except (posix_ipc.BusyError, posix_ipc.SignalError):  # a timeout, or a signal handled
-                    pass
+                self._q._sem_sleep(self._js, timeout)
         finally:
             w[L.Q_JOURNAL_WAITING] = 0
 
     def wake_writer(self) -> None:
         """Post ``.j`` unconditionally (a writer told to stop ends its sleep)."""
-        self._js.release()
+        try:
+            self._js.release()
+        except posix_ipc.ExistentialError:
+            pass  # closed: the queue was let go of here (``QueueHandle.release``)
 
     def snapshot(self) -> Snapshot:
         """The group state (consumer lock), then the tail and the producer table (producer

@@ -18,6 +18,7 @@ never a lost wake-up.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -32,6 +33,7 @@ from .durability import Durability, Mark
 from .errors import (
     Duplicate,
     Full,
+    InstanceError,
     InvalidArgument,
     QueueNotFound,
     ShmqError,
@@ -46,6 +48,7 @@ from .registry import Registry
 from .ring import DUPLICATE, Ring
 
 _ALWAYS = options.DURABILITY_MODES.index("always")
+_CLOSED = "closed"  # QueueHandle.release's reason when the broker handle was closed
 # a semaphore sleep ends at its timeout, or early once a signal was handled (its handler
 # did not raise: a CLI's Ctrl-C, a SIGCHLD, ...): either way the waiter looks again
 _BusyError = (posix_ipc.BusyError, posix_ipc.SignalError)
@@ -108,6 +111,12 @@ class QueueHandle:
         self._mm = ring.mm  # the bell table is read as one slice of it (no buffer export kept)
         self._dur = Durability(self)  # the durable marks (both sides: shmq.durability)
         self._one = self._groups.one_geom(Message, self)  # for the compiled deliver_one (consume)
+        # let go of (``release``): why, once the queue was deleted or its broker handle closed
+        self._gone: str | None = None
+        self._life = threading.Lock()  # guards the fields below
+        self._sleepers = 0  # threads of this process asleep on a semaphore of the queue
+        self._vacated = False  # the mapping's memory handed back (``Mapping.vacate``)
+        self._sems_open = True
 
     def __repr__(self) -> str:
         return f"ShmQueue({self._att.url!r}, {self.name!r})"
@@ -125,8 +134,65 @@ class QueueHandle:
 
     def _alive(self) -> None:
         if self._w[L.Q_STATE] != L.QS_ACTIVE:
+            if self._gone == _CLOSED:
+                raise InstanceError(f"queue {self.name!r}: the broker handle it came from was closed")
             self._att.forget(self._ring.queue_id)
             raise QueueNotFound(f"queue {self.name!r} was deleted")
+
+    # ------------------------------------------------------------ letting go
+    def release(self, why: str = "deleted") -> bool:
+        """Let go of the queue's memory and semaphores in this process, for good (``why``:
+        "deleted", or "closed" with the broker handle): from now on the handle raises
+        :class:`QueueNotFound` (:class:`InstanceError` when closed).  Views of the segment
+        stay valid and read zeros (``Mapping.vacate``), so a call in flight in another
+        thread ends with an error, never a fault.  Done at once unless a thread of this
+        process holds, or waits for, one of the queue's locks (False: call again later);
+        semaphores go when the last thread asleep on one wakes."""
+        with self._life:
+            if self._gone is None:
+                self._gone = why
+            if not self._vacated:
+                ring = self._ring
+                if ring.plock.busy_here() or ring.clock.busy_here():
+                    return False
+                ring.mapping.vacate()
+                self._vacated = True
+            if not self._sleepers:
+                self._close_semaphores()
+        return True
+
+    def _close_semaphores(self) -> None:
+        if self._sems_open:
+            self._sems_open = False
+            for sem in (self._ne, self._nf, self._js, self._ds):
+                try:
+                    sem.close()
+                except posix_ipc.Error:
+                    pass
+
+    def _sem_sleep(self, sem: posix_ipc.Semaphore, timeout: float) -> None:
+        """Sleep on one of the queue's semaphores at most ``timeout`` s (a wake-up hint: a
+        post, a timeout and a signal handled all return).  Counted, so that ``release``
+        never closes a semaphore a thread sleeps on."""
+        with self._life:
+            if self._gone is not None:
+                self._alive_or_gone()
+            self._sleepers += 1
+        try:
+            sem.acquire(timeout)
+        except _BusyError:
+            pass
+        finally:
+            with self._life:
+                self._sleepers -= 1
+                if self._gone is not None and self._vacated and not self._sleepers:
+                    self._close_semaphores()
+
+    def _alive_or_gone(self) -> None:
+        """Raise the error of a handle let go of (whatever its memory reads)."""
+        if self._gone == _CLOSED:
+            raise InstanceError(f"queue {self.name!r}: the broker handle it came from was closed")
+        raise QueueNotFound(f"queue {self.name!r} was deleted")
 
 
     def durable_offset(self) -> int:
@@ -168,10 +234,7 @@ class QueueHandle:
                         w[waiters] += 1
                     registered = True
                     continue  # try again after announcing ourselves: no lost wake-up
-                try:
-                    sem.acquire(wait)
-                except _BusyError:
-                    pass
+                self._sem_sleep(sem, wait)
         finally:
             if registered:
                 with self._ring.plock:
@@ -231,8 +294,11 @@ class QueueHandle:
     @staticmethod
     def _wake(sem: posix_ipc.Semaphore, waiters: int, n: int) -> None:
         # a hint: never push the count far past the number of sleepers
-        for _ in range(min(n, waiters - sem.value)):
-            sem.release()
+        try:
+            for _ in range(min(n, waiters - sem.value)):
+                sem.release()
+        except posix_ipc.ExistentialError:
+            pass  # closed: the queue was let go of (``release``), nobody here sleeps on it
 
     # ------------------------------------------------------------ groups by name
     def _group_ref(self, name: str, create: bool = True) -> int:

@@ -19,6 +19,8 @@ import ctypes
 import ctypes.util
 import errno
 import mmap
+import os
+import threading
 from collections.abc import Callable
 
 from .accel import ext
@@ -41,6 +43,22 @@ _PTHREAD_PROCESS_SHARED = 1
 _PTHREAD_MUTEX_ROBUST = 1
 EOWNERDEAD = errno.EOWNERDEAD
 ENOTRECOVERABLE = errno.ENOTRECOVERABLE
+_TID_MASK = 0x3FFFFFFF  # the holder's thread id in a robust mutex's lock word (FUTEX_TID_MASK)
+
+# The threads of this process asleep in pthread_mutex_lock (without the GIL), per
+# address: the only way a thread of ours can come to hold a lock while another runs
+# Python.  ``RobustLock.busy_here`` reads it.
+_sleeping: dict[int, int] = {}
+_sleeping_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    global _sleeping_lock
+    _sleeping.clear()  # the parent's sleepers are not this process's threads
+    _sleeping_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def init_mutex(address: int) -> None:
@@ -91,10 +109,31 @@ class RobustLock:
     def acquire_slow(self, rc: int) -> bool:
         """Finish an acquire whose ``trylock`` returned rc != 0 (hot paths inline the try)."""
         if rc == EBUSY:
-            rc = _lock(self.address)
+            a = self.address
+            with _sleeping_lock:
+                _sleeping[a] = _sleeping.get(a, 0) + 1
+            try:
+                rc = _lock(a)
+            finally:
+                with _sleeping_lock:
+                    n = _sleeping.pop(a) - 1
+                    if n:
+                        _sleeping[a] = n
             if rc == 0:
                 return False
         return self._recover(rc)
+
+    def busy_here(self) -> bool:
+        """Does a thread of this process hold this lock, or sleep waiting for it?  (Asked,
+        with the GIL held, before the memory under the lock is let go of: a robust mutex
+        that a thread holds is on that thread's robust list, which must never point into
+        memory that is gone.)"""
+        if self._anchor is None:
+            return False
+        if self.address in _sleeping:
+            return True
+        tid = ctypes.c_uint32.from_address(self.address).value & _TID_MASK
+        return bool(tid) and os.path.exists(f"/proc/self/task/{tid}")
 
     def _recover(self, rc: int) -> bool:
         if rc == EOWNERDEAD:

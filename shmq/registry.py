@@ -143,7 +143,7 @@ class Registry:
             RobustLock(mapping.mm, L.R_LOCK_OFF).initialise()
             w[L.R_MAGIC] = L.REGISTRY_MAGIC
             if link_into_place(tmp, registry_name(instance)):
-                mapping.name = registry_name(instance)
+                mapping.rename(registry_name(instance))
                 return mapping
         except BaseException:
             mapping.close()

@@ -107,6 +107,16 @@ class Ring:
         self._put_geom = (self.mm, self.groups_w, self.slots_w, self.capacity, self.slot_words, Q_NEXT_OFFSET,
                           self.data_off, self.size)  # the compiled put_one's (as Delivery.one_geom's)
 
+    @classmethod
+    def attach(cls, shm_name: str) -> Ring:
+        """Map a queue segment (``Mapping.attach``'s errors; unmapped again if it is not one)."""
+        mapping = Mapping.attach(shm_name)
+        try:
+            return cls(mapping)
+        except BaseException:
+            mapping.close()
+            raise
+
     # ------------------------------------------------------------ creation
     @classmethod
     def create(cls, shm_name: str, *, instance_uid: int, queue_id: int, name: str, capacity: int,

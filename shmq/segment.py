@@ -12,6 +12,7 @@ cycle, and so do we (see ``reclaim``).
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import pwd
@@ -90,17 +91,56 @@ def semaphore_names(instance: str, queue_id: int) -> tuple[str, str, str, str]:
     return base + ".ne", base + ".nf", base + ".j", base + ".d"
 
 
+# Mappings are made and let go of with libc's mmap, so that a segment's mmap object holds
+# no descriptor of it (Python's dups the file's, which keeps a deleted queue's memory
+# alive, and costs one descriptor per queue) and so that its memory can be handed back
+# while pointers into it stay valid (``Mapping.vacate``).
+_libc = ctypes.CDLL(None, use_errno=True)
+_mmap = _libc.mmap
+_mmap.restype = ctypes.c_void_p
+_mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_PROT_RW = mmap.PROT_READ | mmap.PROT_WRITE
+_MAP_FIXED = 0x10  # Linux's (not in the mmap module)
+_MAP_NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # (Linux's; in the module from 3.12)
+_ZEROS = mmap.MAP_PRIVATE | _MAP_NORESERVE  # private zero pages, none reserved until written
+
+
+def _map_over(mm: mmap.mmap, address: int, fd: int) -> None:
+    """Map ``fd`` (shared), or fresh zero pages (``fd`` -1), over ``mm``'s whole range."""
+    flags = mmap.MAP_SHARED if fd >= 0 else _ZEROS | mmap.MAP_ANONYMOUS
+    if _mmap(address, len(mm), _PROT_RW, flags | _MAP_FIXED, fd, 0) != address:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mmap: {os.strerror(err)}")
+
+
+def _map_file(fd: int, size: int) -> tuple[mmap.mmap, int]:
+    """``size`` bytes of ``fd`` mapped shared, as an mmap object that holds no descriptor
+    (an anonymous placeholder, then the file mapped over it); and its address."""
+    mm = mmap.mmap(-1, size, flags=_ZEROS)
+    anchor = ctypes.c_char.from_buffer(mm)
+    address = ctypes.addressof(anchor)
+    del anchor  # (no export kept: the mapping can be closed)
+    try:
+        _map_over(mm, address, fd)
+    except BaseException:
+        mm.close()
+        raise
+    return mm, address
+
+
 class Mapping:
     """One shared-memory object mapped into this process."""
 
-    __slots__ = ("name", "mm", "words", "size", "fd")
+    __slots__ = ("name", "mm", "words", "size", "fd", "address", "vacated")
 
-    def __init__(self, name: str, mm: mmap.mmap, fd: int = -1) -> None:
+    def __init__(self, name: str, mm: mmap.mmap, address: int, fd: int = -1) -> None:
         self.name = name
         self.mm = mm
+        self.address = address
         self.size = len(mm)
         self.words = memoryview(mm).cast("Q")
         self.fd = fd  # the object's file, kept open when asked for (``hold``): -1 otherwise
+        self.vacated = False
 
     @classmethod
     def create(cls, name: str, size: int, hold: bool = False) -> Mapping:
@@ -113,15 +153,15 @@ class Mapping:
             except OSError as e:
                 raise LimitExceeded(f"cannot reserve {size} bytes of shared memory for {name}: "
                                     f"{e.strerror}") from None
-            mm = mmap.mmap(shm.fd, size)
+            mm, address = _map_file(shm.fd, size)
         except BaseException:
             shm.close_fd()
             posix_ipc.unlink_shared_memory(name)
             raise
         if hold:
-            return cls(name, mm, _cloexec(shm.fd))
+            return cls(name, mm, address, _cloexec(shm.fd))
         shm.close_fd()
-        return cls(name, mm)
+        return cls(name, mm, address)
 
     @classmethod
     def attach(cls, name: str, hold: bool = False) -> Mapping:
@@ -135,26 +175,50 @@ class Mapping:
             check_owned(name, os.fstat(shm.fd))  # before anything of it is read
             if shm.size == 0:
                 raise InstanceError(f"shared memory {name} is empty (creation in progress or crashed)")
-            mm = mmap.mmap(shm.fd, shm.size)
+            mm, address = _map_file(shm.fd, shm.size)
         except BaseException:
             shm.close_fd()
             raise
         if hold:
-            return cls(name, mm, _cloexec(shm.fd))
+            return cls(name, mm, address, _cloexec(shm.fd))
         shm.close_fd()
-        return cls(name, mm)
+        return cls(name, mm, address)
+
+    def rename(self, name: str) -> None:
+        """After ``link_into_place``: map the object again through its final ``name`` (the
+        same file), so that the process's maps name the live object, not the temporary
+        name, which is gone."""
+        fd = os.open(shm_path(name), os.O_RDWR | os.O_CLOEXEC)
+        try:
+            if self.fd < 0 or os.fstat(fd).st_ino == os.fstat(self.fd).st_ino:
+                _map_over(self.mm, self.address, fd)
+        finally:
+            os.close(fd)
+        self.name = name
 
     def close_fd(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
 
+    def vacate(self) -> None:
+        """Let go of the object's memory in this process now (its queue was deleted, or its
+        broker handle closed), whoever still holds a view of it: the range is remapped
+        to private zero pages, so every pointer and view into it stays valid and reads
+        zeros (a queue in state 0, which is not active), and the object's memory is the
+        kernel's again once no process maps it.  The range itself goes with ``close`` or
+        when the mmap object is collected."""
+        if not self.vacated and not self.mm.closed:
+            _map_over(self.mm, self.address, -1)
+            self.vacated = True
+        self.close_fd()
+
     def close(self) -> None:
         self.close_fd()
         self.words.release()
         try:
             self.mm.close()
-        except BufferError:  # a Message still references the mapping; the GC unmaps it later
+        except BufferError:  # a view of it is still held; the GC unmaps it later
             pass
 
 
@@ -196,6 +260,20 @@ def open_semaphore(name: str, create: bool) -> posix_ipc.Semaphore:
         return posix_ipc.Semaphore(name)
     except posix_ipc.PermissionsError:  # made another user's since the stat
         _refuse_unopenable(name, semaphore_path(name))
+
+
+def open_semaphores(names: tuple[str, ...]) -> list[posix_ipc.Semaphore]:
+    """Open existing semaphores, all or none: when one is missing (ExistentialError), those
+    opened already are closed again."""
+    sems: list[posix_ipc.Semaphore] = []
+    try:
+        for name in names:
+            sems.append(open_semaphore(name, create=False))
+    except BaseException:
+        for sem in sems:
+            sem.close()
+        raise
+    return sems
 
 
 def shm_path(name: str) -> str:

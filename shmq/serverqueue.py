@@ -312,6 +312,7 @@ class ServerBroker:
         self._registry_w = self._att.registry.w
         self._known: dict[str, ServerQueue] = {}  # queue() answers of this registry generation
         self._known_gen = -1
+        self._pruned_gen = -1
 
     @property
     def broker(self) -> ShmBroker:
@@ -394,10 +395,14 @@ class ServerBroker:
         return int(self._att.registry.generation)
 
     def prune(self) -> None:
-        """Unmap the queues deleted since."""
+        """Let go of the queues deleted since the last call (cheap when none was: every
+        broker process calls it on its tick)."""
+        gen = self._registry_w[L.R_GENERATION]
         self._att.prune()
-        self._queues = {k: v for k, v in self._queues.items() if not v.deleted}
-        self._known = {}
+        if gen != self._pruned_gen:
+            self._pruned_gen = gen
+            self._queues = {k: v for k, v in self._queues.items() if not v.deleted}
+            self._known = {}
 
     def set_journal(self, data_dir: str | None) -> None:
         """Announce (or withdraw) the journal writer and its data dir in the registry."""

@@ -36,10 +36,10 @@ from .registry import QueueEntry, Registry
 from .reply import end_requests
 from .ring import Ring
 from .segment import (
-    Mapping,
     check_instance_name,
     clear_leftover,
     open_semaphore,
+    open_semaphores,
     queue_segment_name,
     registry_name,
     semaphore_names,
@@ -74,6 +74,7 @@ class Attachment:
         self._gen = -1
         self._pruned_gen = -1  # registry generation the queue cache was last pruned at
         self._lock = threading.RLock()
+        self._letting_go: list[ShmQueue] = []  # let go of, but a thread of ours held a lock of it
         self.refs = 0
         self.bell_skip = -1  # a broker worker's own id: it does not ring its own doorbell
 
@@ -103,6 +104,8 @@ class Attachment:
                 self._names = {}
                 self._gen = gen
             self.prune()
+        elif self._letting_go:
+            self.prune()
         q = self._names.get(name)
         if q is None:
             entry = self.registry.find(name)
@@ -117,9 +120,12 @@ class Attachment:
             q = self._queues.get(entry.queue_id)
             if q is None:
                 try:  # deleted under our feet: the segment or a semaphore may be gone already
-                    ring = Ring(Mapping.attach(queue_segment_name(self.instance, entry.queue_id)))
-                    sems = [open_semaphore(n, create=False)
-                            for n in semaphore_names(self.instance, entry.queue_id)]
+                    ring = Ring.attach(queue_segment_name(self.instance, entry.queue_id))
+                    try:
+                        sems = open_semaphores(semaphore_names(self.instance, entry.queue_id))
+                    except BaseException:
+                        ring.close()  # now, not when the GC finds it
+                        raise
                 except (FileNotFoundError, posix_ipc.ExistentialError):
                     raise QueueNotFound(f"queue {entry.name!r} was deleted") from None
                 q = ShmQueue(self, ring, *sems)
@@ -127,8 +133,11 @@ class Attachment:
             return q
 
     def prune(self) -> None:
-        """Forget the cached handles of queues deleted by anyone, so that a long-lived
-        process (worker, supervisor, journal writer) does not keep their memory mapped."""
+        """Let go of the queues deleted by anyone since the last call, so that no process
+        keeps their memory (a long-lived one, such as a broker's, calls this on its tick)."""
+        if self._letting_go:
+            with self._lock:
+                self._letting_go = [q for q in self._letting_go if not q.release()]
         gen = self.registry.generation
         if gen == self._pruned_gen:
             return
@@ -137,12 +146,15 @@ class Attachment:
         for qid in [qid for qid in self._queues if qid not in live]:
             self.forget(qid)
 
-    def forget(self, queue_id: int) -> None:
-        """Drop a queue from the cache.  Handles still held keep their mapping (it is
-        unmapped when the last one is collected) and see the queue as deleted."""
+    def forget(self, queue_id: int, why: str = "deleted") -> None:
+        """Drop a queue from the cache and let go of its memory and semaphores here
+        (``QueueHandle.release``): handles still held raise ``QueueNotFound`` (``why``
+        "closed": ``InstanceError``)."""
         with self._lock:
             q = self._queues.pop(queue_id, None)
             self._names = {k: v for k, v in self._names.items() if v is not q}
+            if q is not None and not q.release(why):
+                self._letting_go.append(q)  # a thread of ours holds one of its locks: next prune
 
     def create_queue(self, name: str, config: QueueConfig, is_dlq: bool = False,
                      restore: Callable[[Ring], None] | None = None) -> ShmQueue:
@@ -280,10 +292,10 @@ class Attachment:
         return n
 
     def release(self) -> None:
-        """Give this process's leases back and free its client slot.
+        """Give this process's leases back and free its client slot (at exit).
 
         The mappings stay (handles still held keep working and register again on
-        their next get); they are unmapped when the last handle is collected.
+        their next get): ``close`` lets go of them.
         """
         if self._slot is not None and self._slot_pid == os.getpid():
             now = self.now_ms()
@@ -295,6 +307,22 @@ class Attachment:
                     pass
             self.registry.unregister_client(self._slot)
         self._slot = None
+
+    def close(self, gone: bool = False) -> None:
+        """``release``, then let go of every mapping this attachment made: its queues'
+        (handles still held raise ``InstanceError``) and the registry's, whose flock goes
+        with it (this process no longer keeps the instance alive).  ``gone``: the instance
+        was destroyed (nothing to give back, handles raise ``QueueNotFound``)."""
+        if not gone:
+            self.release()
+        self._slot = None
+        for qid in list(self._queues):
+            self.forget(qid, "deleted" if gone else "closed")
+        reg = self.registry
+        if reg.lock.busy_here():  # (a thread of ours is inside it: the GC unmaps it later)
+            reg.detach()
+        else:
+            reg.mapping.vacate()
 
 
 # the shared one per instance (default clock), and per effective uid: a forked child that
@@ -427,7 +455,7 @@ class ShmBroker(Broker):
                 return
             if _attachments.get((att.uid, att.instance)) is att:
                 del _attachments[att.uid, att.instance]
-        att.release()
+        att.close()
 
     def destroy(self) -> None:
         """Remove the instance's shared memory (every queue, semaphore and the registry)."""
@@ -453,9 +481,7 @@ class ShmBroker(Broker):
         with _attach_lock:
             if _attachments.get((att.uid, att.instance)) is att:
                 del _attachments[att.uid, att.instance]
-        att._slot = None  # nothing to unregister: the registry is gone
-        for qid in list(att._queues):
-            att.forget(qid)
+        att.close(gone=True)  # nothing to give back: the registry is gone
 
 
 def _queue_from_url(url: str, name: str) -> ShmQueue:
