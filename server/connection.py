@@ -67,13 +67,27 @@ class Leases:
         self.count = 0
 
     def check_room(self, n: int) -> None:
-        """Raise :class:`LimitExceeded` when ``n`` more would pass the limit."""
-        if self.count + n > options.MAX_INFLIGHT_PER_CONNECTION:
+        """Raise :class:`LimitExceeded` when ``n`` more would pass the limit (leases whose
+        queue or group is gone not counted: ``forget_gone``)."""
+        if self.count + n > options.MAX_INFLIGHT_PER_CONNECTION and (
+                not self.forget_gone() or self.count + n > options.MAX_INFLIGHT_PER_CONNECTION):
             raise LimitExceeded(f"this connection holds {self.count} unacknowledged messages; "
                                 f"the limit is {options.MAX_INFLIGHT_PER_CONNECTION}")
 
     def room(self) -> int:
+        if self.count >= options.MAX_INFLIGHT_PER_CONNECTION:
+            self.forget_gone()
         return options.MAX_INFLIGHT_PER_CONNECTION - self.count
+
+    def forget_gone(self) -> int:
+        """Drop the leases of queues deleted and groups deleted since (by anyone, anywhere):
+        nobody can settle them any more (an ack is stale), so they stop counting.  The
+        number dropped.  Called by the delete, for its own connection, and wherever room
+        runs out, for the others."""
+        gone = [key for key in self.held if key[0].deleted or not key[0].group_live(key[1])]
+        n = sum(len(self.held.pop(key)) for key in gone)
+        self.count -= n
+        return n
 
     def add(self, q: ServerQueue, ref: int, offsets: Any, deliveries: Any) -> None:
         held = self.held.get((q, ref))
@@ -179,8 +193,9 @@ class ServerConnection:
         return frames
 
     def check_handshake(self, f: Frame) -> dict[str, Any] | None:
-        """The fields of a HANDSHAKE whose token is right (None: answered with
-        HANDSHAKE_NACK; close then).  :class:`ProtocolError` on a malformed one."""
+        """The fields of a HANDSHAKE whose token is right (compared in constant time), None
+        when it is wrong or missing (answer with :meth:`refuse_handshake`, then close).
+        :class:`ProtocolError` on a malformed one."""
         try:
             fields = decode_body(T.HANDSHAKE, f.body)
         except ProtocolError:  # a client from before heartbeats: its body lacks heartbeat_ms, so
@@ -189,9 +204,11 @@ class ServerConnection:
         # a trusted peer (our own uid on the Unix socket) needs no token, but one it presents
         # must be right: a wrong token is refused wherever it comes from
         if self._token and (token or not self.trusted) and not hmac.compare_digest(token, self._token):
-            self.reply(f, T.HANDSHAKE_NACK, reason="bad or missing token")
             return None
         return fields
+
+    def refuse_handshake(self, f: Frame, reason: str = "bad or missing token") -> None:
+        self.reply(f, T.HANDSHAKE_NACK, reason=reason)
 
     def may_move(self) -> bool:
         """May the connection be handed to another worker now?  Once, right after its

@@ -29,6 +29,14 @@ from .core import Core
 from .spinner import Spinner
 
 log = logging.getLogger("shmq.worker")
+_last_refusal = [0.0]  # when a refused connection was last logged (one line a second at most)
+
+
+def _refused(w: Host) -> None:
+    now = w.loop.time()
+    if now - _last_refusal[0] >= 1.0:
+        _last_refusal[0] = now
+        log.warning("worker %d: refused a connection (LIMIT_EXCEEDED): it holds %s", w.worker_id, w.cap)
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -47,6 +55,7 @@ class Host(Protocol):
     core: Core
     drivers: dict[ServerConnection, Driver]  # the worker's connections
     max_connections: int
+    cap: str  # what a connection refused for want of room is told the worker holds
     worker_id: int
     loop: asyncio.AbstractEventLoop
     spinner: Spinner  # told of every read
@@ -78,9 +87,10 @@ class Driver(asyncio.Protocol):
         self.conn.sink = transport.write  # type: ignore[attr-defined]
         w = self.w
         if len(w.drivers) >= w.max_connections or w.stopping:
-            self.conn.refuse(Status.LIMIT_EXCEEDED,
-                             f"worker {w.worker_id} holds {w.max_connections} connections already")
+            self.conn.refuse(Status.LIMIT_EXCEEDED, f"worker {w.worker_id} holds {w.cap}")
             self._refuse()
+            if not w.stopping:
+                _refused(w)
             return
         w.drivers[self.conn] = self
         w.count_changed()

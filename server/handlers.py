@@ -25,6 +25,7 @@ from shmq.durability import Mark
 from shmq.errors import InvalidArgument, LimitExceeded, ProtocolError, ShmqError, StaleAck, Status
 from shmq.names import is_reply_name
 from shmq.rawread import read_field
+from shmq.resources import exhaustion, is_exhaustion
 from shmq.serverqueue import ServerQueue
 from shmq.settle import Settle
 
@@ -101,33 +102,73 @@ def handle(core: Core, conn: ServerConnection, f: Frame) -> None:
         handler(core, conn, f, decode_produce(f) if handler is produce
                 else decode_consume(f) if f.status and handler is get else decode_body(f.type, f.body))
     except ShmqError as e:  # ProtocolError too
+        if is_exhaustion(e):  # descriptors or /dev/shm ran out: the log says so too
+            _warn(core, str(e))
         conn.error(f.msg_id, e.code, str(e))
     except (ValueError, TypeError, KeyError) as e:
         conn.error(f.msg_id, Status.INVALID_ARGUMENT, f"{type(e).__name__}: {e}")
+    except OSError as e:
+        err = exhaustion(e, f"{_name(f.type)} failed")
+        if err is None:
+            _internal(core, conn, f, e)
+        else:  # descriptors or /dev/shm ran out: the caller and the log are told what to raise
+            _warn(core, str(err))
+            conn.error(f.msg_id, err.code, str(err))
     except Exception as e:  # noqa: BLE001 - one bad request must not take the worker down
-        conn.error(f.msg_id, Status.INTERNAL, f"{type(e).__name__}: {e}")
+        _internal(core, conn, f, e)
+
+
+def _name(t: int) -> str:
+    try:
+        return T(t).name
+    except ValueError:
+        return f"type 0x{t:02x}"
+
+
+def _internal(core: Core, conn: ServerConnection, f: Frame, e: BaseException) -> None:
+    """A bug, or something no code path expects: INTERNAL to the caller, the traceback to
+    the log, always."""
+    log.error("worker %d: %s from %s failed", core.worker_id, _name(f.type), conn.peer or "a peer",
+              exc_info=e)
+    conn.error(f.msg_id, Status.INTERNAL, f"{type(e).__name__}: {e}")
+
+
+_warned = [0.0]  # when the last exhaustion was logged (at most one line a second)
+
+
+def _warn(core: Core, text: str) -> None:
+    now = core.clock()
+    if now - _warned[0] >= 1.0:
+        _warned[0] = now
+        log.warning("worker %d: %s", core.worker_id, text)
 
 
 def handshake(core: Core, conn: ServerConnection, f: Frame) -> None:
     """Check the token; hand the connection to another worker if it should be served
-    there (``Core.place``); else accept it.  A peer with too many failed handshakes of
-    late is refused before its token is looked at (``Core.auth_wait``)."""
-    wait = 0.0 if conn.trusted else core.auth_wait(conn.peer)
-    if wait:
-        conn.reply(f, T.HANDSHAKE_NACK, reason=f"too many failed handshakes from {conn.peer or 'this peer'}: "
-                                               f"try again in {wait:.0f} s")
-        end(core, conn)
-        return
+    there (``Core.place``); else accept it.  The token is looked at first, whatever the
+    peer did before: a right one is never refused, so a client sharing an address with a
+    misconfigured one (every local client is 127.0.0.1) keeps working.  Only failures are
+    throttled (``Core.auth_wait``): past ``AUTH_FAILURES_MAX`` of them in the window, a
+    wrong token from that address is refused without a log line (brute force against a
+    long random token is hopeless anyway: the throttle bounds the log's noise)."""
     try:
         fields = conn.check_handshake(f)
     except ProtocolError as e:
         conn.error(f.msg_id, e.code, str(e))
         end(core, conn)
         return
-    if fields is None:  # refused (HANDSHAKE_NACK sent)
-        n = core.auth_failed(conn.peer)
-        log.warning("worker %d: refused a handshake from %s: bad or missing token (%d in the last %.0f s)",
-                    core.worker_id, conn.peer or "an unknown peer", n, options.AUTH_FAILURE_WINDOW)
+    if fields is None:
+        wait = core.auth_wait(conn.peer)
+        if wait:
+            conn.refuse_handshake(f, f"bad or missing token; too many failed handshakes from "
+                                     f"{conn.peer or 'this peer'}: try again in {wait:.0f} s")
+        else:
+            conn.refuse_handshake(f)
+            n = core.auth_failed(conn.peer)
+            log.warning("worker %d: refused a handshake from %s: bad or missing token (%d in the last "
+                        "%.0f s%s)", core.worker_id, conn.peer or "an unknown peer", n,
+                        options.AUTH_FAILURE_WINDOW,
+                        "; more from there go unlogged for a while" if n >= options.AUTH_FAILURES_MAX else "")
         end(core, conn)
         return
     if conn.may_move() and core.place is not None and core.place(conn, f, fields["affinity"]):
@@ -295,6 +336,7 @@ def create_queue(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]
 
 def delete_queue(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
     core.broker.delete_queue(d["queue"])
+    conn.leases.forget_gone()  # (other connections' stop counting where they need the room)
     conn.reply(f, T.DELETE_QUEUE_OK)
 
 
@@ -326,6 +368,7 @@ def group_seek(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) 
 
 def group_delete(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
     mark = core.queue(d["queue"]).delete_group(d["group"])
+    conn.leases.forget_gone()
     core.answer(conn, f.msg_id, frame(T.GROUP_DELETE_OK, f.msg_id), mark)
 
 

@@ -51,6 +51,7 @@ from shmq.journal import Journal, JournalError, list_queues
 from shmq.journal_files import journal_bytes
 from shmq.progress import Progress
 from shmq.recovery import restore_fill
+from shmq.resources import SPACE_ERRNOS, disk_full
 from shmq.serverqueue import ServerBroker, ServerQueue
 from shmq.text import plural
 
@@ -118,6 +119,8 @@ class QueueWriter(threading.Thread):
             try:
                 if self.d.deleted:
                     break
+                if self.d.error:  # room first: what every group settled goes even now
+                    self.drop()
                 self.round(force=stopping)
                 self.drop()
             except (JournalError, OSError) as e:
@@ -181,9 +184,13 @@ class QueueWriter(threading.Thread):
         return True
 
     def drop(self) -> None:
-        """Now and then: delete the segment files every group has passed."""
+        """Now and then: delete the segment files every group has passed -- also while the
+        journal cannot be written (a full disk), and then at every retry, since that frees
+        the room it lacks.  Safe then too: what is below the free offset is settled in
+        every group, and an offset whose record is gone comes back from a crash settled."""
         now = time.monotonic()
-        if now - self.last_drop >= options.JOURNAL_DROP_INTERVAL and not self.d.error:
+        every = options.JOURNAL_RETRY_INTERVAL if self.d.error else options.JOURNAL_DROP_INTERVAL
+        if now - self.last_drop >= every:
             self.last_drop = now
             self.journal.drop_below(min(self.d.free_offset, self.next))
 
@@ -216,6 +223,7 @@ class JournalService:
         self.root = root
         self.interval = interval
         self.writers: dict[int, QueueWriter] = {}
+        self.unopened: set[int] = set()  # journaled queues whose journal could not be opened: retried
         self.stop = threading.Event()
 
     def scan(self) -> None:
@@ -229,14 +237,16 @@ class JournalService:
         if gone:
             remove_retired(self.root)
             self.broker.prune()
+        self.unopened = set()
         for qid, q in queues.items():
             if qid in self.writers or not q.durability.journaled:
                 continue
             try:
                 wr = QueueWriter(q, self.root, self.interval, self.segment_bytes, self.meter)
-            except (JournalError, OSError) as e:
-                log.error("cannot open the journal of %r: %s", q.name, e)
-                q.durability.fail(getattr(e, "errno", None) or 5)
+            except (JournalError, OSError) as e:  # (a full disk, descriptors run out: tried again)
+                if q.durability.fail(getattr(e, "errno", None) or 5):  # (logged once, not per retry)
+                    log.error("cannot open the journal of %r: %s; produce is refused until it can", q.name, e)
+                self.unopened.add(qid)
                 continue
             wr.start()
             self.writers[qid] = wr
@@ -244,12 +254,16 @@ class JournalService:
     def run(self, ready: Any = None) -> None:
         self.broker.set_journal(str(self.root))
         gen = -1
+        retry = 0.0
         if ready is not None:
             ready.set()
         while not self.stop.wait(0.05):
             g = self.broker.generation
-            if g != gen or any(not wr.is_alive() for wr in self.writers.values()):
+            now = time.monotonic()
+            if g != gen or any(not wr.is_alive() for wr in self.writers.values()) or (
+                    self.unopened and now >= retry):
                 gen = g
+                retry = now + options.JOURNAL_RETRY_INTERVAL
                 self.scan()
             self.broker.prune()  # memory-only queues deleted: this process mapped them too
         self.shutdown()
@@ -307,7 +321,9 @@ def remove_retired(root: Path) -> None:
 def check_data_dir(root: Path) -> None:
     """Prove the data dir usable at start, for a clear error then rather than at the first
     durable queue: an existing one must take a file; a missing one is left missing (the
-    first durable queue makes it), and its nearest existing parent must let us make it."""
+    first durable queue makes it), and its nearest existing parent must let us make it.
+    A full one is only warned of: memory queues serve, durable ones come back and serve
+    their consumers, and take messages again once there is room."""
     try:
         if not root.exists():
             parent = next(p for p in root.parents if p.exists())
@@ -315,14 +331,20 @@ def check_data_dir(root: Path) -> None:
                 raise OSError(errno.EACCES, f"cannot create it in {parent}")
             return
         probe = root / f".probe-{os.getpid()}"
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            os.write(fd, b"ok")
-            os.fsync(fd)
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, b"ok")
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         finally:
-            os.close(fd)
             probe.unlink(missing_ok=True)
     except OSError as e:
+        if e.errno in SPACE_ERRNOS:
+            log.warning("%s; durable queues refuse messages until there is room",
+                        disk_full("the data dir is full", str(root), e.errno))
+            return
         raise StorageError(f"data dir {root} is not usable: {e.strerror or e}") from None
 
 
@@ -337,14 +359,25 @@ def recover(broker: ServerBroker, root: Path) -> list[str]:
     sizes = {name: journal_bytes(root, name) for name in names}
     with Progress("journal recovery: read", "bytes", sum(sizes.values()), emit=log.info) as progress:
         for name in names:
-            j = Journal(root, name, log=log)
+            try:
+                j = Journal(root, name, log=log)
+            except (JournalError, OSError) as e:  # descriptors or room run out: left for the next start
+                log.error("queue %r cannot be opened now: %s; its journal is kept for the next start",
+                          name, e)
+                progress.advance(sizes[name])
+                continue
             try:
                 meta = j.read_meta()
                 existing = None if meta is None else broker.find(name)
                 if meta is None:
                     report.append(f"{name}: no meta file; left alone")
                 elif existing is None:
-                    report.append(_rebuild(broker, j, meta, progress.advance))
+                    try:
+                        report.append(_rebuild(broker, j, meta, progress.advance))
+                    except (ShmqError, JournalError, OSError) as e:  # /dev/shm full, say: the rest serve
+                        log.error("queue %r cannot be rebuilt now: %s; its journal is kept for the next "
+                                  "start", name, e)
+                        continue
                     if _CRASH:
                         crashpoints.hit("recovery.rebuilt")
                     continue

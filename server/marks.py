@@ -65,13 +65,13 @@ class HeldReplies:
                     return
                 target = mw.held[0][0]
             err: ShmqError | None = None
-            try:
-                dur.wait(word, target, None)
+            reached = 0
+            try:  # (a settle mark is waived while the journal cannot write: every held reply goes)
+                reached = dur.wait(word, target, None)
             except ShmqError as e:
                 err = e  # the journal cannot write, or the queue is gone: every held reply fails
             except Exception as e:  # noqa: BLE001 - a reply must never be lost silently
                 err = ShmqError(repr(e))
-            reached = dur.w[word] if err is None else 0
             with self._lock:
                 ready = []
                 while mw.held and (err is not None or mw.held[0][0] <= reached):

@@ -48,6 +48,7 @@ from typing import Any
 from shmq import crashpoints, options, runtime
 from shmq.config import Effective, QueueDecl
 from shmq.errors import InvalidArgument, ShmqError
+from shmq.resources import raise_fd_limit
 from shmq.serverqueue import ServerBroker
 from shmq.spin import check_spin_us
 from shmq.text import plural
@@ -251,6 +252,11 @@ class Supervisor:
             return 1
         reg = broker.registry
         reg.take_ownership()  # (also how a refused newcomer learns our pid)
+        # every process we fork inherits the limit: a worker's connections, the journal's files
+        per_process = max(self.max_connections, options.MAX_QUEUES * options.JOURNAL_FDS_PER_QUEUE)
+        _, short = raise_fd_limit(per_process + options.FD_RESERVE)
+        if short:
+            log.warning("%s", short)
         # queues that outlived a crashed broker: a failed start leaves them for the next one
         inherited = bool(reg.queues())
         probe = None

@@ -37,6 +37,7 @@ from shmq import options
 from shmq.codec import Frame, encode_frame
 from shmq.doorbell import Bell
 from shmq.errors import ShmqError
+from shmq.resources import fd_limits
 from shmq.serverqueue import ServerBroker, ServerQueue
 from shmq.spin import Spin
 from shmq.tls import ServerTls, server_context
@@ -83,7 +84,13 @@ class Worker:
         self.port = port
         self.worker_id = worker_id
         self.token = token
-        self.max_connections = max_connections
+        # connections held at once: --max-connections, or fewer when the descriptor limit
+        # would run out first (the refusal then names it: ``cap``)
+        fds = fd_limits()[0] - options.FD_RESERVE
+        self.max_connections = max(1, min(max_connections, fds))
+        self.cap = (f"{self.max_connections} connections already" if max_connections <= fds else
+                    f"{self.max_connections} connections already, the most its descriptor limit allows "
+                    f"(ulimit -n {fds + options.FD_RESERVE}; --max-connections is {max_connections})")
         self.drivers: dict[ServerConnection, Driver] = {}  # this worker's connections
         self.bell: Bell | None = None
         self.counts = counts  # every worker's connection count (None: placement is the kernel's alone)

@@ -61,7 +61,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from . import options
 from .codec import NO_REPLY_ID, Frame, FrameDecoder, T, error_of, frame
-from .errors import ConnectionLost, MessageTooLarge, ProtocolError, ShmqError, Status
+from .errors import ConnectionLost, LimitExceeded, MessageTooLarge, ProtocolError, ShmqError, Status
 
 R = TypeVar("R")
 
@@ -139,13 +139,14 @@ class ClientConnection:
     ``peer`` names the other end in error messages.  ``last_id`` is the id given out
     last: the next is the first id after it that is not in use."""
 
-    __slots__ = ("peer", "closed", "close_reason", "nowait_errors", "last_id", "max_frame", "heard",
-                 "_pending", "_subs", "_decoder")
+    __slots__ = ("peer", "closed", "close_reason", "refused", "nowait_errors", "last_id", "max_frame",
+                 "heard", "_pending", "_subs", "_decoder")
 
     def __init__(self, peer: str = "the broker") -> None:
         self.peer = peer
         self.closed = False
         self.close_reason = ""  # why it closed: a Closing's reason, else the first lost()'s
+        self.refused = False  # the broker closes it for want of room (LIMIT_EXCEEDED): not "lost"
         self.nowait_errors: deque[ShmqError] = deque(maxlen=NOWAIT_ERRORS)  # the latest, oldest first
         self.last_id = 0
         self.max_frame = options.MAX_FRAME  # the broker's limit: a larger request is never sent
@@ -169,9 +170,12 @@ class ClientConnection:
         """The ids of the live subscriptions (a live view)."""
         return self._subs.keys()
 
-    def lost_error(self) -> ConnectionLost:
-        """The error of a request on this connection once it is closed (or closing)."""
-        return ConnectionLost(f"connection to {self.peer} {self.close_reason or 'is closed'}")
+    def lost_error(self) -> ConnectionLost | LimitExceeded:
+        """The error of a request on this connection once it is closed (or closing):
+        :class:`LimitExceeded` when the broker refused it for want of room (too many
+        connections; its descriptor limit), else :class:`ConnectionLost`."""
+        cls = LimitExceeded if self.refused else ConnectionLost
+        return cls(f"connection to {self.peer} {self.close_reason or 'is closed'}")
 
     # ------------------------------------------------------------ sending
     def _next_id(self) -> int:
@@ -279,6 +283,7 @@ class ClientConnection:
                 append(NowaitFailed(err))
             elif i == 0:  # about the connection: the broker closes it next
                 self.close_reason = f"closed by the broker: {error_of(f)}"
+                self.refused = f.status == Status.LIMIT_EXCEEDED
                 append(Closing(self.close_reason))
         return events
 

@@ -60,9 +60,12 @@ class Journaled(Protocol):
                      deadline: float | None, expired: Callable[[], Exception]) -> int: ...
     def _wake(self, sem: posix_ipc.Semaphore, waiters: int, n: int) -> None: ...
     def _sem_sleep(self, sem: posix_ipc.Semaphore, timeout: float) -> None: ...
+    def _journal_dir(self) -> str | None: ...
     def _wake_consumers(self, n: int) -> None: ...
 
 _ALWAYS = options.DURABILITY_MODES.index("always")
+#: what ``Durability.wait`` returns for a settle mark let go of while the journal cannot be written
+WAIVED = (1 << 64) - 1
 
 
 class Mark(NamedTuple):
@@ -108,11 +111,15 @@ class Durability:
     # ------------------------------------------------------------ the queue's side
     def check(self) -> None:
         """Raise :class:`StorageError` while the journal cannot be written."""
-        err = self.w[L.Q_JOURNAL_ERRNO]
-        if err:
-            raise StorageError(f"queue {self.name!r} cannot take messages: its journal cannot be written "
-                               f"({errno.errorcode.get(err, err)}: {os.strerror(err)}); consumers are "
-                               "still served")
+        if self.w[L.Q_JOURNAL_ERRNO]:
+            raise StorageError(f"queue {self.name!r} cannot take messages: {self.error_text()}; consumers "
+                               "and their acks are still served")
+
+    def error_text(self) -> str:
+        """What the journal writer reports: the journal's path, and its errno."""
+        err = self.w[L.Q_JOURNAL_ERRNO] or errno.EIO
+        where = self._q._journal_dir() or "its journal"
+        return f"{where} cannot be written ({errno.errorcode.get(err, err)}: {os.strerror(err)})"
 
     def poke(self) -> None:
         """Wake the writer if it sleeps (an ``always`` round starts at once)."""
@@ -146,25 +153,31 @@ class Durability:
             return None
         return Mark(self, L.Q_DURABLE_SETTLE, seq)
 
-    def wait(self, word: int, end: int, deadline: float | None) -> None:
+    def wait(self, word: int, end: int, deadline: float | None, strict: bool = False) -> int:
         """Sleep on the ``.d`` semaphore (announced in ``Q_DURABLE_WAITERS``) until
-        ``w[word] >= end``; see :meth:`Mark.wait`."""
+        ``w[word] >= end``; see :meth:`Mark.wait`.  The mark's value reached: ``WAIVED``
+        when a settle mark (``Q_DURABLE_SETTLE``) is let go of because the journal cannot
+        be written -- a settle applied in memory stands then, confirmed without the
+        journal (``strict``: raise :class:`StorageError` instead, as a put's mark does)."""
         w = self.w
         if w[word] >= end:
-            return
+            return int(w[word])
         for _ in range(options.SPIN_CHECKS):
             if w[word] >= end:
-                return
+                return int(w[word])
+        waive = word == L.Q_DURABLE_SETTLE and not strict
 
         def reached() -> int | None:
             if w[word] >= end:
-                return end
+                return int(w[word])
+            if waive and w[L.Q_JOURNAL_ERRNO]:
+                return WAIVED
             self.check()
             return None
 
-        self._q._sleep_until(reached, self._ds, L.Q_DURABLE_WAITERS, deadline,
-                             lambda: Timeout(f"{self.name!r} was not journaled in time (the change is in "
-                                             "shared memory and may still take effect)"))
+        return self._q._sleep_until(reached, self._ds, L.Q_DURABLE_WAITERS, deadline,
+                                    lambda: Timeout(f"{self.name!r} was not journaled in time (the change "
+                                                    "is in shared memory and may still take effect)"))
 
     # ------------------------------------------------------------ the writer's side
     @property

@@ -43,6 +43,7 @@ from .errors import (
 from .group import DeadItem, Groups
 from .headers import block_of
 from .joined import nbytes as batch_bytes
+from .journal_files import queue_dir
 from .names import check_group_name as _check_group_name
 from .registry import Registry
 from .ring import DUPLICATE, Ring
@@ -194,6 +195,11 @@ class QueueHandle:
             raise InstanceError(f"queue {self.name!r}: the broker handle it came from was closed")
         raise QueueNotFound(f"queue {self.name!r} was deleted")
 
+
+    def _journal_dir(self) -> str | None:
+        """Where the journal of this queue lives (None: no journal writer has said)."""
+        data_dir = self._att.registry.data_dir()
+        return str(queue_dir(data_dir, self.name)) if data_dir else None
 
     def durable_offset(self) -> int:
         """Offsets below this are as durable as the queue's policy makes them."""

@@ -12,17 +12,20 @@ cycle, and so do we (see ``reclaim``).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 import os
 import pwd
 import re
+from collections.abc import Iterator
 from typing import NoReturn
 
 import posix_ipc
 
 from . import options
-from .errors import InstanceError, InvalidName, LimitExceeded
+from .errors import InstanceError, InvalidName
+from .resources import exhaustion, shm_full
 from .text import shown
 
 SHM_DIR = "/dev/shm"
@@ -146,14 +149,15 @@ class Mapping:
     def create(cls, name: str, size: int, hold: bool = False) -> Mapping:
         """Create a new object (fails if it exists), sized and zero-filled.  ``hold``: keep
         its file descriptor open (``fd``) until ``close``."""
-        shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=options.SHM_MODE, size=size)
+        with typed(f"cannot create shared memory {name}"):
+            shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=options.SHM_MODE, size=size)
         try:
             try:  # reserve the pages now: a full /dev/shm is an error here, never a SIGBUS later
                 os.posix_fallocate(shm.fd, 0, size)
-            except OSError as e:
-                raise LimitExceeded(f"cannot reserve {size} bytes of shared memory for {name}: "
-                                    f"{e.strerror}") from None
-            mm, address = _map_file(shm.fd, size)
+            except OSError:
+                raise shm_full(f"cannot reserve {size:,} bytes of shared memory for {name}") from None
+            with typed(f"cannot map shared memory {name}"):
+                mm, address = _map_file(shm.fd, size)
         except BaseException:
             shm.close_fd()
             posix_ipc.unlink_shared_memory(name)
@@ -166,7 +170,8 @@ class Mapping:
     @classmethod
     def attach(cls, name: str, hold: bool = False) -> Mapping:
         try:
-            shm = posix_ipc.SharedMemory(name)
+            with typed(f"cannot open shared memory {name}"):
+                shm = posix_ipc.SharedMemory(name)
         except posix_ipc.ExistentialError:
             raise FileNotFoundError(name) from None
         except posix_ipc.PermissionsError:  # another user's, closed to us: say whose
@@ -175,7 +180,8 @@ class Mapping:
             check_owned(name, os.fstat(shm.fd))  # before anything of it is read
             if shm.size == 0:
                 raise InstanceError(f"shared memory {name} is empty (creation in progress or crashed)")
-            mm, address = _map_file(shm.fd, shm.size)
+            with typed(f"cannot map shared memory {name}"):
+                mm, address = _map_file(shm.fd, shm.size)
         except BaseException:
             shm.close_fd()
             raise
@@ -222,6 +228,18 @@ class Mapping:
             pass
 
 
+@contextlib.contextmanager
+def typed(what: str) -> Iterator[None]:
+    """Descriptors or /dev/shm run out inside: the typed error (``resources.exhaustion``)."""
+    try:
+        yield
+    except OSError as e:
+        err = exhaustion(e, what)
+        if err is None:
+            raise
+        raise err from None
+
+
 def _cloexec(fd: int) -> int:
     """A descriptor kept open must not leak into programs this process execs (a forked
     child still shares it: that child is attached too)."""
@@ -249,7 +267,8 @@ def open_semaphore(name: str, create: bool) -> posix_ipc.Semaphore:
     """Create a new semaphore (``create``: it must not exist), or open one of ours
     (``InstanceError`` for one another user made or could open)."""
     if create:
-        return posix_ipc.Semaphore(name, posix_ipc.O_CREX, mode=options.SHM_MODE, initial_value=0)
+        with typed(f"cannot create semaphore {name}"):
+            return posix_ipc.Semaphore(name, posix_ipc.O_CREX, mode=options.SHM_MODE, initial_value=0)
     try:
         st = os.stat(semaphore_path(name))
     except FileNotFoundError:
@@ -257,7 +276,8 @@ def open_semaphore(name: str, create: bool) -> posix_ipc.Semaphore:
     else:
         check_owned(name, st)
     try:
-        return posix_ipc.Semaphore(name)
+        with typed(f"cannot open semaphore {name}"):
+            return posix_ipc.Semaphore(name)
     except posix_ipc.PermissionsError:  # made another user's since the stat
         _refuse_unopenable(name, semaphore_path(name))
 

@@ -133,6 +133,11 @@ class ServerQueue:
         :class:`GroupNotFound`)."""
         return self._q._group_ref(group, create)
 
+    def group_live(self, ref: int) -> bool:
+        """Is the group ``ref`` names still there (not deleted, maybe made again since)?
+        Read without a lock: a hint, exact once the delete is done."""
+        return self._q._groups.live(ref) >= 0
+
     def group_ref_or_none(self, group: str) -> int:
         """The reference of an existing group, -1 when there is none (its leases are stale)."""
         try:

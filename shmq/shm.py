@@ -26,7 +26,7 @@ import posix_ipc
 from . import __version__, crashpoints, options
 from . import layout as L
 from .api import Broker, BrokerInfo, QueueConfig, QueueInfo
-from .errors import InstanceError, InvalidArgument, QueueExists, QueueNotFound
+from .errors import InstanceError, InvalidArgument, QueueExists, QueueNotFound, StorageError, Timeout
 from .handle import QueueHandle, monotonic_ms
 from .journal_files import retire_journal
 from .limits import check_config
@@ -209,12 +209,20 @@ class Attachment:
             raise
         q = self.queue(name)
         if config.durability != "memory" and restore is None:
-            # return once the journal writer has taken the queue on (its meta file is on disk)
+            # return once the journal writer has taken the queue on (its meta file is on disk);
+            # all or nothing: a queue whose journal cannot be made (a full disk) goes again
             w = q._w
             with q._ring.clock:
                 w[L.Q_SETTLE_SEQ] += 1
                 seq = w[L.Q_SETTLE_SEQ]
-            q._dur.wait(L.Q_DURABLE_SETTLE, seq, time.monotonic() + options.JOURNAL_ADOPT_TIMEOUT)
+            try:
+                q._dur.wait(L.Q_DURABLE_SETTLE, seq, time.monotonic() + options.JOURNAL_ADOPT_TIMEOUT,
+                            strict=True)
+            except (StorageError, Timeout) as e:
+                why = q._dur.error_text() if isinstance(e, StorageError) else str(e)
+                with contextlib.suppress(QueueNotFound):
+                    self.delete_queue(name)
+                raise type(e)(f"queue {name!r} was not created: {why}") from None
         return q
 
     def delete_queue(self, name: str) -> None:
@@ -309,20 +317,16 @@ class Attachment:
         self._slot = None
 
     def close(self, gone: bool = False) -> None:
-        """``release``, then let go of every mapping this attachment made: its queues'
-        (handles still held raise ``InstanceError``) and the registry's, whose flock goes
-        with it (this process no longer keeps the instance alive).  ``gone``: the instance
-        was destroyed (nothing to give back, handles raise ``QueueNotFound``)."""
+        """``release``, then let go of every mapping made here: the queues' (held handles
+        raise ``InstanceError``) and the registry's, with its flock.  ``gone``: the instance
+        was destroyed (nothing to give back; held handles raise ``QueueNotFound``)."""
         if not gone:
             self.release()
         self._slot = None
         for qid in list(self._queues):
             self.forget(qid, "deleted" if gone else "closed")
         reg = self.registry
-        if reg.lock.busy_here():  # (a thread of ours is inside it: the GC unmaps it later)
-            reg.detach()
-        else:
-            reg.mapping.vacate()
+        reg.detach() if reg.lock.busy_here() else reg.mapping.vacate()  # (busy: the GC unmaps it)
 
 
 # the shared one per instance (default clock), and per effective uid: a forked child that

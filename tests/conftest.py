@@ -275,7 +275,9 @@ class Server:
     """``shmq serve`` as a real subprocess on an ephemeral port."""
 
     def __init__(self, workers: int = 2, token: str = "", extra: list[str] | None = None,
-                 instance: str | None = None, data_dir: str | None = None) -> None:
+                 instance: str | None = None, data_dir: str | None = None, nofile: int | None = None
+                 ) -> None:
+        """``nofile``: the broker's descriptor limit, soft and hard (as ``prlimit --nofile``)."""
         import re
         import selectors
         import subprocess
@@ -289,7 +291,12 @@ class Server:
                 "--workers", str(workers), "--instance", self.instance, "--data-dir", self.data_dir,
                 *(extra or [])]
         env = {**os.environ, "SHMQ_TOKEN": token}  # as users should: not in argv, where ps shows it
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        limit = None
+        if nofile is not None:
+            import resource
+            limit = lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))  # noqa: E731
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                     preexec_fn=limit)
         self.stdout_at_stop = ""
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ)  # type: ignore[arg-type]
@@ -435,8 +442,9 @@ class HeldMark:
         self.done = threading.Event()
         core.held._post = self._post  # type: ignore[method-assign]  # (the loop's call_soon_threadsafe)
 
-    def wait(self, word: int, end: int, deadline: float | None) -> None:
+    def wait(self, word: int, end: int, deadline: float | None) -> int:
         assert self.moved.wait(10)
+        return self.w[word]
 
     def _post(self, fn: Any, *args: Any) -> None:
         self.posted.append((fn, *args))

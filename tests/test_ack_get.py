@@ -198,7 +198,7 @@ def test_the_get_waits_for_the_journal_to_have_the_ack(core: Core, monkeypatch: 
 
     monkeypatch.setattr(ServerQueue, "ack", ack)
     if fails:
-        def wait(word: int, end: int, deadline: float | None) -> None:
+        def wait(word: int, end: int, deadline: float | None) -> int:
             raise StorageError("disk full")
         held.wait = wait  # type: ignore[method-assign]
     msg_id = _consume_acking(p, [(off, dc)])

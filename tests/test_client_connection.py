@@ -198,9 +198,13 @@ def test_closing_reason_outlives_the_loss_that_follows() -> None:
     assert ev == Closing("closed by the broker: too many connections") and not conn.closed
     assert conn.lost("closed by the broker") == ["w"]
     assert conn.closed and conn.close_reason == "closed by the broker: too many connections"
-    err = conn.lost_error()
-    assert isinstance(err, shmq.ConnectionLost)
+    err = conn.lost_error()  # refused for want of room: typed as such, not as a lost connection
+    assert isinstance(err, shmq.LimitExceeded)
     assert str(err) == "connection to tcp://h:7 closed by the broker: too many connections"
+    other = ClientConnection("tcp://h:7")
+    other.receive_data(error(0, Status.PROTOCOL_ERROR, "no handshake"))
+    other.lost("closed by the broker")
+    assert isinstance(other.lost_error(), shmq.ConnectionLost)  # any other close: lost
 
 
 def test_loss_fails_every_pending_request_and_subscription_once() -> None:

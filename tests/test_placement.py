@@ -291,7 +291,7 @@ def test_a_connection_is_not_handed_to_a_full_worker() -> None:
         for _ in range(8):
             try:
                 b = connect_tcp(srv.url, affinity=key)
-            except shmq.ConnectionLost as e:  # it landed on worker 1, which is full and says so
+            except shmq.LimitExceeded as e:  # it landed on worker 1, which is full and says so
                 assert "worker 1 holds 2 connections already" in str(e)
                 continue
             assert b.worker == 0
