@@ -23,6 +23,7 @@ import pytest
 
 import shmq
 from shmq.segment import objects_of, parse_object_name
+from shmq.server.placement import affinity_for
 from shmq.shm import ShmBroker
 
 from .conftest import Server, connect_tcp, wait_until
@@ -102,6 +103,9 @@ def test_fifty_deleted_queues_leave_no_memory_in_any_broker_process() -> None:
         pids = broker_pids(srv)
         assert len(pids) == 5, "supervisor, 2 workers, journal, metrics"
         b = connect_tcp(srv.url, srv.token)
+        # a connection on each worker: both map the queue, and only one of them deletes it
+        w0, w1 = (connect_tcp(srv.url, srv.token, affinity=affinity_for(i, 2)) for i in range(2))
+        assert (w0.worker, w1.worker) == (0, 1)
         base = {pid: (rss_shmem_mb(pid), fds(pid)) for pid in pids}
         payload = b"m" * (256 << 10)
         slowest = 0.0
@@ -109,8 +113,8 @@ def test_fifty_deleted_queues_leave_no_memory_in_any_broker_process() -> None:
             before = queue_ids(srv.instance)
             q = b.create_queue("cycle", durability=POLICIES[i % 3], capacity=1024, max_bytes=64 * MB)
             (qid,) = queue_ids(srv.instance) - before
-            for _ in range(4):  # 8 MiB, through both workers (a connection each)
-                q.put_many([payload] * 8)
+            for w in (w0, w1, w0, w1):  # 8 MiB, through both workers
+                w.queue("cycle").put_many([payload] * 8)
             with urllib.request.urlopen(srv.metrics_url, timeout=10) as r:  # the metrics process maps it
                 assert b'queue="cycle"' in r.read()
             assert q.get(timeout=5).payload == payload
@@ -123,7 +127,8 @@ def test_fifty_deleted_queues_leave_no_memory_in_any_broker_process() -> None:
             shm, fd = base[pid]
             assert rss_shmem_mb(pid) <= shm + 1, (pid, rss_shmem_mb(pid), shm)
             assert fds(pid) <= fd + 2, (pid, fds(pid), fd)
-        b.close()
+        for h in (b, w0, w1):
+            h.close()
         print(f"slowest release: {slowest:.3f} s")
     finally:
         assert srv.stop() == 0
