@@ -354,24 +354,26 @@ _IN_NAMESPACE = textwrap.dedent("""
     srv = subprocess.Popen([sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
                             "--workers", "1", "--instance", "srv", "--data-dir", sys.argv[1]],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    port = int(re.search(rb"tcp://[0-9.]+:(\\d+)", srv.stdout.readline()).group(1))
-    t = shmq.connect(f"tcp://127.0.0.1:{port}", token=runtime.token_for("127.0.0.1", port))
-    kept = t.create_queue("kept", max_bytes=64 << 10, capacity=64)
-    with open("/dev/shm/filler", "wb", buffering=0) as f:  # the last byte of /dev/shm
-        for size in (1 << 16, 4096, 1):
-            try:
-                while True:
-                    f.write(bytes(size))
-            except OSError:
-                pass
-    out["colocated, full"] = err(lambda: b.create_queue("small", max_bytes=64 << 10, capacity=64))
-    out["new instance, full"] = err(lambda: shmq.connect("shm://other", create=True))
-    out["tcp, full"] = err(lambda: t.create_queue("small", max_bytes=64 << 10, capacity=64))
-    kept.put(b"k")
-    out["kept serves"] = bytes(kept.get(timeout=5).payload).decode()
-    t.close()
-    srv.terminate()
-    out["log"] = srv.communicate(timeout=30)[1].decode()
+    try:
+        port = int(re.search(rb"tcp://[0-9.]+:(\\d+)", srv.stdout.readline()).group(1))
+        t = shmq.connect(f"tcp://127.0.0.1:{port}", token=runtime.token_for("127.0.0.1", port))
+        kept = t.create_queue("kept", max_bytes=64 << 10, capacity=64)
+        with open("/dev/shm/filler", "wb", buffering=0) as f:  # the last byte of /dev/shm
+            for size in (1 << 16, 4096, 1):
+                try:
+                    while True:
+                        f.write(bytes(size))
+                except OSError:
+                    pass
+        out["colocated, full"] = err(lambda: b.create_queue("small", max_bytes=64 << 10, capacity=64))
+        out["new instance, full"] = err(lambda: shmq.connect("shm://other", create=True))
+        out["tcp, full"] = err(lambda: t.create_queue("small", max_bytes=64 << 10, capacity=64))
+        kept.put(b"k")
+        out["kept serves"] = bytes(kept.get(timeout=5).payload).decode()
+        t.close()
+    finally:  # (the broker never outlives this script, whatever happens)
+        srv.terminate()
+        out["log"] = srv.communicate(timeout=30)[1].decode()
     os.unlink("/dev/shm/filler")
     b.destroy()
     print(json.dumps(out))
