@@ -21,7 +21,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import posix_ipc
 
@@ -135,10 +135,9 @@ class QueueHandle:
 
     def _alive(self) -> None:
         if self._w[L.Q_STATE] != L.QS_ACTIVE:
-            if self._gone == _CLOSED:
-                raise InstanceError(f"queue {self.name!r}: the broker handle it came from was closed")
-            self._att.forget(self._ring.queue_id)
-            raise QueueNotFound(f"queue {self.name!r} was deleted")
+            if self._gone is None:
+                self._att.forget(self._ring.queue_id)  # (lets go of it: ``release``)
+            self._raise_gone()
 
     # ------------------------------------------------------------ letting go
     def release(self, why: str = "deleted") -> bool:
@@ -177,7 +176,7 @@ class QueueHandle:
         never closes a semaphore a thread sleeps on."""
         with self._life:
             if self._gone is not None:
-                self._alive_or_gone()
+                self._raise_gone()
             self._sleepers += 1
         try:
             sem.acquire(timeout)
@@ -189,12 +188,11 @@ class QueueHandle:
                 if self._gone is not None and self._vacated and not self._sleepers:
                     self._close_semaphores()
 
-    def _alive_or_gone(self) -> None:
-        """Raise the error of a handle let go of (whatever its memory reads)."""
+    def _raise_gone(self) -> NoReturn:
+        """The error of a deleted queue's handle, or of one whose broker handle was closed."""
         if self._gone == _CLOSED:
             raise InstanceError(f"queue {self.name!r}: the broker handle it came from was closed")
         raise QueueNotFound(f"queue {self.name!r} was deleted")
-
 
     def _journal_dir(self) -> str | None:
         """Where the journal of this queue lives (None: no journal writer has said)."""

@@ -300,11 +300,8 @@ class Attachment:
         return n
 
     def release(self) -> None:
-        """Give this process's leases back and free its client slot (at exit).
-
-        The mappings stay (handles still held keep working and register again on
-        their next get): ``close`` lets go of them.
-        """
+        """Give this process's leases back and free its client slot (at exit).  The mappings
+        stay (held handles register again on their next get): ``close`` lets go of them."""
         if self._slot is not None and self._slot_pid == os.getpid():
             now = self.now_ms()
             for q in list(self._queues.values()):
@@ -326,7 +323,10 @@ class Attachment:
         for qid in list(self._queues):
             self.forget(qid, "deleted" if gone else "closed")
         reg = self.registry
-        reg.detach() if reg.lock.busy_here() else reg.mapping.vacate()  # (busy: the GC unmaps it)
+        if reg.lock.busy_here():  # a thread of ours is inside it: the GC unmaps it later
+            reg.detach()
+        else:
+            reg.mapping.vacate()
 
 
 # the shared one per instance (default clock), and per effective uid: a forked child that
