@@ -520,7 +520,75 @@ done:
 
 /* ------------------------------------------------------------------ module */
 
+/* ------------------------------------------------------------------ crash points */
+
+char sp_crash_name[64];
+long sp_crash_left;
+unsigned long long sp_calls[N_CALLS];
+
+static PyObject *
+sp_crash_arm(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    const char *name;
+    Py_ssize_t len;
+    if (nargs != 2 || (name = PyUnicode_AsUTF8AndSize(args[0], &len)) == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "crash_arm(name, count)");
+        return NULL;
+    }
+    long count = PyLong_AsLong(args[1]);
+    if (count == -1 && PyErr_Occurred())
+        return NULL;
+    if (len >= (Py_ssize_t)sizeof(sp_crash_name)) {
+        PyErr_SetString(PyExc_ValueError, "crash_arm: name too long");
+        return NULL;
+    }
+    sp_crash_name[0] = '\0';  /* (disarmed while it changes) */
+    sp_crash_left = count;
+    memcpy(sp_crash_name, name, (size_t)len + 1);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+sp_crash_disarm(PyObject *mod, PyObject *unused)
+{
+    sp_crash_name[0] = '\0';
+    sp_crash_left = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+sp_crash_hit(PyObject *mod, PyObject *arg)
+{
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (name == NULL)
+        return NULL;
+    crash_point(name);
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+sp_calls_of(PyObject *mod, PyObject *unused)
+{
+    static const char *names[N_CALLS] = {"put_one", "deliver_one", "ack_one", "ack_run", "settle_range"};
+    PyObject *d = PyDict_New();
+    for (int i = 0; d != NULL && i < N_CALLS; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong(sp_calls[i]);
+        if (v == NULL || PyDict_SetItemString(d, names[i], v) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(v);
+    }
+    return d;
+}
+
 static PyMethodDef methods[] = {
+    {"crash_arm", (PyCFunction)(void (*)(void))sp_crash_arm, METH_FASTCALL,
+     "crash_arm(name, count): die at the count-th pass through the point name, here or in Python."},
+    {"crash_disarm", (PyCFunction)sp_crash_disarm, METH_NOARGS, "crash_disarm(): no point is armed."},
+    {"crash_hit", (PyCFunction)sp_crash_hit, METH_O,
+     "crash_hit(name): a pass through a point of Python's (one count for both)."},
+    {"calls", (PyCFunction)sp_calls_of, METH_NOARGS,
+     "calls() -> dict: the calls of each function that writes shared memory, in this process."},
     {"trylock", (PyCFunction)sp_trylock, METH_O,
      "trylock(address) -> int: pthread_mutex_trylock on the mutex at address (0: taken)."},
     {"unlock", (PyCFunction)sp_unlock, METH_O,

@@ -6,8 +6,10 @@
 #define SHMQ_SPEEDUPS_H
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <signal.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 #define S_OFFSET 0
 #define S_BYTEPOS 1
@@ -31,6 +33,24 @@ PyObject *sp_slice_bytes(const char *buf, Py_ssize_t len, Py_ssize_t a, Py_ssize
  * (then -1, with a Python error set) */
 int sp_append_message(PyObject *out, PyTypeObject *type, PyObject *prefix, PyObject *off, PyObject *dc,
                       PyObject *payload, PyObject *meta, PyObject *stamp);
+
+/* Crash points inside the stores (shmq.crashpoints, which arms them through crash_arm):
+ * the armed point's name ("" when none) and the passes left before the kill.  Unarmed, a
+ * point costs the test of one byte. */
+extern char sp_crash_name[64];
+extern long sp_crash_left;
+
+static inline void
+crash_point(const char *name)
+{
+    if (sp_crash_name[0] && strcmp(name, sp_crash_name) == 0 && --sp_crash_left <= 0)
+        kill(getpid(), SIGKILL);
+}
+
+/* Calls of each function that writes shared memory, in this process (``calls()``): how a
+ * test proves which implementation ran. */
+enum { CALL_PUT_ONE, CALL_DELIVER_ONE, CALL_ACK_ONE, CALL_ACK_RUN, CALL_SETTLE_RANGE, N_CALLS };
+extern unsigned long long sp_calls[N_CALLS];
 
 PyObject *sp_deliver_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 PyObject *sp_ack_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);

@@ -1,10 +1,12 @@
 /* shmq._speedups, the one-message put, get and ack, a batch's ack and a commit's range
  * (shmq/_speedups.c is the module).
  *
- * The five functions here write shared memory, each under the lock its caller holds and
- * only where no crash point is armed (the caller checks): the same aligned 8-byte stores
- * as its pure-Python twin, in the same order, the commit last (shmq/layout.py).  Each
- * returns a sentinel where its twin must decide instead, and writes nothing then. */
+ * The five functions here write shared memory, each under the lock its caller holds: the
+ * same aligned 8-byte stores as its pure-Python twin, in the same order, the commit last
+ * (shmq/layout.py), passing the same crash points between them (crash_point: an armed
+ * point kills here as it does in the twin, so the compiled stores are the ones the
+ * crash tests prove).  Each returns a sentinel where its twin must decide instead, and
+ * writes nothing then. */
 #include "_speedups.h"
 
 #define Q_NEXT_OFFSET 24
@@ -88,12 +90,12 @@ geom_close(Geom *g)
  * deliver_one(geom, gi, word, now, ref, group) -> Message | None | False
  * geom = (mm, gw, sl, cap, sw, tail_word, data_off, size, cls, q), bound once per handle.
  * The compiled twin of group_delivery.Groups.deliver_one, for a queue without a queue TTL
- * and a process without crash points (the caller checks both): None where the twin
+ * (the caller checks): None where the twin
  * returns None (the general path is needed); False where the twin must decide (the
  * message has a TTL of its own: the twin reads the wall clock).  The caller holds the
- * consumer lock.  This is the one function here that writes shared memory: the same
- * aligned 8-byte stores as the twin, in the same order (lease word, cursor, delivered
- * count, next expiry), each made only once the message object is built (no allocation
+ * consumer lock.  The same aligned 8-byte stores as the twin, in the same order (lease
+ * word, its crash point, cursor, delivered count, next expiry), each made only once the
+ * message object is built (no allocation
  * can fail after the first store). */
 
 
@@ -120,6 +122,7 @@ sp_deliver_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     Geom G;
     if (geom_open(args[0], 10, "deliver_one", &G) < 0)
         return NULL;
+    sp_calls[CALL_DELIVER_ONE]++;
     if (gi < 0 || gi >= G.sw - S_GROUPS) {
         geom_close(&G);
         PyErr_SetString(PyExc_ValueError, "deliver_one: bad geometry (no such group)");
@@ -174,8 +177,9 @@ sp_deliver_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     PyTuple_SET_ITEM(t, 5, payload);
     PyTuple_SET_ITEM(t, 6, meta);
     PyTuple_SET_ITEM(t, 7, stamp);
-    /* the twin's stores, in its order */
+    /* the twin's stores, in its order, and its crash point */
     w[base + S_GROUPS + gi] = word;
+    crash_point("deliver.one.leased");
     w[g + G_CURSOR] = cur + 1;
     w[g + G_DELIVERED] = w[g + G_DELIVERED] + 1;
     uint64_t deadline = word >> TIME_SHIFT;
@@ -204,6 +208,7 @@ floor_after_ack(const Geom *G, Py_ssize_t g, Py_ssize_t lw, uint64_t done_to, lo
     if (f == old)
         return 0;
     w[g + G_FLOOR] = f;
+    crash_point("floor.moved");
     if (old != w[Q_FREE_OFFSET])  /* another group holds the free offset back */
         return 0;
     if (lone_gen >= 0 && w[Q_GROUP_GEN] == (uint64_t)lone_gen) {  /* its floor is the free offset */
@@ -215,8 +220,8 @@ floor_after_ack(const Geom *G, Py_ssize_t g, Py_ssize_t lw, uint64_t done_to, lo
 
 /* ack_one(geom, ref, offset, dc, lone_gen) -> int
  * The compiled twin of group_settlement.Settlement.ack followed by its advance_floor, for
- * a memory-only queue (no settle sequence to bump) and a process without crash points
- * (the caller checks both), under the consumer lock the caller holds.  ``lone_gen``: the
+ * a memory-only queue (no settle sequence to bump; the caller checks), under the consumer
+ * lock the caller holds.  ``lone_gen``: the
  * Q_GROUP_GEN for which the caller's group table knows this is the queue's only group, or
  * -1.  Returns the twin's OK (0), STALE (1) or FREED (3); or 4 where the floor moved and
  * the twin would recompute the free offset (the caller then calls _recompute_free).  The
@@ -240,6 +245,7 @@ sp_ack_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     Geom G;
     if (geom_open(args[0], 10, "ack_one", &G) < 0)
         return NULL;
+    sp_calls[CALL_ACK_ONE]++;
     Py_ssize_t gi = (Py_ssize_t)(ref & ((1u << GI_BITS) - 1));
     if (gi >= G.sw - S_GROUPS || dc >= (1ull << (OWNER_SHIFT - DC_SHIFT))) {
         geom_close(&G);
@@ -263,6 +269,7 @@ sp_ack_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     w[base + lw] = DONE | (dc << DC_SHIFT);
+    crash_point("ack.done");
     w[g + G_ACKED] = w[g + G_ACKED] + 1;
     rc = floor_after_ack(&G, g, lw, 0, lone_gen);
 done:
@@ -273,8 +280,8 @@ done:
 /* put_one(geom, payload, meta, ts) -> int
  * geom = (mm, groups_w, slots_w, cap, sw, tail_word, data_off, size): Geom's, bound once per ring.
  * The compiled twin of the body of ring.Ring.try_put, under the producer lock the caller
- * holds, once the caller has settled a pending idempotent put, in a process without crash
- * points (the caller checks both): the new record's offset, or -1 when there is no room
+ * holds, once the caller has settled a pending idempotent put: the new record's offset,
+ * or -1 when there is no room
  * now.  The same stores as the twin in the same order: the record bytes (metadata, then
  * payload), the slot (head, then S_EXPIRES and the lease words zeroed), Q_TAIL_BYTES, and
  * last the commit, Q_NEXT_OFFSET, one aligned 8-byte store with release ordering (nothing
@@ -294,6 +301,7 @@ sp_put_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     Py_buffer pv, mv;
     if (geom_open(args[0], 8, "put_one", &G) < 0)
         return NULL;
+    sp_calls[CALL_PUT_ONE]++;
     if (PyObject_GetBuffer(args[1], &pv, PyBUF_SIMPLE) < 0) {
         geom_close(&G);
         return NULL;
@@ -345,7 +353,9 @@ sp_put_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     for (Py_ssize_t k = S_EXPIRES; k < sw; k++)
         w[base + k] = 0;
     w[Q_TAIL_BYTES] = p + n;
+    crash_point("put.written");
     __atomic_store_n((uint64_t *)&w[Q_NEXT_OFFSET], off + 1, __ATOMIC_RELEASE);  /* commit */
+    crash_point("put.committed");
     rc = (long long)off;
 answer:
     res = PyLong_FromLongLong(rc);
@@ -357,8 +367,8 @@ done:
 }
 
 /* settle_range(mm, sl, cap, sw, lw, start, end) -> int
- * The compiled twin of the loop of group_settlement.Settlement.commit, for a process
- * without crash points (the caller checks), under the consumer lock the caller holds:
+ * The compiled twin of the loop of group_settlement.Settlement.commit (settle_range), under
+ * the consumer lock the caller holds:
  * every lease word ``lw`` of the slots of offsets start .. end - 1 becomes DONE (a NEW
  * one plain DONE; a delayed one never delivered keeps its due time; any other keeps its
  * delivery count), except a DEADING one, left to finish its dead-letter copy.  The same
@@ -391,6 +401,7 @@ sp_settle_range(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_ValueError, "settle_range: geometry past the end of the mapping");
         return NULL;
     }
+    sp_calls[CALL_SETTLE_RANGE]++;
     volatile uint64_t *w = (volatile uint64_t *)view.buf;
     const uint64_t state_dc = (1ull << OWNER_SHIFT) - 1;
     const uint64_t time_bits = ~((1ull << TIME_SHIFT) - 1);
@@ -401,12 +412,15 @@ sp_settle_range(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         uint64_t x = *p;
         if (!x)
             *p = DONE;
-        else if ((x & STATE_MASK) == DEADING)
+        else if ((x & STATE_MASK) == DEADING) {
             left++;
+            continue;
+        }
         else if ((x & state_dc) == READY || (x & state_dc) == DONE)
             *p = DONE | (x & time_bits);
         else
             *p = DONE | (x & dc_bits);
+        crash_point("commit.word");
     }
     PyBuffer_Release(&view);
     return PyLong_FromLong(left);
@@ -414,8 +428,8 @@ sp_settle_range(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 
 /* ack_run(geom, msgs, q, lone_gen) -> int
  * The compiled twin of consume.ack_many's usual batch (Settlement.ack_offsets' strided
- * path and its advance_floor) on a memory-only queue in a process without crash points
- * (the caller checks both), under the consumer lock the caller holds: ``msgs``, a list of
+ * path and its advance_floor) on a memory-only queue (the caller checks), under the
+ * consumer lock the caller holds: ``msgs``, a list of
  * at least two Messages delivered through ``q`` to one group, consecutive offsets with
  * one delivery count, none lapping the slot table, each one's lease word LEASED with that
  * count.  Returns -1, having written nothing, for any other batch (the twin decides: a
@@ -464,6 +478,7 @@ sp_ack_run(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     Geom G;
     if (geom_open(args[0], 10, "ack_run", &G) < 0)
         return NULL;
+    sp_calls[CALL_ACK_RUN]++;
     Py_ssize_t gi = (Py_ssize_t)(ref & ((1u << GI_BITS) - 1));
     if (gi >= G.sw - S_GROUPS || dc >= (1ull << (OWNER_SHIFT - DC_SHIFT))) {
         geom_close(&G);
@@ -485,6 +500,7 @@ sp_ack_run(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     }
     for (Py_ssize_t i = 0; i < n; i++)
         w[b0 + i * sw + lw] = leased | DONE;
+    crash_point("ack_range.done");
     w[g + G_ACKED] = w[g + G_ACKED] + (uint64_t)n;
     rc = floor_after_ack(&G, g, lw, o0 <= w[g + G_FLOOR] ? o0 + (uint64_t)n : 0, lone_gen);
 done:

@@ -6,10 +6,11 @@ matches exactly (it returns None where the twin would raise or for input it leav
 the twin).  ``wire_records`` (shmq/_speedups_wire.c) makes a TCP client's messages from an
 answer's bytes.  ``SHMQ_PURE=1`` in the environment forces the pure-Python twins, as does a
 missing or broken build.  Five functions write shared memory, under the lock their caller
-holds and only where no crash point is armed: ``put_one``, ``deliver_one`` and ``ack_one``
-(the one-message put, get and ack), ``ack_run`` (``ack_many``'s usual batch) and
-``settle_range`` (a commit's range), making the same stores as their twins, in the same
-order, the commit last (``shmq.layout``).
+holds: ``put_one``, ``deliver_one`` and ``ack_one`` (the one-message put, get and ack),
+``ack_run`` (``ack_many``'s usual batch) and ``settle_range`` (a commit's range), making
+the same stores as their twins, in the same order, the commit last (``shmq.layout``), and
+passing the same crash points between them (``shmq.crashpoints``); ``ext.calls()`` counts
+their calls in this process.
 """
 
 from __future__ import annotations

@@ -13,9 +13,6 @@ import time
 from collections.abc import Iterable
 
 from . import crashpoints, options
-from . import group_delivery as _gd
-from . import group_settlement as _gs
-from . import group_table as _gt
 from . import layout as L
 from .accel import ext
 from .api import Message, own_leases
@@ -89,7 +86,7 @@ class Consuming(QueueHandle):
                 return None
             word = FIRST_LEASE | (owner << OWNER_SHIFT) | ((now + self._vis) << TIME_SHIFT)
             d1 = _deliver_c
-            if d1 is not None and self._one is not None and not _gd._CRASH:
+            if d1 is not None and self._one is not None:
                 m = d1(self._one, gi, word, now, ref, group)
                 if m is False:  # a TTL of its own: the twin reads the wall clock
                     m = self._groups.deliver_one(gi, ref, word, now, Message, self, group)
@@ -211,8 +208,7 @@ class Consuming(QueueHandle):
             self._ring.clock.acquire_slow(rc)
         try:
             a1 = _ack_c
-            if a1 is not None and self._one is not None and not self._durable and not (
-                    _gs._CRASH or _gt._CRASH):
+            if a1 is not None and self._one is not None and not self._durable:
                 groups = self._groups
                 result = a1(self._one, ref, msg[3], msg[4], groups._gen if groups._lone else -1)
                 if result == _RECOMPUTE:
@@ -274,8 +270,7 @@ class Consuming(QueueHandle):
 
     def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:
         run = _ack_run_c
-        if (run is not None and messages.__class__ is list and self._one is not None and not self._durable
-                and not (_gs._CRASH or _gt._CRASH)):
+        if run is not None and messages.__class__ is list and self._one is not None and not self._durable:
             groups = self._groups
             clock = self._ring.clock
             clock.acquire()

@@ -17,6 +17,13 @@ writes each point as::
 
 The variable is read once, at import.  ``arm()`` arms a point later (a forked child in a
 test), by setting the flag of every watching module.
+
+The compiled stores (``shmq.accel``: ``put_one``, ``deliver_one``, ``ack_one``,
+``ack_run``, ``settle_range``) pass the same points as their Python twins, between the
+same stores (``crash_point`` in ``shmq/_speedups.h``, unarmed the test of one byte):
+arming a point changes nothing else, the compiled path stays the one that runs.  When
+the accelerator is loaded the count of passes lives there, one for both languages:
+``arm``, ``disarm`` and ``hit`` hand it the point.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
+
+from .accel import ext
 
 ENV = "SHMQ_CRASH_POINT"
 
@@ -113,6 +122,8 @@ def arm(name: str, count: int = 1) -> None:
     """Die at the ``count``-th pass through ``name`` from now on (in this process)."""
     global _CHECK, _LEFT
     _CHECK, _LEFT = _parse(f"{name}:{count}")
+    if ext is not None:
+        ext.crash_arm(_CHECK, _LEFT)
     for m in _WATCHERS:
         mod = sys.modules.get(m)
         if mod is not None:
@@ -122,6 +133,8 @@ def arm(name: str, count: int = 1) -> None:
 def disarm() -> None:
     global _CHECK, _LEFT
     _CHECK, _LEFT = "", 0
+    if ext is not None:
+        ext.crash_disarm()
     for m in _WATCHERS:
         mod = sys.modules.get(m)
         if mod is not None:
@@ -133,14 +146,24 @@ def hit(name: str) -> None:
     global _LEFT
     if name != _CHECK:
         return
+    if ext is not None:  # (the count is the compiled stores' too)
+        ext.crash_hit(name)
+        return
     _LEFT -= 1
     if _LEFT <= 0:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def armed() -> str:
+    """The armed point's name, "" when none (this process)."""
+    return _CHECK
+
+
 _spec = os.environ.get(ENV, "")
 if _spec:
     _CHECK, _LEFT = _parse(_spec)
+    if ext is not None:
+        ext.crash_arm(_CHECK, _LEFT)
 
 
 if __name__ == "__main__":

@@ -279,7 +279,7 @@ class Settlement(GroupTable):
         g = self.gw + gi * G_WORDS
         end = min(offset, w[Q_NEXT_OFFSET])
         lw = S_GROUPS + gi
-        if _settle_c is not None and not _CRASH:
+        if _settle_c is not None:
             left = _settle_c(self.mm, self.sl, self.cap, self.sw, lw, w[g + G_FLOOR], end)
         else:
             left = settle_range(w, self.sl, self.cap, self.sw, lw, w[g + G_FLOOR], end)

@@ -212,7 +212,7 @@ class Ring:
         try:
             if w[Q_PENDING_PRODUCER]:  # the last idempotent put's writer died
                 self._settle_pending()
-            if _put_c is not None and not _CRASH:
+            if _put_c is not None:
                 return _put_c(self._put_geom, payload, meta, ts)  # type: ignore[no-any-return]
             off = w[Q_NEXT_OFFSET]
             free = w[Q_FREE_OFFSET]

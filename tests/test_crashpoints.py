@@ -6,6 +6,7 @@ Each point runs twice: with a reaper first and with a delivery first (order matt
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -213,12 +214,12 @@ class Account:
                 self.acked[g].add(ident)
 
 
-def _drain(b: ShmBroker) -> tuple[dict[tuple[str, str], set[str]], set[str]]:
-    """Everything deliverable, per (queue, group), acked; and the ids in the DLQs.  Rounds
-    until nothing moves: the reaper retries orphaned dead-letter copies once the drain
-    makes room in their DLQ."""
+def _drain(b: ShmBroker) -> tuple[dict[tuple[str, str], set[str]], dict[tuple[str, str], set[str]]]:
+    """Everything deliverable, per (queue, group), acked; and the ids in the DLQs, per the
+    (queue, group) their origin names.  Rounds until nothing moves: the reaper retries
+    orphaned dead-letter copies once the drain makes room in their DLQ."""
     got: dict[tuple[str, str], set[str]] = defaultdict(set)
-    dead: set[str] = set()
+    dead: dict[tuple[str, str], set[str]] = defaultdict(set)
     for _ in range(20):
         b.reap()
         moved = 0
@@ -236,7 +237,12 @@ def _drain(b: ShmBroker) -> tuple[dict[tuple[str, str], set[str]], set[str]]:
                     for m in ms:
                         ident, copy = m.payload.decode().split("|")
                         assert ident == copy, f"corrupted payload {m.payload!r}"
-                        (dead if name.endswith(".dlq") else got[(name, g)]).add(ident)
+                        if name.endswith(".dlq"):
+                            if ident != "filler":
+                                assert m.origin is not None, f"{name}: {ident} has no origin"
+                                dead[(m.origin.queue, m.origin.group)].add(ident)
+                        else:
+                            got[(name, g)].add(ident)
                     q.ack_many(ms)
                     moved += len(ms)
         if not moved and all(i["retained"] == 0 for i in map(lambda n: b.queue(n).stats(), ("q", "o", "t"))):
@@ -280,7 +286,7 @@ def test_crash_point_recovers(instance: str, tmp_path: Path, point: str, reap_fi
     acc = Account(log_path)
     for name, groups in (("q", GROUPS), ("o", ("default",)), ("t", ("default",))):
         for g in groups:
-            settled = acc.acked[g] | got[(name, g)] | dead
+            settled = acc.acked[g] | got[(name, g)] | dead[(name, g)]  # (a DLQ's: from this group only)
             if name == "q":
                 settled |= {i for i, off in acc.confirmed[name].items() if off < acc.committed[g]}
             lost = set(acc.confirmed[name]) - settled
@@ -310,6 +316,11 @@ def test_crashpoints_lists_every_point_once() -> None:
     import re
     passed = set(re.findall(r'crashpoints\.hit\("([^"]+)"\)', code))
     assert passed == set(crashpoints.POINTS)
+    # the compiled stores pass their twins' points, each declared, and no other
+    c_code = "".join(p.read_text() for p in root.glob("_speedups*.c"))
+    in_c = set(re.findall(r'crash_point\("([^"]+)"\)', c_code))
+    assert in_c == {"put.written", "put.committed", "deliver.one.leased", "ack.done", "floor.moved",
+                    "ack_range.done", "commit.word"}
 
 
 def test_an_unknown_point_is_refused() -> None:
@@ -327,4 +338,66 @@ def test_an_armed_point_kills_at_its_nth_pass(instance: str) -> None:
                        env={**os.environ, crashpoints.ENV: "put.committed:3"})
     assert r.returncode == -signal.SIGKILL and r.stdout.split() == ["0", "1"]
     assert b.queue("q").stats()["retained"] == 3  # the third put committed before the kill
+    b.destroy()
+
+
+_ARMED_RUN = """
+import json, shmq
+from shmq.accel import ext
+q = shmq.connect("shm://{instance}").queue("q")
+before = ext.calls()
+q.put_many([b"a", b"b", b"c", b"d", b"e"])  # (put_many: the twin's)
+q.put(b"f")
+q.get().ack()  # (the first get takes the process's client slot: the general path)
+q.get().ack()
+q.ack_many(q.get_many(2))
+q.commit("default", 6)
+print(json.dumps({{k: v - before[k] for k, v in ext.calls().items()}}))
+"""
+
+
+def test_an_armed_process_runs_the_compiled_stores(instance: str) -> None:
+    """With a point armed (here one the run never reaches its count of), the five compiled
+    functions that write shared memory still run: arming changes nothing else."""
+    b = ShmBroker(instance)
+    b.create_queue("q")
+    env = {k: v for k, v in os.environ.items() if k != "SHMQ_PURE"}  # (whatever this run's mode)
+    r = subprocess.run([sys.executable, "-c", _ARMED_RUN.format(instance=instance)], capture_output=True,
+                       text=True, env={**env, crashpoints.ENV: "put.committed:1000000"}, timeout=60)
+    assert r.returncode == 0, r.stderr
+    calls = json.loads(r.stdout)
+    assert calls == {"put_one": 1, "deliver_one": 1, "ack_one": 2, "ack_run": 1, "settle_range": 1}
+    b.destroy()
+
+
+_ACK_TWICE = """
+import shmq
+q = shmq.connect("shm://{instance}").queue("q")
+ms = [q.get() for _ in range(3)]
+for m in ms:
+    m.ack()
+    print(m.offset, flush=True)
+"""
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["compiled", "pure"])
+def test_both_implementations_die_between_the_same_two_stores(instance: str, pure: bool) -> None:
+    """``ack.done:2``: the second ack stores DONE and dies before its counter moves, in C as
+    in Python: after the reap, message 1 stays settled (never delivered again), message 2
+    comes back, and the acked counter says 1."""
+    b = ShmBroker(instance)
+    q = b.create_queue("q")
+    q.put_many([b"0", b"1", b"2"])
+    env = {k: v for k, v in os.environ.items() if k != "SHMQ_PURE"}
+    if pure:
+        env["SHMQ_PURE"] = "1"
+    r = subprocess.run([sys.executable, "-c", _ACK_TWICE.format(instance=instance)], capture_output=True,
+                       text=True, env={**env, crashpoints.ENV: "ack.done:2"}, timeout=60)
+    assert r.returncode == -signal.SIGKILL and r.stdout.split() == ["0"], (r.returncode, r.stdout, r.stderr)
+    b.reap()
+    assert [m.payload for m in q.get_many(10, block=False)] == [b"2"]
+    st = q.stats()
+    assert st["groups"]["default"]["acked"] == 1  # DONE stored, the counter not moved
+    assert st["lock_recoveries"] == 1  # killed inside the consumer lock: the next holder repaired
+    assert check_instance(instance) == []
     b.destroy()
