@@ -65,7 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for f in r.groups:
         print(f"  {f.queue}/{f.group}: {f.confirmed} confirmed, {f.delivered} delivered "
               f"({f.deliveries} deliveries, {f.duplicates} duplicates), {f.drained} drained at the end, "
-              f"{f.dead_lettered} dead-lettered; lost {len(f.lost)}, vanished {len(f.vanished)}, "
+              f"{f.dead_lettered} dead-lettered, {f.in_flight} acks in flight at a kill; lost {len(f.lost)}, "
+              f"delivered again after an ack {len(f.redelivered)}, "
               f"unexpected {len(f.unexpected)}, stranded {f.stranded}")
     return 0 if r.ok else 1
 

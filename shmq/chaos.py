@@ -9,17 +9,21 @@ the processes wrote down:
 
 * each process logs, line-buffered, one line per event, before and after each call:
   ``A id`` before a put, ``C id`` once it returned (confirmed); ``G group id offset`` once a
-  get returned it (delivered), ``K`` / ``N`` / ``X group id`` once its ack / nack /
-  dead-letter returned; ``D group id`` once the dead-letter queue delivered it (``group``:
-  the one it came from); ``S`` / ``E group id`` a stale settle on a long lease (a lease taken
-  from a live process: a bug) / on a deliberately short one (expected); ``B text`` a corrupt
-  payload.  A write() of a line is not torn by SIGKILL, so a line is there or it is not.
-* per group: **lost** = confirmed - (delivered ∪ drained ∪ in the DLQ from this group);
-  **vanished** = given back by a nack (or dead-lettered) that returned, every logged
-  delivery of it ended so, and never seen again; **unexpected** = seen - attempted;
-  **stranded** = depth left after the drain although gets return nothing.  Duplicates
-  (at-least-once) are counted, not forbidden; a message seen at two offsets of its queue
-  was **written twice** (a plain put never retries; an idempotent one must not).
+  get returned it (delivered), ``T group id...`` before an ack (or an ``ack_many``), ``K`` /
+  ``N`` / ``X group id`` once its ack / nack / dead-letter returned; ``D group id`` once the
+  dead-letter queue delivered it (``group``: the one it came from); ``S`` / ``E group id`` a
+  stale settle on a long lease (a lease taken from a live process: a bug) / on a
+  deliberately short one (expected); ``B text`` a corrupt payload.  A write() of a line is
+  not torn by SIGKILL, so a line is there or it is not.
+* per group, every confirmed message must meet a **fate**: acked by an ack that returned
+  (``K``), drained at the end, in the dead-letter queue with this queue and group as its
+  origin, or in the one ack in flight when its consumer was killed (a ``T`` without its
+  outcome).  A delivery is no fate: a consumer killed holding a lease must have given it
+  back, so that another gets it.  **lost** = confirmed without a fate; **delivered again
+  after an ack** = acked and drained; **unexpected** = seen - attempted; **stranded** =
+  depth left after the drain although gets return nothing.  Duplicates (at-least-once)
+  are counted, not forbidden; a message seen at two offsets of its queue was **written
+  twice** (a plain put never retries; an idempotent one must not).
 * every child's exit status: -9 for those the parent killed (or that reached the crash point
   they were armed with), 0 for producers done with their quota; any other (an exception:
   its traceback is in ``<tag>.err``) fails the run.

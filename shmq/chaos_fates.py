@@ -1,7 +1,7 @@
 """The verdict of a chaos storm (``shmq.chaos``): every message's fate, from the children's logs.
 
 :class:`Logs` reads back what the processes wrote down; :func:`group_fates` sets it
-against what the drain found, per group (lost, vanished, unexpected, duplicates: the
+against what the drain found, per group (lost, redelivered, unexpected, duplicates: the
 definitions are in ``shmq.chaos``'s docstring); :class:`StormResult` holds all a storm
 found and :func:`summary` says it in one paragraph.
 """
@@ -28,14 +28,15 @@ class GroupFate:
     drained: int = 0
     dead_lettered: int = 0  # distinct ids in the dead-letter queue from this group
     duplicates: int = 0  # deliveries - delivered: at-least-once, not an error
+    in_flight: int = 0  # ids whose ack was in flight when its consumer was killed
     lost: list[str] = field(default_factory=list)
-    vanished: list[str] = field(default_factory=list)
+    redelivered: list[str] = field(default_factory=list)  # drained although an ack of it returned
     unexpected: list[str] = field(default_factory=list)
     stranded: int = 0
 
     @property
     def ok(self) -> bool:
-        return not (self.lost or self.vanished or self.unexpected or self.stranded)
+        return not (self.lost or self.redelivered or self.unexpected or self.stranded)
 
 
 @dataclass
@@ -72,7 +73,7 @@ class StormResult:
 
     @property
     def lost(self) -> dict[str, list[str]]:
-        return {f"{f.queue}/{f.group}": f.lost + f.vanished for f in self.groups if f.lost or f.vanished}
+        return {f"{f.queue}/{f.group}": f.lost for f in self.groups if f.lost}
 
     @property
     def unexpected(self) -> dict[str, list[str]]:
@@ -100,6 +101,7 @@ class Logs:
         self.nacked: dict[tuple[str, str], Counter[str]] = {}
         self.dead: dict[tuple[str, str], set[str]] = {}
         self.in_dlq: dict[tuple[str, str], set[str]] = {}
+        self.in_flight: dict[tuple[str, str], set[str]] = {}  # acks begun (T), no outcome: a kill
         self.offsets = Offsets()
         self.corrupted: list[str] = []
         self.stolen: list[str] = []
@@ -112,10 +114,17 @@ class Logs:
         lines = text.split("\n")
         if lines and lines[-1]:
             lines[-1] = ""  # no newline: not a whole line (a write never tears one, but be sure)
+        begun: set[tuple[str, str]] = set()  # (group, id) of the last T whose outcome is not logged yet
         for line in lines:
             if not line:
                 continue
             kind = line[0]
+            if kind == "T":
+                _, g, *ids = line.split(" ")
+                begun = {(g, i) for i in ids}
+            elif kind in "KSE":
+                _, g, ident = line.split(" ", 2)
+                begun.discard((g, ident))
             if kind == "A":
                 self.attempted.add(line[2:])
             elif kind == "C":
@@ -140,6 +149,8 @@ class Logs:
                         table.setdefault(key, Counter())[ident] += 1
                     else:
                         table.setdefault(key, set()).add(ident)
+        for g, ident in begun:  # the ack in flight when this process was killed
+            self.in_flight.setdefault((queue_of(ident), g), set()).add(ident)
 
 
 class Offsets:
@@ -165,16 +176,18 @@ def group_fates(specs: list[QueueSpec], logs: Logs, drained: dict[tuple[str, str
             got = logs.got.get(key, Counter())
             dr = drained.get(key, [])
             seen = set(got) | set(dr)
-            dlq = logs.in_dlq.get(key, set()) | dlq_drained.get(key, set())
-            nacked = logs.nacked.get(key, Counter())
-            # given back by every logged delivery (nack returned), so delivered again, drained or
-            # dead-lettered; or dead-lettered by a call that returned, so in the DLQ
-            returned = {i for i, n in nacked.items() if got[i] <= n} | logs.dead.get(key, set())
+            dlq = logs.in_dlq.get(key, set()) | dlq_drained.get(key, set())  # origin: this queue, group
+            acked = logs.acked.get(key, set())
+            in_flight = logs.in_flight.get(key, set())
             f = GroupFate(s.name, g, confirmed=len(confirmed), delivered=len(seen),
-                          deliveries=sum(got.values()) + len(dr), drained=len(dr), dead_lettered=len(dlq))
+                          deliveries=sum(got.values()) + len(dr), drained=len(dr), dead_lettered=len(dlq),
+                          in_flight=len(in_flight))
             f.duplicates = f.deliveries - f.delivered
-            f.lost = sorted(confirmed - seen - dlq)
-            f.vanished = sorted(returned - set(dr) - dlq - set(f.lost))
+            # every confirmed message meets a fate: acked by an ack that returned, drained at the
+            # end, in the DLQ from this group, or the ack in flight at its consumer's kill.  A
+            # delivery alone is none: a consumer killed holding it must have given it back.
+            f.lost = sorted(confirmed - acked - set(dr) - dlq - in_flight)
+            f.redelivered = sorted(acked & set(dr))  # an acknowledged message is never delivered again
             f.unexpected = sorted((seen | dlq) - attempted)
             out.append(f)
     return out
@@ -198,9 +211,9 @@ def summary(r: StormResult) -> str:
     for f in r.groups:
         if f.lost:
             bad.append(f"{f.queue}/{f.group} LOST {len(f.lost)} confirmed: {few(f.lost)}")
-        if f.vanished:
-            bad.append(f"{f.queue}/{f.group} VANISHED {len(f.vanished)} after a nack or dead-letter: "
-                       f"{few(f.vanished)}")
+        if f.redelivered:
+            bad.append(f"{f.queue}/{f.group} DELIVERED AGAIN AFTER AN ACK {len(f.redelivered)}: "
+                       f"{few(f.redelivered)}")
         if f.unexpected:
             bad.append(f"{f.queue}/{f.group} UNEXPECTED {len(f.unexpected)}: {few(f.unexpected)}")
         if f.stranded:

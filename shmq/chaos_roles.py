@@ -262,6 +262,9 @@ def _consumer(role: Role, env: Env) -> None:
             acks: list[tuple[Message, str]] = []
             for m, ident in got:
                 r = rnd.random()
+                if r >= spec.nack + spec.delayed_nack + spec.dead_letter + spec.touch:
+                    acks.append((m, ident))  # (acked below, with the others)
+                    continue
                 try:
                     if r < spec.nack:
                         m.nack()
@@ -272,14 +275,15 @@ def _consumer(role: Role, env: Env) -> None:
                     elif (r := r - spec.delayed_nack) < spec.dead_letter:
                         m.dead_letter()
                         log.write(f"X {g} {ident}\n")
-                    elif r - spec.dead_letter < spec.touch:
+                    else:
                         m.touch()
+                        log.write(f"T {g} {ident}\n")  # an ack begun: its K follows, or a kill did
                         m.ack()
                         log.write(f"K {g} {ident}\n")
-                    else:
-                        acks.append((m, ident))
                 except StaleAck:
                     log.write(f"{stale} {g} {ident}\n")
+            if acks:  # (a nack or a dead-letter in flight at a kill leaves a trace: no T for those)
+                log.write(f"T {g} {' '.join(ident for _, ident in acks)}\n")
             if len(acks) == 1:
                 m, ident = acks[0]
                 try:
