@@ -235,17 +235,20 @@ class Durability:
         lock): the snapshot never mentions an offset past the tail it comes with."""
         settle = self.w[L.Q_SETTLE_SEQ]
         ring = self._ring
+        now = self._q._now()
         with ring.clock:
-            groups = self._q._groups.snapshot()
+            groups = self._q._groups.snapshot(now)
         with ring.plock:
             nxt = self.w[L.Q_NEXT_OFFSET]
             producers = ring.producer_table()
         delays: list[tuple[int, int]] = []
-        now = self._q._now()
+        wall = time.time_ns() // 1_000_000  # monotonic time restarts with the machine
+        for st in groups:  # a nack's delay, as wall-clock time
+            if "backoff" in st:
+                st["backoff"] = [(o, wall + ms) for o, ms in st["backoff"]]
         if self.w[L.Q_DELAY_MAX] > now:  # (read after the tail: it covers every put below it)
             with ring.clock:
                 waits = self._q._groups.delays(nxt, now)
-            wall = time.time_ns() // 1_000_000  # monotonic time restarts with the machine
             delays = [(o, wall + ms) for o, ms in waits]
         return Snapshot(settle, groups, nxt, producers, delays)
 

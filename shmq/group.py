@@ -110,27 +110,39 @@ class Groups(Delivery):
     _COUNTERS = (G_ACKED, G_NACKED, G_REDELIVERED, G_DEAD_LETTERED, G_EXPIRED, G_CREATED_NS, G_DELIVERED,
                  G_TTL_EXPIRED)
 
-    def snapshot(self) -> list[dict[str, Any]]:
+    def snapshot(self, now: int = 0) -> list[dict[str, Any]]:
         """Every active group's state, for the journal; call under the consumer lock.
 
         ``words`` holds, for each offset in [floor, cursor), its lease state and
         delivery count (``state | deliveries << 3``); owners and deadlines are not
-        kept: after a recovery every lease is given back."""
+        kept: after a recovery every lease is given back.  ``backoff``: (offset, ms still
+        to wait at ``now``) of the messages given back with a delay (``nack(delay=)``)
+        not due yet, which a recovery gives back that late."""
         w = self.w
         out = []
         for gi, name in self.active():
             g = self.gw + gi * G_WORDS
             floor, cursor = w[g + G_FLOOR], w[g + G_CURSOR]
             words: list[int] = []
+            backoff: list[tuple[int, int]] = []
+            look = bool(now and w[g + G_REDELIVER])  # (nothing given back: nothing to look for)
             o = floor
             while o < cursor:  # one strided run per stretch that does not wrap the slot table
                 i0 = o % self.cap
                 k = min(cursor - o, self.cap - i0)
                 b = self.sl + i0 * self.sw + S_GROUPS + gi
-                words.extend(x & STATE_DC_MASK for x in w[b:b + k * self.sw:self.sw].tolist())
+                raw = w[b:b + k * self.sw:self.sw].tolist()
+                words.extend(x & STATE_DC_MASK for x in raw)
+                if look:
+                    backoff += [(o + i, (x >> TIME_SHIFT) - now) for i, x in enumerate(raw)
+                                if x & STATE_MASK == READY and x & STATE_DC_MASK != READY
+                                and x >> TIME_SHIFT > now]
                 o += k
-            out.append({"name": name, "floor": floor, "cursor": cursor, "words": words,
-                        "counters": [w[g + c] for c in self._COUNTERS]})
+            st = {"name": name, "floor": floor, "cursor": cursor, "words": words,
+                  "counters": [w[g + c] for c in self._COUNTERS]}
+            if backoff:
+                st["backoff"] = backoff
+            out.append(st)
         return out
 
     def delays(self, tail: int, now: int) -> list[tuple[int, int]]:
@@ -167,6 +179,19 @@ class Groups(Delivery):
                 elif w[b] & STATE_MASK == DONE:  # (not due: it was never delivered)
                     w[b] = DONE | ((due & TIME_MASK) << TIME_SHIFT)
             w[Q_DELAY_MAX] = max(w[Q_DELAY_MAX], due)
+
+    def restore_backoffs(self, groups: list[dict[str, Any]], due: Callable[[int], int]) -> None:
+        """Recovery, after ``restore``: the messages each group had given back with a delay
+        wait for it again (``due``: a snapshot's wall-clock ms to this boot's monotonic
+        ms), their delivery counts kept."""
+        w = self.w
+        for gi, st in enumerate(groups[:self.max_groups]):
+            g = self.gw + gi * G_WORDS
+            for o, wall_ms in st.get("backoff", ()):
+                b = self.sl + (int(o) % self.cap) * self.sw + S_GROUPS + gi
+                if w[g + G_FLOOR] <= int(o) < w[g + G_CURSOR] and w[b] & STATE_MASK == READY:
+                    at = due(int(wall_ms)) & TIME_MASK
+                    w[b] = (w[b] & ~(TIME_MASK << TIME_SHIFT)) | (at << TIME_SHIFT)
 
     def restore(self, groups: list[dict[str, Any]], first: int, tail: int) -> None:
         """Rebuild the group table from a snapshot (recovery, before the queue is

@@ -30,13 +30,14 @@ def restore_fill(records: dict[int, tuple[int, bytes, bytes]], groups: list[dict
     ns when it expires} of the messages put with their own TTL."""
     w = ring.w
     fill_records(ring, records, first, tail, expires)
+    now, wall = time.monotonic_ns() // 1_000_000, time.time_ns() // 1_000_000
     if groups:
         Groups(ring).restore(groups, first, tail)
+        Groups(ring).restore_backoffs(groups, lambda due: now + max(due - wall, 1))  # nacks' delays
     else:
         g = ring.groups_w
         w[g + L.G_CURSOR] = w[g + L.G_FLOOR] = first
     if delays:  # (offset, wall-clock ms when due): due on this boot's monotonic clock
-        now, wall = time.monotonic_ns() // 1_000_000, time.time_ns() // 1_000_000
         Groups(ring).restore_delays([(o, now + max(due - wall, 1)) for o, due in delays if o in records],
                                     first, tail)
     ring.restore_producers(producers, tail)

@@ -25,6 +25,7 @@ import pytest
 import shmq
 from shmq import layout as L
 from shmq.journal import Journal, queue_dir
+from shmq.shm import ShmBroker
 
 from .conftest import Server, kill_broker, leftovers, remove_shm, unique_instance, wait_until
 
@@ -115,16 +116,75 @@ class Producer(threading.Thread):
         self.sent = max(self.sent, end)
 
 
-def drain(url: str, queue: str) -> list[int]:
+class Consumer(threading.Thread):
+    """Gets and acks (the default group) while the broker is killed, over TCP, reconnecting
+    as the producer does: ``acked``, offset -> (number, when) of each message whose ack
+    returned; ``in_flight``, the numbers of an ack begun when the connection was lost (it
+    may or may not have taken effect).  (By offset: a producer that resends what was not
+    confirmed may store a number twice.)"""
+
+    def __init__(self, url: list[str], queue: str) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.queue = queue
+        self.acked: dict[int, tuple[int, float]] = {}
+        self.in_flight: set[int] = set()
+        self.stop = threading.Event()
+        self.errors: list[str] = []
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.join(30)
+
+    def run(self) -> None:
+        b: Any = None
+        begun: list[int] = []
+        while not self.stop.is_set():
+            try:
+                if b is None:
+                    b = shmq.connect(self.url[0], connect_timeout=1)
+                    q = b.queue(self.queue)
+                try:
+                    msgs = q.get_many(10, timeout=0.2)
+                except shmq.Empty:
+                    continue
+                begun = [int(m.payload) for m in msgs]
+                q.ack_many(msgs)
+                now = time.monotonic()
+                self.acked.update((m.offset, (n, now)) for m, n in zip(msgs, begun, strict=True))
+                begun = []
+            except (shmq.ConnectionLost, OSError, shmq.QueueNotFound, shmq.Timeout):
+                self.in_flight.update(begun)  # the kill came during this ack: its fate is open
+                begun = []
+                if b is not None:
+                    try:
+                        b.close()
+                    except Exception:  # noqa: BLE001
+                        pass
+                b = None
+                time.sleep(0.02)  # back-off while the broker restarts; not a synchronisation
+            except shmq.ShmqError as e:
+                self.errors.append(repr(e))
+                break
+        if b is not None:
+            b.close()
+
+
+def drain(url: str, queue: str, group: str = "default") -> list[int]:
+    return [n for n, _ in drain_offsets(url, queue, group)]
+
+
+def drain_offsets(url: str, queue: str, group: str = "default") -> list[tuple[int, int]]:
+    """Everything ``group`` still has, acked: (number, offset) each."""
     with shmq.connect(url) as b:
         q = b.queue(queue)
-        out: list[int] = []
+        out: list[tuple[int, int]] = []
         while True:
             try:
-                msgs = q.get_many(1000, timeout=0.5)
+                msgs = q.get_many(1000, group=group, timeout=0.5)
             except shmq.Empty:
                 return out
-            out.extend(int(m.payload) for m in msgs)
+            out.extend((int(m.payload), m.offset) for m in msgs)
             q.ack_many(msgs)
 
 
@@ -136,9 +196,18 @@ def jepsen(tmp_path: Path, policy: str, lose_shm: bool, kills: int = 3, batch: i
     srv = Server(workers=1, instance=inst, data_dir=data, extra=extra)
     url = [srv.url]
     with shmq.connect(srv.url) as b:
-        b.create_queue("jep", durability=policy, capacity=100_000, max_bytes=32 << 20)
+        q = b.create_queue("jep", durability=policy, capacity=100_000, max_bytes=32 << 20)
+        q.create_group("kept")  # nobody reads it until the end: every confirmed message must be there
+    if policy != "memory":  # the group on disk before the first kill (interval: within a sync)
+        local = ShmBroker(inst)
+        w = local.queue("jep")._w  # type: ignore[attr-defined]
+        seq = w[L.Q_SETTLE_SEQ]
+        wait_until(lambda: w[L.Q_DURABLE_SETTLE] >= seq, timeout=10)
+        local.close()
     prod = Producer(url, "jep", batch, window)
     prod.start()
+    cons = Consumer(url, "jep")  # acking (the default group) while the kills happen
+    cons.start()
     kill_times = []
     rng = random.Random(policy + str(lose_shm))
     try:
@@ -155,16 +224,23 @@ def jepsen(tmp_path: Path, policy: str, lose_shm: bool, kills: int = 3, batch: i
         prod.confirm_more()
     finally:
         prod.finish()
-    assert not prod.errors, prod.errors
-    got = drain(srv.url, "jep")
+        cons.finish()
+    assert not prod.errors and not cons.errors, (prod.errors, cons.errors)
+    kept = drain(srv.url, "jep", "kept")
+    rest = drain_offsets(srv.url, "jep")
     assert srv.stop() == 0
     confirmed = set(prod.confirmed)
-    seen = set(got)
-    lost = confirmed - seen
-    unexpected = seen - set(range(prod.top))
-    dupes = len(got) - len(seen)
-    return {"lost": lost, "unexpected": unexpected, "dupes": dupes, "confirmed": prod.confirmed,
-            "kills": kill_times, "delivered": len(got)}
+    acked = {n for n, _ in cons.acked.values()}
+    # every confirmed message's fate, per group: in "kept", drained at the end; in the
+    # default group, acked by an ack that returned, in the ack in flight at a kill, or drained
+    # (a delivery alone is none: a killed connection's leases come back)
+    lost = (confirmed - set(kept)) | (confirmed - acked - cons.in_flight - {n for n, _ in rest})
+    unexpected = (set(kept) | acked | {n for n, _ in rest}) - set(range(prod.top))
+    return {"lost": lost, "unexpected": unexpected, "dupes": len(kept) - len(set(kept)),
+            "confirmed": prod.confirmed, "kills": kill_times, "delivered": len(kept),
+            "acked": {n: t for n, t in cons.acked.values()},
+            # a message acked, then delivered again (by offset): its ack was lost
+            "acked_again": {n for n, o in rest if o in cons.acked}}
 
 
 @pytest.mark.slow
@@ -175,21 +251,28 @@ def test_kill9_the_whole_broker_while_producing(tmp_path: Path, policy: str, los
     print(f"{policy} lose_shm={lose_shm}: confirmed {len(r['confirmed'])}, delivered {r['delivered']}, "
           f"lost {len(r['lost'])}, duplicates {r['dupes']}")
     assert not r["unexpected"], sorted(r["unexpected"])[:20]
-    assert len(r["confirmed"]) > 200
+    assert len(r["confirmed"]) > 200 and len(r["acked"]) > 50
     if policy == "interval" and lose_shm:
-        # only what was confirmed within the sync window before a kill may be gone
+        # only what was confirmed (or acked) within the sync window before a kill may be gone
+        # (or come back)
         window = SYNC + 0.5  # the window, plus one round's write and fsync on a loaded machine
-        outside = [i for i in r["lost"]
-                   if not any(k0 - window <= r["confirmed"][i] <= k1 for k0, k1 in r["kills"])]
+
+        def inside(t: float) -> bool:
+            return any(k0 - window <= t <= k1 for k0, k1 in r["kills"])
+
+        outside = [i for i in r["lost"] if not inside(r["confirmed"][i])]
         assert not outside, sorted(outside)[:20]
+        again = [i for i in r["acked_again"] if not inside(r["acked"][i])]
+        assert not again, sorted(again)[:20]
     else:
         assert not r["lost"], sorted(r["lost"])[:20]
+        assert not r["acked_again"], sorted(r["acked_again"])[:20]  # an acknowledged message stays so
 
 
 @pytest.mark.slow
 def test_kill9_with_batches_and_lost_shared_memory(tmp_path: Path) -> None:
     r = jepsen(tmp_path, "always", True, kills=2, batch=50)
-    assert not r["unexpected"] and not r["lost"]
+    assert not r["unexpected"] and not r["lost"] and not r["acked_again"]
 
 
 @pytest.mark.slow
@@ -202,6 +285,7 @@ def test_kill9_with_publisher_confirms_and_lost_shared_memory(tmp_path: Path, ba
           f"duplicates {r['dupes']}")
     assert len(r["confirmed"]) > 200
     assert not r["unexpected"] and not r["lost"], (sorted(r["unexpected"])[:20], sorted(r["lost"])[:20])
+    assert not r["acked_again"], sorted(r["acked_again"])[:20]
 
 
 # ---------------------------------------------------------------- one broker, restarts
@@ -466,5 +550,37 @@ def test_recovery_keeps_a_delayed_message_due_time(durable: Any) -> None:
         dues = [ring.w[ring.slot_base(o) + L.S_GROUPS] >> L.TIME_SHIFT for o in (0, 2)]
         assert now + 590_000 < dues[0] <= now + 600_000  # the same due time, on this boot's clock
         assert now + 290_000 < dues[1] <= now + 300_000
+    finally:
+        local.close()
+
+
+@pytest.mark.parametrize("reboot", [False, True], ids=["kill9", "kill9-and-lost-shm"])
+def test_a_nack_with_a_delay_keeps_its_due_time_through_recovery(durable: Any, reboot: bool) -> None:
+    """``nack(delay=600)`` on an ``always`` queue, then kill -9 (and, as a reboot does, the
+    loss of the shared memory): the message comes back when its delay ends, counting the
+    delivery it had, and not before."""
+    with shmq.connect(durable.srv.url) as b:
+        q = b.create_queue("back", durability="always")
+        q.put(b"n")
+        q.put(b"other")
+        q.get(timeout=1).nack(delay=600)
+    durable.crash(reboot=reboot)
+    durable.start()
+    with shmq.connect(durable.srv.url) as b:
+        q = b.queue("back")
+        m = q.get(timeout=1)
+        assert m.payload == b"other"  # the nacked one is not due
+        m.ack()
+        with pytest.raises(shmq.Empty):
+            q.get(block=False)
+        assert q.stats()["groups"]["default"]["ready"] + q.stats()["groups"]["default"]["delayed"] == 1
+    local = shmq.shm.ShmBroker(durable.inst)
+    try:
+        seg = local.queue("back")
+        ring = seg._ring  # type: ignore[attr-defined]
+        now = seg._now()  # type: ignore[attr-defined]
+        word = ring.w[ring.slot_base(0) + L.S_GROUPS]
+        assert word & L.STATE_MASK == L.READY and (word >> L.DC_SHIFT) & L.DC_MASK == 1
+        assert now + 590_000 < word >> L.TIME_SHIFT <= now + 600_000  # its due time, on this boot's clock
     finally:
         local.close()
