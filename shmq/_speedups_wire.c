@@ -50,6 +50,10 @@ sp_wire_records(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t max_records = PyLong_AsSsize_t(args[4]);
     if (max_records == -1 && PyErr_Occurred())
         return NULL;
+    if (max_records < 0) {  /* (as a cast it would allow any count) */
+        PyErr_SetString(PyExc_ValueError, "wire_records: max_records must be >= 0");
+        return NULL;
+    }
     Py_buffer view;
     if (PyObject_GetBuffer(args[3], &view, PyBUF_SIMPLE) < 0)
         return NULL;

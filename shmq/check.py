@@ -245,6 +245,8 @@ def _check_group(ring: Ring, groups: Groups, gi: int, reg: Registry | None) -> l
         elif state in (L.LEASED, L.DEADING):
             if state == L.LEASED:
                 deadlines.append(x >> L.TIME_SHIFT)
+                if not dc:  # a lease is a delivery: it counts one at least
+                    bad.append(f"offset {o} is LEASED with 0 deliveries")
             if dc > groups.give_up_at:
                 bad.append(f"offset {o} was delivered {dc} times, past the limit {groups.give_up_at}")
             ttl = ring.message_ttl_ms or w[ring.slot_base(o) + L.S_EXPIRES]

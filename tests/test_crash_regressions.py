@@ -15,7 +15,6 @@ import threading
 import time
 from multiprocessing.synchronize import Event
 
-import psutil
 import pytest
 
 import shmq
@@ -258,17 +257,24 @@ def test_a_queue_segment_is_made_outside_the_registry_lock(shm_broker: ShmBroker
     seen: list[int] = []
     real = Ring.create.__func__  # type: ignore[attr-defined]
 
+    second: list[type[BaseException]] = []
+
     def create(cls: type[Ring], *args: object, **kw: object) -> Ring:
         rc = trylock(reg.lock.address)  # the same thread: EBUSY while the lock is held
         if rc == 0:
             unlock(reg.lock.address)
         seen.append(rc)
+        if not second:  # a second create of the same name while the first is being made
+            try:
+                shm_broker.create_queue("big")
+            except BaseException as e:  # noqa: BLE001 - its type is the point
+                second.append(type(e))
         return real(cls, *args, **kw)  # type: ignore[no-any-return]
 
     monkeypatch.setattr(Ring, "create", classmethod(create))
     shm_broker.create_queue("big")
     assert seen == [0] and seen != [EBUSY]
-    # a second create of the same name while the first is being made is refused
+    assert second == [shmq.QueueExists]  # refused: the name is reserved while the segment is made
     assert [i.name for i in shm_broker.list_queues()] == ["big"]
 
 
@@ -285,4 +291,22 @@ def test_the_checker_sees_a_stranded_word(shm_broker: ShmBroker) -> None:
     with ring.clock:
         ring.w[ring.slot_base(0) + L.S_GROUPS] = L.NEW
     assert check_instance(shm_broker.instance) == []
-    assert psutil.pid_exists(os.getpid())
+    assert q.get(block=False).payload == b"x"  # NEW again: deliverable
+
+
+def test_the_checker_sees_a_lease_with_no_delivery(shm_broker: ShmBroker) -> None:
+    from shmq.check import check_instance
+    q = shm_broker.create_queue("q", visibility_timeout=300)
+    q.put(b"x")
+    m = q.get(block=False)
+    ring = q._ring
+    assert check_instance(shm_broker.instance) == []
+    with ring.clock:
+        base = ring.slot_base(m.offset) + L.S_GROUPS
+        word = ring.w[base]
+        ring.w[base] = word & ~(L.DC_MASK << L.DC_SHIFT)  # the same lease, with 0 deliveries
+    (v,) = check_instance(shm_broker.instance)
+    assert "offset 0 is LEASED with 0 deliveries" in v
+    with ring.clock:
+        ring.w[base] = word
+    assert check_instance(shm_broker.instance) == []

@@ -387,11 +387,12 @@ def test_a_full_dev_shm_is_a_typed_error_naming_it() -> None:
     script.write_text(_IN_NAMESPACE)
     data = session_tmp("ns-data-")
     repo = str(Path(__file__).resolve().parent.parent)
+    path = os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])
     r = subprocess.run(["unshare", "-m", "sh", "-c",
                         "mount --make-rprivate / && mount -t tmpfs -o size=4m tmpfs /dev/shm && "
                         f"exec {sys.executable} {script} {data}"],
                        capture_output=True, text=True, timeout=120, cwd=repo,
-                       env={**os.environ, "PYTHONPATH": repo})
+                       env={**os.environ, "PYTHONPATH": path})
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     for case in ("too big", "colocated, full", "new instance, full", "tcp, full"):

@@ -450,6 +450,14 @@ def test_full_queue_with_and_without_timeout(broker: shmq.Broker) -> None:
     with pytest.raises(shmq.Full):  # a batch that can never fit fails at once
         q.put_many([b"x"] * 5, timeout=100)
     assert isinstance(shmq.Full(), __import__("queue").Full)  # stdlib-compatible
+    # every message's fate: the four are all there, once each and in order; none of the
+    # refused ones is; and a put that waits is stored once room is made, after them
+    got = q.get_many(10, block=False)
+    assert [(m.offset, m.payload) for m in got] == [(0, b"1"), (1, b"2"), (2, b"3"), (3, b"4")]
+    got[0].ack()
+    assert q.put(b"6", timeout=5) == 4
+    q.ack_many(got[1:])
+    assert [(m.offset, m.payload) for m in q.get_many(10, block=False)] == [(4, b"6")]
 
 
 def test_blocked_put_wakes_when_space_is_freed(broker: shmq.Broker) -> None:

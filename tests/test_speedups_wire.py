@@ -101,6 +101,10 @@ def test_compiled_wire_records_checks_its_arguments() -> None:
         w([], shmq.Message, [None], body, 10)  # prefix not a tuple
     with pytest.raises(TypeError):
         w([], shmq.Message, (None,), "text", 10)  # no buffer
+    one = body_of(T.READ_OK, [(1, 0, 0, b"", b"x")])
+    for bad in (-1, -(1 << 62)):  # (as an unsigned count, any number of records would pass)
+        with pytest.raises(ValueError, match="max_records"):
+            w([], shmq.Message, (None,), one, bad)
     assert w([], shmq.Message, (None,), body, 10) == 0
 
 
