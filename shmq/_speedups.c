@@ -359,7 +359,12 @@ sp_records(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     const char *buf = (const char *)view.buf;
     Py_ssize_t len = view.len;
-    if ((b0 + (k ? (k - 1) * sw : 0) + 4) * 8 > len) {
+    if (k && (unsigned long long)(k - 1) > ((unsigned long long)len / 8) / (unsigned long long)sw) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "records: slots past the end of the mapping");
+        return NULL;
+    }
+    if (((unsigned long long)b0 + (k ? (unsigned long long)(k - 1) * sw : 0) + 4) * 8 > (unsigned long long)len) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "records: slots past the end of the mapping");
         return NULL;
@@ -448,18 +453,27 @@ sp_read_run(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     PyObject *cols[4] = {NULL, NULL, NULL, NULL}, *out = NULL;
     const char *mm = (const char *)view.buf;
     const volatile uint64_t *w = (const volatile uint64_t *)view.buf;
-    if (sl + (Py_ssize_t)cap * sw > view.len / 8 || (unsigned long long)data_off + size > (unsigned long long)view.len) {
+    if ((unsigned long long)sw > (unsigned long long)(view.len / 8) / cap
+            || (unsigned long long)sl + cap * (unsigned long long)sw > (unsigned long long)(view.len / 8)
+            || (unsigned long long)data_off + size > (unsigned long long)view.len) {
         PyErr_SetString(PyExc_ValueError, "read_run: geometry past the end of the mapping");
         goto done;
     }
-    /* how many fit max_bytes (at least one), and their bytes */
+    /* how many fit max_bytes (at least one), and their bytes; every one checked to lie in
+     * the byte ring before anything is allocated (a corrupt length must not ask for GiBs) */
     unsigned long long total = 0;
     Py_ssize_t k = 0;
     for (; k < n; k++) {
-        uint64_t lens = w[sl + (Py_ssize_t)((start + k) % cap) * sw + S_LENS];
+        Py_ssize_t b = sl + (Py_ssize_t)((start + k) % cap) * sw;
+        uint64_t lens = w[b + S_LENS];
         unsigned long long len = (lens & 0xFFFFFFFFull) + (lens >> 32);
         if (k && total + len > max_bytes)
             break;
+        if (w[b + S_BYTEPOS] % size + len > size) {
+            PyErr_Format(PyExc_ValueError, "the record of offset %llu reaches past the byte ring",
+                         start + (unsigned long long)k);
+            goto done;
+        }
         total += len;
     }
     char *st, *ml, *pl, *d;
@@ -491,8 +505,8 @@ sp_read_run(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         Py_ssize_t b = sl + (Py_ssize_t)((start + i) % cap) * sw;
         uint64_t lens = w[b + S_LENS], stamp = w[b + S_TIMESTAMP];
         unsigned long long len = (lens & 0xFFFFFFFFull) + (lens >> 32), pos = w[b + S_BYTEPOS] % size;
-        if (pos + len > size || at + len > total) {
-            PyErr_Format(PyExc_ValueError, "read_run: the record of offset %llu reaches past the byte ring",
+        if (pos + len > size || at + len > total) {  /* (rewritten since the look above) */
+            PyErr_Format(PyExc_ValueError, "the record of offset %llu reaches past the byte ring",
                          start + (unsigned long long)i);
             Py_CLEAR(out);
             goto done;

@@ -70,9 +70,12 @@ geom_open(PyObject *geom, Py_ssize_t items, const char *fn, Geom *g)
         return -1;
     g->w = (volatile uint64_t *)g->view.buf;
     g->nw = g->view.len / 8;
-    if (Q_GROUP_GEN >= g->nw || g->tw >= g->nw || g->gw + G_WORDS * (g->sw - S_GROUPS) > g->nw
-            || (Py_ssize_t)(g->sl + (Py_ssize_t)g->cap * g->sw) > g->nw
-            || (uint64_t)g->data + g->size > (uint64_t)g->view.len) {
+    /* in unsigned arithmetic, overflow included: a corrupt capacity (2**64-1, say) must
+     * never make a slot's index wrap into the mapping */
+    uint64_t nw = (uint64_t)g->nw, sw = (uint64_t)g->sw;
+    if (Q_GROUP_GEN >= g->nw || g->tw >= g->nw || (uint64_t)g->gw + G_WORDS * (sw - S_GROUPS) > nw
+            || g->cap > nw / sw || (uint64_t)g->sl + g->cap * sw > nw
+            || g->size > (uint64_t)g->view.len || (uint64_t)g->data > (uint64_t)g->view.len - g->size) {
         PyBuffer_Release(&g->view);
         PyErr_Format(PyExc_ValueError, "%s: geometry past the end of the mapping", fn);
         return -1;
@@ -396,7 +399,8 @@ sp_settle_range(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_WRITABLE) < 0)
         return NULL;
-    if (sl + (Py_ssize_t)cap * sw > view.len / 8) {
+    if (cap > (unsigned long long)(view.len / 8) / (unsigned long long)sw
+            || (unsigned long long)sl + cap * (unsigned long long)sw > (unsigned long long)(view.len / 8)) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "settle_range: geometry past the end of the mapping");
         return NULL;

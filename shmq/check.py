@@ -36,7 +36,7 @@ import posix_ipc
 
 from . import layout as L
 from . import options
-from .errors import InstanceError
+from .errors import InstanceError, StorageError
 from .group import Groups
 from .registry import Registry
 from .ring import Ring
@@ -133,7 +133,7 @@ def _check_queue(reg: Registry, qid: int, name: str, is_dlq: bool) -> list[str]:
         return [f"segment of queue id {qid}: {e}"]
     try:
         ring = Ring(mapping)
-    except InstanceError as e:
+    except (InstanceError, StorageError) as e:  # not a queue segment, or a corrupt one
         mapping.close()
         return [str(e)]
     try:

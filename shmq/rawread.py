@@ -19,6 +19,7 @@ from itertools import accumulate
 
 from .accel import ext
 from .codec_bodies import records_field
+from .errors import StorageError
 from .layout import Q_FREE_OFFSET, S_BYTEPOS, S_LENS, S_TIMESTAMP, WORD
 from .queue import ShmQueue
 
@@ -63,6 +64,10 @@ def read_field(q: ShmQueue, offset: int, max_messages: int, max_bytes: int) -> b
                          c.payload_lens, c.data)
 
 
+def _corrupt(q: ShmQueue, what: str) -> StorageError:
+    return StorageError(f"queue {q.name!r} is corrupt: {what} (shmq doctor --check)")
+
+
 def _read(q: ShmQueue, offset: int, max_messages: int, max_bytes: int, field: bool) -> Columns | bytes:
     """``read_columns``; with ``field``, where the accelerator is built, its records field instead."""
     q._alive()
@@ -74,7 +79,10 @@ def _read(q: ShmQueue, offset: int, max_messages: int, max_bytes: int, field: bo
         if n <= 0:
             return Columns(start, array("Q"), array("I"), array("I"), b"")
         if _read_c is not None:
-            got = _read_c(mm, ring.slots_w, cap, sw, ring.data_off, size, start, n, max_bytes, field)
+            try:
+                got = _read_c(mm, ring.slots_w, cap, sw, ring.data_off, size, start, n, max_bytes, field)
+            except ValueError as e:  # a corrupt slot: the twin's error
+                raise _corrupt(q, str(e)) from None
             if field:
                 return got  # type: ignore[no-any-return]
             st, ml, pl, data = got
@@ -91,6 +99,9 @@ def _read(q: ShmQueue, offset: int, max_messages: int, max_bytes: int, field: bo
             n = max(1, bisect_right(list(accumulate(map(int.__add__, plens, mlens))), max_bytes))
             del plens[n:], mlens[n:]
         pos = slots[S_BYTEPOS::sw][:n]
+        for r in range(n):  # each record in the byte ring, as the compiled reader checks
+            if pos[r] % size + plens[r] + mlens[r] > size:
+                raise _corrupt(q, f"the record of offset {start + r} reaches past the byte ring")
         parts = []
         i = 0
         while i < n:  # a lap at a time: records follow one another inside a lap

@@ -27,7 +27,8 @@ from typing import Any, cast
 from . import crashpoints, options
 from . import layout as L
 from .accel import ext
-from .errors import InstanceError
+from .errors import InstanceError, StorageError
+from .geometry import check_geometry
 from .joined import Joined
 from .layout import (  # the hot paths' names: a global load each (L.NAME is an attribute lookup more)
     LEN_META_SHIFT,
@@ -75,8 +76,7 @@ class Ring:
         w = mapping.words
         if w[L.Q_MAGIC] != L.QUEUE_MAGIC or w[L.Q_VERSION] != L.LAYOUT_VERSION:
             raise InstanceError(f"{mapping.name} is not a shmq queue segment of layout {L.LAYOUT_VERSION}")
-        if w[L.Q_TOTAL_SIZE] != mapping.size:
-            raise InstanceError(f"{mapping.name} has the wrong size")
+        check_geometry(mapping)
         self.mapping = mapping
         self.w = w
         self.mm = mapping.mm
@@ -415,7 +415,10 @@ class Ring:
     def _settle_pending(self) -> None:
         """Under plock: an idempotent put's writer died; keep its sequence only if it committed."""
         w = self.w
-        e = self.producers_w + (w[Q_PENDING_PRODUCER] - 1) * P_WORDS
+        pending = w[Q_PENDING_PRODUCER]
+        if pending > self.max_producers:  # only a stray write gets here (checked at attach too)
+            raise StorageError(f"queue {self.name!r} is corrupt: Q_PENDING_PRODUCER is {pending}")
+        e = self.producers_w + (pending - 1) * P_WORDS
         if w[Q_NEXT_OFFSET] < w[e + P_COMMIT]:
             w[e + P_SEQ] = w[e + P_PREV]
         w[Q_PENDING_PRODUCER] = 0
