@@ -92,10 +92,14 @@ def settled(word: int) -> int:
 
 def reopened(word: int, now: int) -> int:
     """A settled ``word`` delivered again (a seek back) at ``now``, or at its due time when
-    it is a delayed message settled before its first delivery (``settled``): READY."""
+    it is a delayed message settled before its first delivery (``settled``): READY.  One
+    never delivered and not delayed is due at time 0: READY with 0 deliveries and a later
+    time is what a delayed message looks like, which a group made at this index would keep
+    waiting, and the checker holds to Q_DELAY_MAX."""
     if word & STATE_DC_MASK == DONE and word & _TIME_BITS:
         return READY | (word & _TIME_BITS)
-    return READY | (word & _DC_BITS) | (now << TIME_SHIFT)
+    dc = word & _DC_BITS
+    return READY | dc | ((now if dc else 0) << TIME_SHIFT)
 
 
 class GroupTable:

@@ -1,14 +1,20 @@
 """A hypothesis state machine: the real queue (shared memory, injected clock) against a
-plain-Python model of what it must do -- puts, batches, idempotent producers, gets from
-three groups with per-delivery visibility timeouts, acks, nacks with delays, touches that
-lengthen or shorten, commits, stale settles, lease expiry, dead-lettering, ring
-wrap-around, groups deleted and created again, consumers that die (forked, with a crash
-point armed) and reapers at any step.  The invariant checker (``shmq doctor --check``) runs
-after every step, and a put the model says cannot fit must be refused.  Messages carry
-random headers (often none), which every delivery and every dead letter must have."""
+plain-Python model of what it must do -- puts (plain, delayed, with a TTL of their own),
+batches, idempotent producers, gets from three groups (``get``, the compiled
+one-message path, and ``get_many``) with per-delivery visibility timeouts, acks, nacks
+with delays, touches that lengthen or shorten, commits, seeks by time, stale settles,
+lease expiry, TTL expiry, dead-lettering, ring wrap-around, groups deleted and created
+again, consumers that die (forked, with a crash point armed) and reapers at any step.  The
+model keeps each group's cursor, as the queue does: a delivery gives back what is due
+below it first, then takes new messages from it (stepping over delayed ones and expiring
+those whose TTL ran out), then the delayed ones it passed that are due.  The invariant
+checker (``shmq doctor --check``) runs after every step, and a put the model says cannot
+fit must be refused.  Messages carry random headers (often none), which every delivery
+and every dead letter must have."""
 
 from __future__ import annotations
 
+import copy
 import multiprocessing as mp
 import os
 import signal
@@ -55,8 +61,36 @@ def stored(h: dict[str, bytes | str] | None) -> dict[str, bytes]:
 class Lease:
     state: str = NEW
     dc: int = 0
-    t: float = 0.0  # deadline (LEASED) or ready time (READY)
+    t: float = 0.0  # deadline (LEASED), ready time (READY); DONE: a delayed one's due time, kept
     dead: bool = False  # LEASED by a consumer that died (its reaper gives it back)
+
+    def settle(self) -> None:
+        """Settled without a delivery (a commit, a seek, a group's start): DONE, its delivery
+        count kept, and a delayed message never delivered keeps its due time (``settled``)."""
+        if not (self.dc == 0 and self.state in (READY, DONE)):
+            self.t = 0.0
+        self.state = DONE
+
+    def reopen(self, now: float) -> None:
+        """Delivered again after a seek back (``reopened``): at its due time when it is a
+        delayed message settled before its first delivery, else now."""
+        self.state, self.t = READY, (self.t if self.dc == 0 and self.t else now if self.dc else 0.0)
+
+
+@dataclass
+class Delivered:
+    """What one delivery did: the offsets given back before (``red``), the new ones
+    (``new``), the delayed ones it passed that were due (``late``), in that order; the
+    ones whose TTL ran out on the way (``gone``, to the DLQ)."""
+
+    red: list[int] = field(default_factory=list)
+    new: list[int] = field(default_factory=list)
+    late: list[int] = field(default_factory=list)
+    gone: list[int] = field(default_factory=list)
+
+    @property
+    def offsets(self) -> list[int]:
+        return self.red + self.new + self.late
 
 
 @dataclass
@@ -64,10 +98,82 @@ class Model:
     payloads: dict[int, bytes] = field(default_factory=dict)
     headers: dict[int, dict[str, bytes]] = field(default_factory=dict)
     sizes: dict[int, int] = field(default_factory=dict)  # payload + header block: what a record holds
+    stamps: dict[int, int] = field(default_factory=dict)  # producer timestamps (ns), as the queue has them
+    due: dict[int, float] = field(default_factory=dict)  # a delayed put's due time
+    expires: dict[int, float] = field(default_factory=dict)  # a put's own TTL: when it expires
     leases: dict[str, dict[int, Lease]] = field(default_factory=lambda: {g: {} for g in GROUPS})
+    cursor: dict[str, int] = field(default_factory=lambda: {g: 0 for g in GROUPS})
     dlq: list[tuple[bytes, dict[str, bytes]]] = field(default_factory=list)
     next_offset: int = 0
     producers: dict[str, int] = field(default_factory=dict)  # idempotent producer -> last seq
+
+    def dead_letter(self, g: str, off: int) -> None:
+        lease = self.leases[g][off]
+        lease.state, lease.t = DONE, 0.0
+        self.dlq.append((self.payloads[off], self.headers[off]))
+
+    def deliver(self, g: str, now: float, n: int, budget: int = 0) -> Delivered:
+        """A delivery of up to ``n`` (payloads and headers within ``budget``, at least one
+        message; 0: no limit) to group ``g`` at ``now``, as ``Delivery.deliver`` does it;
+        the model changed to match (its leases LEASED, the cursor moved).  Call ``expire``
+        first."""
+        leases = self.leases[g]
+        d = Delivered()
+        used = 0
+
+        def take(o: int) -> bool:
+            nonlocal used
+            if budget and d.offsets and used + self.sizes[o] > budget:
+                return False
+            used += self.sizes[o]
+            lease = leases[o]
+            lease.state, lease.dc, lease.t, lease.dead = LEASED, lease.dc + 1, now + VIS, False
+            return True
+
+        def redeliver(into: list[int]) -> bool:
+            """The READY ones below the cursor that are due, lowest first; True when the
+            budget was spent (then the new ones wait)."""
+            for o in sorted(leases):
+                if o >= self.cursor[g] or len(d.offsets) >= n:
+                    break
+                lease = leases[o]
+                if lease.state != READY or lease.t > now:
+                    continue
+                if not lease.dc and self.expires.get(o, now + 1) <= now:  # delayed, and its TTL ran out
+                    d.gone.append(o)
+                    self.dead_letter(g, o)
+                    continue
+                if not take(o):
+                    return True
+                into.append(o)
+            return False
+
+        if redeliver(d.red):
+            return d
+        due_now = False
+        o = self.cursor[g]
+        while o < self.next_offset and len(d.offsets) < n:
+            lease = leases[o]
+            if lease.state == DONE:
+                o += 1
+                continue
+            if lease.state == READY:  # delayed: the cursor passes it, the READY scan takes it when due
+                due_now = due_now or lease.t <= now
+                o += 1
+                continue
+            if self.expires.get(o, now + 1) <= now:  # expired before its first delivery
+                d.gone.append(o)
+                self.dead_letter(g, o)
+                o += 1
+                continue
+            if not take(o):
+                break
+            d.new.append(o)
+            o += 1
+        self.cursor[g] = o
+        if due_now and len(d.offsets) < n and not (budget and d.offsets):
+            redeliver(d.late)
+        return d
 
     def floor(self, g: str) -> int:
         pending = [o for o, lease in self.leases[g].items() if lease.state != DONE]
@@ -96,11 +202,24 @@ class Model:
             if lease.state == LEASED and lease.t <= now:
                 self.give_back(g, off, now)
 
-    def deliverable(self, g: str, now: float, n: int) -> list[int]:
-        """What a get of ``n`` delivers now (after expiry): READY ones due, then NEW ones."""
-        leases = self.leases[g]
-        expect = [o for o, lease in sorted(leases.items()) if lease.state == READY and lease.t <= now][:n]
-        return expect + [o for o, lease in sorted(leases.items()) if lease.state == NEW][:n - len(expect)]
+    def seek(self, g: str, to: int, now: float) -> None:
+        """``Groups.seek`` to offset ``to`` (a retained one, or the next)."""
+        leases, cur = self.leases[g], self.cursor[g]
+        if to >= cur:
+            self.commit(g, to)
+            return
+        for o, lease in leases.items():
+            if o < to:
+                lease.settle()
+            elif o < cur and lease.state != READY and lease.dc < MAX_DELIVERIES:
+                lease.reopen(now)
+
+    def commit(self, g: str, offset: int) -> None:
+        """Everything of ``g`` below ``offset`` settled; the cursor past it."""
+        for o, lease in self.leases[g].items():
+            if o < offset:
+                lease.settle()  # leases held on them turn stale
+        self.cursor[g] = max(self.cursor[g], min(offset, self.next_offset))
 
 
 class QueueMachine(RuleBasedStateMachine):
@@ -121,6 +240,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.model = Model()
         self.held: list[shmq.Message] = []
         self.counter = 0
+        self.started = self.clock.t  # (a put's delay and TTL are whole ms of the lease clock)
 
     def teardown(self) -> None:
         self.broker.destroy()
@@ -145,15 +265,21 @@ class QueueMachine(RuleBasedStateMachine):
     def _refused(self, sizes: list[int]) -> None:
         assert not self._must_be_full(sizes), "a put was accepted although the queue has no room"
 
-    def _accept(self, offsets: list[int], payloads: list[bytes], headers: list[dict[str, bytes | str] | None]
-                ) -> None:
+    def _accept(self, offsets: list[int], payloads: list[bytes], headers: list[dict[str, bytes | str] | None],
+                delay: float = 0.0, ttl: float = 0.0) -> None:
         assert offsets == list(range(self.model.next_offset, self.model.next_offset + len(payloads)))
+        now = self.clock.t
         for o, p, h in zip(offsets, payloads, headers, strict=True):
             self.model.payloads[o] = p
             self.model.headers[o] = stored(h)
             self.model.sizes[o] = len(p) + len(H.encode(h))
+            self.model.stamps[o] = self.q.read(o, 1)[0].timestamp_ns
+            if delay:
+                self.model.due[o] = now + delay
+            if ttl:
+                self.model.expires[o] = now + ttl
             for g in GROUPS:
-                self.model.leases[g][o] = Lease()
+                self.model.leases[g][o] = Lease(READY, 0, now + delay) if delay else Lease()
         self.model.next_offset += len(payloads)
 
     @rule(size=st.integers(0, MAX_SIZE), headers=HEADERS)
@@ -167,6 +293,37 @@ class QueueMachine(RuleBasedStateMachine):
             return
         self._refused([len(p) + meta])
         self._accept([off], [p], [headers])
+
+    @rule(size=st.integers(0, 300), delay=st.sampled_from([1.0, 5.0]), ttl=st.sampled_from([0.0, 0.0, 7.0]),
+          headers=HEADERS)
+    def put_delayed(self, size: int, delay: float, ttl: float,
+                    headers: dict[str, bytes | str] | None) -> None:
+        """A put due later (with a TTL of its own too, at times): no group gets it before."""
+        p = self._payload(size)
+        meta = len(H.encode(headers))
+        try:
+            off = self.q.put(p, block=False, headers=headers, delay=delay, ttl=ttl or None)
+        except shmq.Full:
+            assert self._may_be_full([len(p) + meta]), "Full although the model has room"
+            return
+        self._refused([len(p) + meta])
+        self._accept([off], [p], [headers], delay=delay, ttl=ttl)
+
+    @rule(sizes=st.lists(st.integers(0, 300), min_size=1, max_size=3), ttl=st.sampled_from([0.5, 3.0]),
+          hs=st.lists(HEADERS, min_size=3, max_size=3))
+    def put_with_ttl(self, sizes: list[int], ttl: float, hs: list[dict[str, bytes | str] | None]) -> None:
+        """A batch with a TTL of its own: a group that has not had it in time never does;
+        it goes to the dead-letter queue instead, once a delivery passes it."""
+        ps = [self._payload(s) for s in sizes]
+        hs = hs[:len(ps)]
+        total = [len(p) + len(H.encode(h)) for p, h in zip(ps, hs, strict=True)]
+        try:
+            offs = self.q.put_many(ps, block=False, headers=hs, ttl=ttl)
+        except shmq.Full:
+            assert self._may_be_full(total), "Full although the model has room"
+            return
+        self._refused(total)
+        self._accept(offs, ps, hs, ttl=ttl)
 
     @rule(sizes=st.lists(st.integers(0, 300), min_size=1, max_size=4),
           hs=st.lists(HEADERS, min_size=4, max_size=4))
@@ -206,34 +363,31 @@ class QueueMachine(RuleBasedStateMachine):
         self._accept(offs, ps, hs)
 
     @rule(group=st.sampled_from(GROUPS), n=st.integers(1, 3),
-          budget=st.sampled_from([0, 0, 0, 1, 300, 700, 1000]), vis=st.sampled_from([None, None, 1.0, 30.0]))
-    def get(self, group: str, n: int, budget: int, vis: float | None) -> None:
-        """get_many; with a ``budget``, the server's poll: a prefix of what get_many would
-        deliver whose payloads fit it (one message at least).  ``vis``: this delivery's
+          budget=st.sampled_from([0, 0, 0, 1, 300, 700, 1000]), vis=st.sampled_from([None, None, 1.0, 30.0]),
+          one=st.sampled_from([False, False, True]))
+    def get(self, group: str, n: int, budget: int, vis: float | None, one: bool = False) -> None:
+        """get_many; with ``one``, ``get`` (the one-message path, compiled where built); with
+        a ``budget``, the server's poll: what get_many would deliver, stopped before the
+        payloads and headers pass it (one message at least).  ``vis``: this delivery's
         visibility timeout."""
         now = self.clock.t
         leases = self.model.leases[group]
         self.model.expire(group, now)
-        expect = self.model.deliverable(group, now, n)
-        if budget:
-            total, fit = 0, 0
-            for o in expect:
-                total += self.model.sizes[o]  # the budget counts the headers too
-                if total > budget and fit:
-                    break
-                fit += 1
-            expect = expect[:fit]
+        if one:
+            n, budget = 1, 0
+        expect = self.model.deliver(group, now, n, budget)
         if budget:
             got = self.sq.poll(group, n, visibility_timeout=vis, max_bytes=budget)
         else:
             try:
-                got = self.q.get_many(n, group=group, block=False, visibility_timeout=vis)
+                got = ([self.q.get(group=group, block=False, visibility_timeout=vis)] if one else
+                       self.q.get_many(n, group=group, block=False, visibility_timeout=vis))
             except shmq.Empty:
                 got = []
-        assert [m.offset for m in got] == expect
+        assert [m.offset for m in got] == expect.offsets
         for m in got:
             lease = leases[m.offset]
-            lease.state, lease.dc, lease.t = LEASED, lease.dc + 1, now + (VIS if vis is None else vis)
+            lease.t = now + (VIS if vis is None else vis)
             assert (m.payload, m.deliveries, m.group) == (self.model.payloads[m.offset], lease.dc, group)
             assert dict(m.headers) == self.model.headers[m.offset]
         self.held = (self.held + got)[-12:]
@@ -248,11 +402,17 @@ class QueueMachine(RuleBasedStateMachine):
         if block is None:
             return  # the server then calls get_many (the rule above); nothing may have changed
         first, stamps, lens, data = block
-        assert not any(lease.state == READY or (lease.state == LEASED and lease.t <= now)
-                       for lease in leases.values()), "a run taken before redeliveries or expiries"
-        expect = [o for o, lease in sorted(leases.items()) if lease.state == NEW][:n]
+        cur = self.model.cursor[group]
+        assert not any((lease.state == READY and o < cur) or (lease.state == LEASED and lease.t <= now)
+                       for o, lease in leases.items()), "a run taken before redeliveries or expiries"
+        expect: list[int] = []  # the run of new messages at the cursor
+        while cur + len(expect) < self.model.next_offset and len(expect) < n and (
+                leases[cur + len(expect)].state == NEW):
+            expect.append(cur + len(expect))
         offsets = list(range(first, first + len(lens)))
         assert offsets == expect[:len(offsets)]
+        assert not any(self.model.expires.get(o, now + 1) <= now for o in offsets), "an expired one in a run"
+        self.model.cursor[group] = cur + len(offsets)
         assert 2 <= len(offsets) or not offsets and not expect, "an empty run although one is new"
         assert len(stamps) == len(offsets) and sum(lens) == len(data)
         if budget:
@@ -361,9 +521,22 @@ class QueueMachine(RuleBasedStateMachine):
     def commit(self, group: str, back: int) -> None:
         offset = max(0, self.model.next_offset - back)
         self.q.commit(group, offset)
-        for o, lease in self.model.leases[group].items():
-            if o < offset:
-                lease.state = DONE  # leases held on them turn stale
+        self.model.commit(group, offset)
+
+    @rule(group=st.sampled_from(GROUPS), back=st.integers(0, 6))
+    def seek(self, group: str, back: int) -> None:
+        """Seek ``group`` to the producer timestamp of a retained message (``back`` from the
+        newest; past the oldest: its own, or the next offset's time): the first message put
+        at or after it (the timestamps of one clock tick are equal) and everything after
+        it, up to the cursor, are delivered again; what is below it is settled."""
+        kept = self.model.retained()
+        if not kept:
+            return
+        at = self.model.stamps[kept[max(0, len(kept) - 1 - back)]]
+        to = min(o for o in kept if self.model.stamps[o] >= at)
+        offset, _ = self.sq.seek(group, at)
+        assert offset == to
+        self.model.seek(group, to, self.clock.t)
 
     @rule(seconds=st.sampled_from([0.5, 3.0, 11.0]))
     def advance(self, seconds: float) -> None:
@@ -374,10 +547,23 @@ class QueueMachine(RuleBasedStateMachine):
         """Delete a group and create it again (the same index, a new serial): the old
         one's leases turn stale, the new one starts at the earliest retained or the next."""
         self.q.delete_group(group)
-        del self.model.leases[group]
+        old = self.model.leases.pop(group)
         kept = self.model.retained()
         self.q.create_group(group, start)
-        self.model.leases[group] = {o: Lease() for o in kept} if start == "earliest" else {}
+        new: dict[int, Lease] = {}
+        for o in kept:  # the index's words, made the new group's (``GroupTable.create``)
+            was = old.get(o, Lease())
+            if start == "latest":
+                was.settle()
+                new[o] = was
+            elif not was.dc and was.state == DONE and was.t:  # delayed, settled before its time
+                new[o] = Lease(READY, 0, was.t)
+            elif not was.dc and was.state == READY:  # delayed, never delivered
+                new[o] = Lease(READY, 0, was.t)
+            else:
+                new[o] = Lease()
+        self.model.leases[group] = new
+        self.model.cursor[group] = min(kept) if kept and start == "earliest" else self.model.next_offset
 
     @rule(group=st.sampled_from(GROUPS), n=st.integers(1, 4),
           point=st.sampled_from(["", "deliver.run.leased", "deliver.cursor", "redeliver.leased"]))
@@ -387,20 +573,25 @@ class QueueMachine(RuleBasedStateMachine):
         now = self.clock.t
         if self.model.expiry_dead_letters(group, now):
             return  # the child's expiry would copy to the DLQ, and may die before it does: not here
+        trial = copy.deepcopy(self.model)
+        trial.expire(group, now)
+        plan = trial.deliver(group, now, n)
+        if plan.gone or plan.late or any(not self.model.leases[group][o].dc for o in plan.red):
+            return  # a TTL expiry (a copy to the DLQ), or a delayed one: the kill's cut is not modelled
         self.model.expire(group, now)  # the child's get expires first, as ours does
         leases = self.model.leases[group]
-        expect = self.model.deliverable(group, now, n)
         p = CTX.Process(target=_consume_and_die, args=(self.q, group, n, point))
         p.start()
         p.join(30)
-        ready = [o for o in expect if leases[o].state == READY]
-        if p.exitcode == -signal.SIGKILL and point == "deliver.run.leased":
-            taken = ready  # killed before its cursor moved: the new ones were never leased
-        elif p.exitcode == -signal.SIGKILL and point == "redeliver.leased":
-            taken = ready[:1]  # killed at its first redelivery
+        killed = p.exitcode == -signal.SIGKILL
+        assert p.exitcode in (0, -signal.SIGKILL), p.exitcode
+        if killed and point == "deliver.run.leased":
+            taken = plan.red  # killed before its cursor moved: the new ones were never leased
+        elif killed and point == "redeliver.leased":
+            taken = plan.red[:1]  # killed at its first redelivery
         else:
-            assert p.exitcode in (0, -signal.SIGKILL), p.exitcode
-            taken = expect
+            taken = plan.offsets
+            self.model.cursor[group] = trial.cursor[group]
         for o in taken:
             lease = leases[o]
             lease.state, lease.dc, lease.t, lease.dead = LEASED, lease.dc + 1, now + VIS, True

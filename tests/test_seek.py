@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 import shmq
 from shmq import aio
 from shmq import layout as L
+from shmq.check import check_instance
 from shmq.cli import app
 from shmq.seektime import parse_time, to_ns
 from shmq.shm import ShmBroker
@@ -276,3 +277,19 @@ def test_a_journaled_seek_survives_kill9_and_recovery(durable: Durable) -> None:
         assert offsets(q.get_many(10, group="late", block=False)) == [5]
         assert q.stats()["first_offset"] == 2
 
+
+
+def test_a_message_reopened_by_a_seek_is_not_taken_for_a_delayed_one(shm_broker: ShmBroker) -> None:
+    """Found by the model: a group made at "latest" settles a message it never had; a seek
+    back reopens it (READY, 0 deliveries), which looked like a delayed message, so a group
+    made again at that index kept it waiting for a due time no put ever gave it (and the
+    checker saw a delay past Q_DELAY_MAX).  It is due at once now."""
+    q = shm_broker.create_queue("q")
+    off = q.put(b"x")
+    q.create_group("g", start="latest")
+    assert q.seek("g", 0) == off
+    q.delete_group("g")
+    q.create_group("g", start="earliest")
+    assert check_instance(shm_broker.instance) == []
+    m = q.get(group="g", block=False)
+    assert (m.offset, m.payload, m.deliveries) == (off, b"x", 1)
