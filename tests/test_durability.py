@@ -77,13 +77,8 @@ class Producer(threading.Thread):
                 self.sent += self.batch
             except (shmq.ConnectionLost, OSError, shmq.QueueNotFound, shmq.Full, shmq.Timeout):
                 # not confirmed: resent under the same numbers (a duplicate if it was stored)
-                if b is not None:
-                    try:
-                        b.close()
-                    except Exception:  # noqa: BLE001
-                        pass
+                _dropped(b)
                 b = None
-                time.sleep(0.02)  # back-off while the broker restarts; not a synchronisation
             except shmq.ShmqError as e:
                 self.errors.append(repr(e))
                 break
@@ -114,6 +109,17 @@ class Producer(threading.Thread):
         for i in range(self.sent, end):
             self.confirmed[i] = now
         self.sent = max(self.sent, end)
+
+
+def _dropped(b: Any) -> None:
+    """A connection lost to a kill: closed (quietly), and a back-off while the broker
+    restarts (not a synchronisation); the caller connects again."""
+    if b is not None:
+        try:
+            b.close()
+        except Exception:  # noqa: BLE001
+            pass
+    time.sleep(0.02)
 
 
 class Consumer(threading.Thread):
@@ -156,13 +162,8 @@ class Consumer(threading.Thread):
             except (shmq.ConnectionLost, OSError, shmq.QueueNotFound, shmq.Timeout):
                 self.in_flight.update(begun)  # the kill came during this ack: its fate is open
                 begun = []
-                if b is not None:
-                    try:
-                        b.close()
-                    except Exception:  # noqa: BLE001
-                        pass
+                _dropped(b)
                 b = None
-                time.sleep(0.02)  # back-off while the broker restarts; not a synchronisation
             except shmq.ShmqError as e:
                 self.errors.append(repr(e))
                 break
