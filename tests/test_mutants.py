@@ -8,13 +8,16 @@ a promise whose test proves nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
+from .conftest import leftovers
 from .mutants import MUTANTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,9 +29,31 @@ def _run(name: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "SHMQ_MUTANT": name, "SHMQ_PURE": "1",
            "PYTHONPATH": os.pathsep.join([str(SITE), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env.pop("PYTEST_XDIST_WORKER", None)
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:randomly",
-                           "-p", "no:cacheprovider", "-p", "no:xdist", *m.tests],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    args = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:randomly", "-p", "no:cacheprovider",
+            "-p", "no:xdist", *m.tests]
+    with subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as p:
+        try:
+            out, err = p.communicate(timeout=600)
+        finally:
+            _clean_after(p)
+    return subprocess.CompletedProcess(args, p.returncode, out, err)
+
+
+def _clean_after(p: subprocess.Popen[str]) -> None:
+    """A mutant breaks what cleans up too (a reclaim that takes live instances, say): what
+    that run left, its instances' names starting with its session's prefix, goes now."""
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+    prefix = f"t{p.pid}x"  # (conftest.SESSION_PREFIX of that pytest)
+    for proc in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if any(prefix in a for a in proc.info["cmdline"] or ()):
+                proc.kill()
+    for n in leftovers(prefix):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join("/dev/shm", n))
 
 
 def _caught(name: str) -> None:
