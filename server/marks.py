@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from shmq.errors import ShmqError
 
 from .connection import ServerConnection
 
+log = logging.getLogger("shmq.worker")
 Done = Callable[[ShmqError | None], None]  # sends a held reply (or the error that replaces it)
 Post = Callable[..., object]  # runs a callable on the event loop's thread (loop.call_soon_threadsafe)
 
@@ -71,6 +73,7 @@ class HeldReplies:
             except ShmqError as e:
                 err = e  # the journal cannot write, or the queue is gone: every held reply fails
             except Exception as e:  # noqa: BLE001 - a reply must never be lost silently
+                log.error("waiting for %s's durable mark failed", dur.name, exc_info=e)  # (INTERNAL)
                 err = ShmqError(repr(e))
             with self._lock:
                 ready = []

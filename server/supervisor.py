@@ -410,7 +410,7 @@ class Supervisor:
                 try:
                     broker.maintain()  # the lease reaper
                 except Exception as e:  # noqa: BLE001 - the supervisor must outlive any one queue
-                    log.error("maintenance failed: %r", e)
+                    log.error("maintenance failed: %r", e, exc_info=e)
 
     def _shutdown(self) -> None:
         m, self.metrics_proc = self.metrics_proc, None
