@@ -165,7 +165,7 @@ class TcpBroker(Broker):
         conn = self._conn
         try:
             n = recv_into(self._sock, self._rbuf, self._spin)  # polls a while first (shmq.spin)
-        except TimeoutError:  # only the handshake reads with a timeout
+        except TimeoutError:  # only the handshake reads with a timeout (and a close: its reason is set)
             conn.lost(f"did not answer the handshake within {self._sock.gettimeout()} s: "
                       "is it a shmq broker?")
             raise conn.lost_error() from None
@@ -305,16 +305,19 @@ class TcpBroker(Broker):
     def info(self) -> BrokerInfo:
         return self._execute(cmd.info())
 
-    def close(self) -> None:
-        if not self._conn.closed:
+    def close(self, timeout: float = 5.0) -> None:
+        """Delete this handle's reply queue, DISCONNECT (its leases go back) and close; a broker
+        that does not answer within ``timeout`` seconds (frozen) is not waited for longer."""
+        if not self._conn.closed:  # (the heartbeat beats on: it frees a thread stuck reading)
+            self._conn.close_reason = "was closed by the client"  # (also if it times out)
+            self._sock.settimeout(timeout)  # every read and write from here on is bounded
             end_requests(self)  # its reply queue goes (the worker would delete it anyway)
-        self._stop_beating.set()
-        if not self._conn.closed:
             try:
                 self._execute(cmd.disconnect())
             except ShmqError:
                 pass
             self._conn.lost("is closed")
+        self._stop_beating.set()
         self._sock.close()  # also after the connection was lost
         with self._cond:
             self._cond.notify_all()

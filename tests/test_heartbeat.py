@@ -12,6 +12,7 @@ import multiprocessing as mp
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -25,7 +26,7 @@ from shmq.codec import HEARTBEAT_FRAME, FrameDecoder, T, decode_body, encode_bod
 from shmq.errors import ConnectionLost, Status
 from shmq.server.connection import agree_heartbeat
 
-from .conftest import Server, connect_tcp
+from .conftest import Server, connect_tcp, wait_until
 
 HB = 0.5  # s: the interval these tests agree on (3 silent ones: 1.5 s; room for a loaded CI machine)
 BOUND = 15.0  # s: every silent peer must be noticed well within this
@@ -130,6 +131,56 @@ def test_a_frozen_broker_ends_every_waiting_asyncio_call(hb_server: Server) -> N
             _thaw(procs)
             await b.close()
     asyncio.run(run())
+
+
+def test_closing_a_handle_of_a_frozen_broker_takes_no_longer_than_its_timeout(hb_server: Server) -> None:
+    """close() says goodbye (the reply queue's delete, DISCONNECT) and waits for the answers;
+    a frozen broker never answers, and with heartbeats off nothing else would end the wait:
+    the close's timeout does, and the handle is closed all the same.  With another thread
+    reading (for ever) when the close begins, the heartbeat, still beating, frees both."""
+    b = connect_tcp(hb_server.url, heartbeat=0)
+    b.create_queue("frozen-close")
+    procs = _freeze(hb_server)
+    try:
+        t0 = time.monotonic()
+        closer = threading.Thread(target=b.close, kwargs={"timeout": 1.0}, daemon=True)
+        closer.start()
+        closer.join(BOUND)
+        assert not closer.is_alive(), "close() still waits on a frozen broker"
+        assert time.monotonic() - t0 < BOUND
+        with pytest.raises(ConnectionLost, match="was closed by the client"):
+            b.list_queues()
+        _thaw(procs)
+        b = connect_tcp(hb_server.url, heartbeat=HB)
+        q = b.create_queue("frozen-close-2")
+        got: list[BaseException] = []
+
+        def get() -> None:
+            try:
+                q.get()
+            except BaseException as e:  # noqa: BLE001  (checked below)
+                got.append(e)
+        getter = threading.Thread(target=get, daemon=True)
+        getter.start()
+        wait_until(lambda: b._reading)  # type: ignore[attr-defined]
+        procs[:] = _freeze(hb_server)
+        closer = threading.Thread(target=b.close, kwargs={"timeout": 1.0}, daemon=True)
+        closer.start()
+        closer.join(BOUND)
+        getter.join(BOUND)
+        assert not closer.is_alive() and not getter.is_alive(), "a close and a get wait on a frozen broker"
+        assert [type(e) for e in got] == [ConnectionLost], got
+
+        async def run() -> None:  # the asyncio client's close, the same
+            _thaw(procs)
+            a = await aio.connect(hb_server.url, heartbeat=0)
+            procs[:] = _freeze(hb_server)
+            t1 = time.monotonic()
+            await asyncio.wait_for(a.close(timeout=1.0), BOUND)
+            assert time.monotonic() - t1 < BOUND and a.closed
+        asyncio.run(run())
+    finally:
+        _thaw(procs)
 
 
 def _consume_then_wait(url: str, token: str, got: Any) -> None:
