@@ -48,11 +48,17 @@ class Producer(threading.Thread):
         self.top = 0  # one past the highest number ever sent
         self.stop = threading.Event()
         self.errors: list[str] = []
+        self.dropped: list[str] = []  # why each connection was given up (the last few)
 
     def confirm_more(self, n: int = 50) -> None:
         """Wait until ``n`` more messages are confirmed."""
         target = len(self.confirmed) + n
-        wait_until(lambda: len(self.confirmed) >= target, timeout=30)
+        try:
+            wait_until(lambda: len(self.confirmed) >= target or not self.is_alive(), timeout=30)
+        except AssertionError:
+            raise AssertionError(f"no progress: {len(self.confirmed)} confirmed; the last drops "
+                                 f"{self.dropped[-5:]}; now in\n{_stack(self)}") from None
+        assert len(self.confirmed) >= target, f"the producer stopped: {self.errors}"
 
     def finish(self) -> None:
         self.stop.set()
@@ -75,11 +81,12 @@ class Producer(threading.Thread):
                 for i in nums:
                     self.confirmed[i] = now
                 self.sent += self.batch
-            except (shmq.ConnectionLost, OSError, shmq.QueueNotFound, shmq.Full, shmq.Timeout):
+            except (shmq.ConnectionLost, OSError, shmq.QueueNotFound, shmq.Full, shmq.Timeout) as e:
                 # not confirmed: resent under the same numbers (a duplicate if it was stored)
+                self.dropped = [*self.dropped[-4:], repr(e)]
                 _dropped(b)
                 b = None
-            except shmq.ShmqError as e:
+            except Exception as e:  # noqa: BLE001  (reported by confirm_more and the test)
                 self.errors.append(repr(e))
                 break
         if b is not None:
@@ -109,6 +116,14 @@ class Producer(threading.Thread):
         for i in range(self.sent, end):
             self.confirmed[i] = now
         self.sent = max(self.sent, end)
+
+
+def _stack(t: threading.Thread) -> str:
+    """Where thread ``t`` is now (for a failure's message)."""
+    import sys
+    import traceback
+    frame = sys._current_frames().get(t.ident or 0)
+    return "".join(traceback.format_stack(frame)) if frame else "(not running)"
 
 
 def _dropped(b: Any) -> None:
@@ -164,7 +179,7 @@ class Consumer(threading.Thread):
                 begun = []
                 _dropped(b)
                 b = None
-            except shmq.ShmqError as e:
+            except Exception as e:  # noqa: BLE001  (reported by the test)
                 self.errors.append(repr(e))
                 break
         if b is not None:
@@ -210,11 +225,14 @@ def jepsen(tmp_path: Path, policy: str, lose_shm: bool, kills: int = 3, batch: i
     cons = Consumer(url, "jep")  # acking (the default group) while the kills happen
     cons.start()
     kill_times = []
+    logs: list[str] = []  # what each broker wrote to stderr
     rng = random.Random(policy + str(lose_shm))
     try:
         for _ in range(kills):
             prod.confirm_more()
+            assert not cons.errors, f"the consumer stopped: {cons.errors}"
             time.sleep(rng.uniform(0.0, 0.15))  # a random moment to kill at (not a synchronisation)
+            logs.append(srv.stderr_so_far())
             start = time.monotonic()
             kill_broker(srv)
             kill_times.append((start, time.monotonic()))
@@ -223,10 +241,18 @@ def jepsen(tmp_path: Path, policy: str, lose_shm: bool, kills: int = 3, batch: i
             srv = Server(workers=1, instance=inst, data_dir=data, extra=extra)
             url[0] = srv.url
         prod.confirm_more()
+    except BaseException as e:
+        if srv.proc.stderr and not srv.proc.stderr.closed:
+            logs.append(srv.stderr_so_far())
+        srv.stop()  # a failure leaves no broker behind
+        e.add_note(f"the brokers' stderr: {logs}")
+        raise
     finally:
         prod.finish()
         cons.finish()
     assert not prod.errors and not cons.errors, (prod.errors, cons.errors)
+    logs.append(srv.stderr_so_far())
+    assert not [log for log in logs if "Traceback" in log], logs  # a kill is no internal error
     kept = drain(srv.url, "jep", "kept")
     rest = drain_offsets(srv.url, "jep")
     assert srv.stop() == 0
