@@ -28,7 +28,6 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import re
 import shutil
 import signal
 import socket
@@ -41,6 +40,8 @@ from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+
+from common import serve  # noqa: E402
 
 import shmq  # noqa: E402
 
@@ -122,14 +123,8 @@ def run(kind: str, target: str, producers: int, batch: int, window: int, seconds
 class Shmq:
     def __init__(self, data_dir: str) -> None:
         self.instance = f"bench{os.getpid()}"
-        cmd = [sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
-               "--workers", "2", "--instance", self.instance, "--data-dir", data_dir]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-        line = self.proc.stdout.readline().decode()  # type: ignore[union-attr]
-        m = re.search(r"tcp://[0-9.]+:(\d+)", line)
-        if not m:
-            raise SystemExit(f"shmq serve did not start: {line!r}")
-        self.url = f"tcp://127.0.0.1:{m.group(1)}"
+        self.proc, port, _ = serve(self.instance, data_dir, 2, stderr=subprocess.DEVNULL)
+        self.url = f"tcp://127.0.0.1:{port}"
         self.admin = shmq.connect(self.url)
 
     def fresh(self, policy: str) -> None:

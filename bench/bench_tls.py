@@ -19,13 +19,13 @@ batch throughput.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 
+from common import serve
 from transport import arguments, batch, ping_pong
 
 import shmq
@@ -48,17 +48,8 @@ def make_certs(d: str) -> None:
 
 def start(tmp: str, name: str, extra: list[str], workers: int = 2
           ) -> tuple[subprocess.Popen[bytes], int]:
-    proc = subprocess.Popen([sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
-                             "--workers", str(workers), "--instance", f"btls{name}{os.getpid()}",
-                             "--data-dir", os.path.join(tmp, f"data-{name}"), *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdout is not None
-    line = proc.stdout.readline().decode()
-    m = re.search(r"tcps?://[0-9.]+:(\d+)", line)
-    if m is None:
-        proc.kill()
-        raise SystemExit(f"shmq serve did not start: {line!r}")
-    return proc, int(m.group(1))
+    proc, port, _ = serve(f"btls{name}{os.getpid()}", os.path.join(tmp, f"data-{name}"), workers, *extra)
+    return proc, port
 
 
 def main() -> None:

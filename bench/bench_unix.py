@@ -16,13 +16,12 @@ Medians over the rounds, and UNIX / TCP.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 
+from common import serve
 from transport import arguments, batch, ping_pong
 
 import shmq
@@ -33,18 +32,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="shmq-bench-unix-") as tmp:
         path = os.path.join(tmp, "broker.sock")
         instance = f"bunix{os.getpid()}"
-        proc = subprocess.Popen([sys.executable, "-c", "from shmq.cli import app; app()", "serve",
-                                 "--port", "0", "--workers", str(args.workers), "--instance", instance,
-                                 "--unix", path,
-                                 "--data-dir", os.path.join(tmp, "data")],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc, port, _ = serve(instance, os.path.join(tmp, "data"), args.workers, "--unix", path)
         try:
-            assert proc.stdout is not None
-            line = proc.stdout.readline().decode()
-            m = re.search(r"tcp://[0-9.]+:(\d+)", line)
-            if m is None:
-                raise SystemExit(f"shmq serve did not start: {line!r}")
-            urls = {"tcp": f"tcp://127.0.0.1:{m.group(1)}", "unix": f"unix://{path}"}
+            urls = {"tcp": f"tcp://127.0.0.1:{port}", "unix": f"unix://{path}"}
             b = shmq.connect(urls["unix"])
             for name in ("ping", "pong", "batch"):
                 b.create_queue(name, capacity=65536, max_bytes=64 << 20)

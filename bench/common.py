@@ -13,8 +13,10 @@ import math
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
+import re
 import signal
 import statistics
+import subprocess
 import sys
 import time
 from array import array
@@ -305,6 +307,24 @@ class Children:
 def terminate(signum: int, _frame: Any) -> NoReturn:
     """SIGTERM handler for the parent: unwind like Ctrl-C does, so everything is stopped."""
     raise SystemExit(128 + signum)
+
+
+def serve(instance: str, data_dir: str, workers: int, *extra: str, stderr: Any = subprocess.PIPE
+          ) -> tuple[subprocess.Popen[bytes], int, str]:
+    """``shmq serve`` on an ephemeral port, of this checkout: the process, its port and its
+    start line (which names the journal's and the metrics' pids, ...).  SystemExit, the
+    broker killed, when it does not start."""
+    proc = subprocess.Popen([sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
+                             "--workers", str(workers), "--instance", instance, "--data-dir", data_dir,
+                             *extra], stdout=subprocess.PIPE, stderr=stderr)
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode()
+    m = re.search(r"tcps?://[0-9.]+:(\d+)", line)
+    if m is None:
+        proc.kill()
+        proc.wait()
+        raise SystemExit(f"shmq serve did not start: {line!r}")
+    return proc, int(m.group(1)), line
 
 
 def leftovers(instance: str) -> list[str]:

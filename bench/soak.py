@@ -32,7 +32,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -45,6 +44,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 import psutil  # noqa: E402
+from common import serve  # noqa: E402
 
 import shmq  # noqa: E402
 from shmq.segment import objects_of, shm_path  # noqa: E402
@@ -74,16 +74,10 @@ class Broker:
 
     def __init__(self, data_dir: str, workers: int) -> None:
         self.instance = f"soak{os.getpid()}"
-        cmd = [sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
-               "--workers", str(workers), "--instance", self.instance, "--data-dir", data_dir,
-               "--metrics", "127.0.0.1:0"]
         self.log = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log)
-        line = self.proc.stdout.readline().decode()  # type: ignore[union-attr]
-        m = re.search(r"tcp://[0-9.]+:(\d+)", line)
-        if not m:
-            raise SystemExit(f"shmq serve did not start: {line!r}")
-        self.url = f"tcp://127.0.0.1:{m.group(1)}"
+        self.proc, port, line = serve(self.instance, data_dir, workers, "--metrics", "127.0.0.1:0",
+                                      stderr=self.log)
+        self.url = f"tcp://127.0.0.1:{port}"
         self.shm = f"shm://{self.instance}"
         m = re.search(r"metrics on https?://\S+?:(\d+)/metrics", line)
         self.metrics = f"http://127.0.0.1:{m.group(1)}/metrics" if m else ""

@@ -69,8 +69,9 @@ class Leases:
     def check_room(self, n: int) -> None:
         """Raise :class:`LimitExceeded` when ``n`` more would pass the limit (leases whose
         queue or group is gone not counted: ``forget_gone``)."""
-        if self.count + n > options.MAX_INFLIGHT_PER_CONNECTION and (
-                not self.forget_gone() or self.count + n > options.MAX_INFLIGHT_PER_CONNECTION):
+        if self.count + n > options.MAX_INFLIGHT_PER_CONNECTION:
+            self.forget_gone()
+        if self.count + n > options.MAX_INFLIGHT_PER_CONNECTION:
             raise LimitExceeded(f"this connection holds {self.count} unacknowledged messages; "
                                 f"the limit is {options.MAX_INFLIGHT_PER_CONNECTION}")
 

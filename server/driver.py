@@ -26,16 +26,15 @@ from shmq.errors import ProtocolError, Status
 from . import handlers
 from .connection import ServerConnection
 from .core import Core
+from .logs import Throttle
 from .spinner import Spinner
 
 log = logging.getLogger("shmq.worker")
-_last_refusal = [0.0]  # when a refused connection was last logged (one line a second at most)
+_refusals = Throttle()  # a refused connection logs a line a second at most
 
 
 def _refused(w: Host) -> None:
-    now = w.loop.time()
-    if now - _last_refusal[0] >= 1.0:
-        _last_refusal[0] = now
+    if _refusals.ready(w.loop.time()):
         log.warning("worker %d: refused a connection (LIMIT_EXCEEDED): it holds %s", w.worker_id, w.cap)
 
 

@@ -32,6 +32,7 @@ from shmq.settle import Settle
 from .connection import ServerConnection, Subscription, agree_heartbeat
 from .core import SERVER_NAME, Core
 from .delivery import READ_HEADROOM, RECORD_COLUMNS, push
+from .logs import Throttle
 from .parking import consume, decode_produce, poke, produce, produce_run
 
 _CRASH = crashpoints.watch(__name__)
@@ -133,13 +134,11 @@ def _internal(core: Core, conn: ServerConnection, f: Frame, e: BaseException) ->
     conn.error(f.msg_id, Status.INTERNAL, f"{type(e).__name__}: {e}")
 
 
-_warned = [0.0]  # when the last exhaustion was logged (at most one line a second)
+_exhausted = Throttle()  # an exhaustion logs a line a second at most
 
 
 def _warn(core: Core, text: str) -> None:
-    now = core.clock()
-    if now - _warned[0] >= 1.0:
-        _warned[0] = now
+    if _exhausted.ready(core.clock()):
         log.warning("worker %d: %s", core.worker_id, text)
 
 

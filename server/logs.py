@@ -53,3 +53,19 @@ def setup(role: str, level: str = DEFAULT_LEVEL, fmt: str = DEFAULT_FORMAT) -> N
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+
+
+class Throttle:
+    """At most one log line per ``every`` seconds for one kind of trouble (a flood of
+    refused connections, say, logs a line a second, not a line each)."""
+
+    def __init__(self, every: float = 1.0) -> None:
+        self.every = every
+        self._last = float("-inf")
+
+    def ready(self, now: float) -> bool:
+        """May a line be logged at ``now`` (seconds, any clock)?  Yes: it counts as logged."""
+        if now - self._last < self.every:
+            return False
+        self._last = now
+        return True

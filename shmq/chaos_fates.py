@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from .chaos_roles import AUDIT, QueueSpec, queue_of
 
@@ -98,8 +97,6 @@ class Logs:
         self.confirmed: set[str] = set()
         self.got: dict[tuple[str, str], Counter[str]] = {}
         self.acked: dict[tuple[str, str], set[str]] = {}
-        self.nacked: dict[tuple[str, str], Counter[str]] = {}
-        self.dead: dict[tuple[str, str], set[str]] = {}
         self.in_dlq: dict[tuple[str, str], set[str]] = {}
         self.in_flight: dict[tuple[str, str], set[str]] = {}  # acks begun (T), no outcome: a kill
         self.offsets = Offsets()
@@ -122,10 +119,7 @@ class Logs:
             if kind == "T":
                 _, g, *ids = line.split(" ")
                 begun = {(g, i) for i in ids}
-            elif kind in "KSE":
-                _, g, ident = line.split(" ", 2)
-                begun.discard((g, ident))
-            if kind == "A":
+            elif kind == "A":
                 self.attempted.add(line[2:])
             elif kind == "C":
                 self.confirmed.add(line[2:])
@@ -136,19 +130,17 @@ class Logs:
                 key = (queue_of(ident), g)
                 self.got.setdefault(key, Counter())[ident] += 1
                 self.offsets.see(key[0], ident, int(off))
-            elif kind in "KNXDSE":
+            elif kind in "KDSE":  # (N and X need nothing: their outcome shows, redelivered or in the DLQ)
                 _, g, ident = line.split(" ", 2)
+                if kind != "D":
+                    begun.discard((g, ident))  # the ack's outcome is logged
                 if kind == "E":
                     self.expected_stale += 1
                 elif kind == "S":
                     self.stolen.append(f"{path.name}: group {g}, {ident}")
                 else:
-                    table: Any = {"K": self.acked, "N": self.nacked, "X": self.dead, "D": self.in_dlq}[kind]
-                    key = (queue_of(ident), g)
-                    if kind == "N":
-                        table.setdefault(key, Counter())[ident] += 1
-                    else:
-                        table.setdefault(key, set()).add(ident)
+                    table = self.acked if kind == "K" else self.in_dlq
+                    table.setdefault((queue_of(ident), g), set()).add(ident)
         for g, ident in begun:  # the ack in flight when this process was killed
             self.in_flight.setdefault((queue_of(ident), g), set()).add(ident)
 

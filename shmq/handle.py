@@ -116,7 +116,6 @@ class QueueHandle:
         self._gone: str | None = None
         self._life = threading.Lock()  # guards the fields below
         self._sleepers = 0  # threads of this process asleep on a semaphore of the queue
-        self._vacated = False  # the mapping's memory handed back (``Mapping.vacate``)
         self._sems_open = True
 
     def __repr__(self) -> str:
@@ -151,12 +150,11 @@ class QueueHandle:
         with self._life:
             if self._gone is None:
                 self._gone = why
-            if not self._vacated:
-                ring = self._ring
+            ring = self._ring
+            if not ring.mapping.vacated:
                 if ring.plock.busy_here() or ring.clock.busy_here():
                     return False
                 ring.mapping.vacate()
-                self._vacated = True
             if not self._sleepers:
                 self._close_semaphores()
         return True
@@ -185,7 +183,7 @@ class QueueHandle:
         finally:
             with self._life:
                 self._sleepers -= 1
-                if self._gone is not None and self._vacated and not self._sleepers:
+                if self._gone is not None and self._ring.mapping.vacated and not self._sleepers:
                     self._close_semaphores()
 
     def _raise_gone(self) -> NoReturn:

@@ -31,15 +31,19 @@ def restore_fill(records: dict[int, tuple[int, bytes, bytes]], groups: list[dict
     w = ring.w
     fill_records(ring, records, first, tail, expires)
     now, wall = time.monotonic_ns() // 1_000_000, time.time_ns() // 1_000_000
+
+    def due(wall_ms: int) -> int:  # a snapshot's wall-clock due time, on this boot's monotonic clock
+        return now + max(wall_ms - wall, 1)
+
+    table = Groups(ring)
     if groups:
-        Groups(ring).restore(groups, first, tail)
-        Groups(ring).restore_backoffs(groups, lambda due: now + max(due - wall, 1))  # nacks' delays
+        table.restore(groups, first, tail)
+        table.restore_backoffs(groups, due)  # nacks' delays
     else:
         g = ring.groups_w
         w[g + L.G_CURSOR] = w[g + L.G_FLOOR] = first
-    if delays:  # (offset, wall-clock ms when due): due on this boot's monotonic clock
-        Groups(ring).restore_delays([(o, now + max(due - wall, 1)) for o, due in delays if o in records],
-                                    first, tail)
+    if delays:  # (offset, wall-clock ms when due)
+        table.restore_delays([(o, due(at)) for o, at in delays if o in records], first, tail)
     ring.restore_producers(producers, tail)
     w[L.Q_CREATED_NS] = created_ns
     w[L.Q_DURABLE_OFFSET] = tail

@@ -16,7 +16,7 @@ import resource
 
 from .errors import LimitExceeded, ShmqError, StorageError
 
-SHM_DIR = "/dev/shm"
+SHM_DIR = "/dev/shm"  # where POSIX shared memory lives (shmq.segment names its objects there)
 FD_ERRNOS = frozenset((errno.EMFILE, errno.ENFILE))
 SPACE_ERRNOS = frozenset((errno.ENOSPC, errno.EDQUOT))
 # posix_ipc raises a bare OSError (errno None) for these two, with its own words

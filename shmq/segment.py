@@ -25,10 +25,9 @@ import posix_ipc
 
 from . import options
 from .errors import InstanceError, InvalidName
-from .resources import exhaustion, shm_full
+from .resources import SHM_DIR, exhaustion, shm_full
 from .text import shown
 
-SHM_DIR = "/dev/shm"
 PREFIX = "shmq."
 _INSTANCE_RE = re.compile(rf"[A-Za-z0-9_-]{{1,{options.INSTANCE_NAME_MAX}}}\Z")
 
@@ -214,8 +213,9 @@ class Mapping:
         zeros (a queue in state 0, which is not active), and the object's memory is the
         kernel's again once no process maps it.  The range itself goes with ``close`` or
         when the mmap object is collected."""
-        if not self.vacated and not self.mm.closed:
-            _map_over(self.mm, self.address, -1)
+        if not self.vacated:
+            if not self.mm.closed:  # (closed: unmapped already)
+                _map_over(self.mm, self.address, -1)
             self.vacated = True
         self.close_fd()
 
