@@ -247,6 +247,8 @@ def test_the_publisher_takes_delay_and_ttl(broker: shmq.Broker) -> None:
 
 
 async def _aio(url: str) -> tuple[list[int], int]:
+    import asyncio
+
     from shmq import aio
 
     async with await aio.connect(url) as b:
@@ -260,6 +262,11 @@ async def _aio(url: str) -> tuple[list[int], int]:
         got = await q.get_many(10, timeout=1)
         assert [m.payload for m in got] == [b"y"]
         stats = await q.stats()
+        async with asyncio.timeout(10):  # (the expiry may be counted an instant before its copy lands)
+            while "aio-ttl.dlq" not in {i.name for i in await b.list_queues()}:
+                await asyncio.sleep(0.005)
+        dead = await b.queue("aio-ttl.dlq").get_many(10, timeout=5)
+        assert [m.payload for m in dead] == [b"x"]  # the expired one's fate
         await b.delete_queue("aio-ttl")
         await b.delete_queue("aio-ttl.dlq")
         return offs, stats["groups"]["default"]["ttl_expired"]
