@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = r"""
 import json, os, sys, time
-from shmq.shm import ShmBroker
+from shmq.core.colocated import ShmBroker
 inst = f"ab{os.getpid()}"
 b = ShmBroker(inst)
 try:

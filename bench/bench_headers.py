@@ -28,7 +28,7 @@ import shmq
 mode, url, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 H = {"trace-id": "4bf92f3577b34da6", "content-type": "application/json", "attempt": b"1"}
 if url.startswith("shm://"):
-    from shmq.shm import ShmBroker
+    from shmq.core.colocated import ShmBroker
     b = ShmBroker(url[len("shm://"):])
 else:
     b = shmq.connect(url)  # loopback: this user's broker's token is found

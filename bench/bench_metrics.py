@@ -53,7 +53,7 @@ class Broker:
     def __init__(self, metrics: bool) -> None:
         self.instance = f"bmet{os.getpid()}{'m' if metrics else 'p'}"
         self.tmp = tempfile.mkdtemp(prefix=f"{self.instance}.")
-        cmd = [sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
+        cmd = [sys.executable, "-c", "from shmq.cli.app import app; app()", "serve", "--port", "0",
                "--workers", "2", "--instance", self.instance, "--data-dir", os.path.join(self.tmp, "data"),
                *(["--metrics", "127.0.0.1:0"] if metrics else [])]
         out = os.path.join(self.tmp, "stdout")

@@ -38,7 +38,7 @@ from ab import ROOT, checkout
 from bench_tcp import ShmqServer  # shmq serve --port 0 as a child process
 
 import shmq
-from shmq.shm import ShmBroker
+from shmq.core.colocated import ShmBroker
 
 WARM = 200
 

@@ -52,7 +52,7 @@ from bench_tcp import ShmqServer
 from common import Out, fmt_ratio
 
 import shmq
-from shmq.shm import ShmBroker
+from shmq.core.colocated import ShmBroker
 
 SIZE = 100
 PAYLOAD = "concat(lpad(cast(value as string), 12, '0'), repeat('x', 88))"  # 100 bytes per row

@@ -460,7 +460,7 @@ class ShmqServer:
         self.notes: list[str] = []
 
     def start(self) -> None:
-        cmd = [sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
+        cmd = [sys.executable, "-c", "from shmq.cli.app import app; app()", "serve", "--port", "0",
                "--workers", str(self.workers), "--instance", self.instance,
                "--data-dir", os.path.join(self.tmp, "data")]
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:

@@ -1,4 +1,4 @@
-"""A long fate-tracking SIGKILL storm (``shmq.chaos``) from the command line.
+"""A long fate-tracking SIGKILL storm (``shmq.testing.chaos``) from the command line.
 
 Producers, consumers (two groups), a dead-letter queue's consumer, lock hogs and reapers
 are SIGKILLed at random and replaced until ``--kills`` kills are done or ``--seconds``
@@ -28,7 +28,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
-from shmq.chaos import run_storm, summary  # noqa: E402
+from shmq.testing.chaos import run_storm, summary  # noqa: E402
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -28,7 +28,7 @@ if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
 import shmq  # noqa: E402
-from shmq.segment import objects_of  # noqa: E402
+from shmq.core.segment import objects_of  # noqa: E402
 
 try:
     from rich.console import Console
@@ -314,7 +314,8 @@ def serve(instance: str, data_dir: str, workers: int, *extra: str, stderr: Any =
     """``shmq serve`` on an ephemeral port, of this checkout: the process, its port and its
     start line (which names the journal's and the metrics' pids, ...).  SystemExit, the
     broker killed, when it does not start."""
-    proc = subprocess.Popen([sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
+    proc = subprocess.Popen([sys.executable, "-c", "from shmq.cli.app import app; app()",
+                             "serve", "--port", "0",
                              "--workers", str(workers), "--instance", instance, "--data-dir", data_dir,
                              *extra], stdout=subprocess.PIPE, stderr=stderr)
     assert proc.stdout is not None

@@ -47,7 +47,7 @@ import psutil  # noqa: E402
 from common import serve  # noqa: E402
 
 import shmq  # noqa: E402
-from shmq.segment import objects_of, shm_path  # noqa: E402
+from shmq.core.segment import objects_of, shm_path  # noqa: E402
 
 POLICIES = ("memory", "interval", "always")
 MB = 1 << 20

@@ -27,8 +27,8 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 from pyspark.sql.types import StructType
 
 from shmq.spark import SCHEMA
-from shmq.spark_arrow import to_batch
-from shmq.spark_records import Records
+from shmq.spark.arrow import to_batch
+from shmq.spark.records import Records
 
 ROWS_PER_BATCH = 10_000  # rows per Arrow batch, as the shmq source over TCP
 _made: dict[int, pa.RecordBatch] = {}

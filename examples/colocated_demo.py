@@ -21,7 +21,7 @@ def _produce(url: str, n: int) -> None:
 
 def main(n: int = 100_000) -> None:
     url = f"shm://demo{os.getpid()}"
-    from shmq.shm import ShmBroker
+    from shmq.core.colocated import ShmBroker
 
     broker = ShmBroker(url[len("shm://"):])
     try:

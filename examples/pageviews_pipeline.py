@@ -56,7 +56,7 @@ def broker(url: str | None, tmp: str) -> Iterator[str]:
         return
     log = os.path.join(tmp, "broker.log")
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-c", "from shmq.cli import app; app()", "serve",
+        proc = subprocess.Popen([sys.executable, "-c", "from shmq.cli.app import app; app()", "serve",
                                  "--port", "0", "--workers", "2", "--instance", f"pageviews{os.getpid()}",
                                  "--data-dir", os.path.join(tmp, "data")],
                                 stdout=out, stderr=subprocess.STDOUT)

@@ -10,7 +10,7 @@ Why this lock and not another:
 
 * a pid check alone cannot tell a live broker from a reused pid or a stopped one, and
   leaves a window between the check and the take-over; the kernel's lock has neither;
-* every attached process holds a shared ``flock`` on the same file (``shmq.registry``:
+* every attached process holds a shared ``flock`` on the same file (``shmq.core.registry``:
   the proof of attachment that ``reclaim`` probes).  On Linux ``flock`` and ``fcntl``
   record locks are independent, so this lock neither blocks nor is blocked by them;
 * a classic POSIX record lock (``F_SETLK``) belongs to the process and is dropped when
@@ -43,10 +43,10 @@ import time
 import psutil
 
 from shmq import process
+from shmq.core.registry import Registry
+from shmq.core.segment import registry_name, shm_path
+from shmq.core.serverqueue import ServerBroker
 from shmq.errors import InstanceError
-from shmq.registry import Registry
-from shmq.segment import registry_name, shm_path
-from shmq.serverqueue import ServerBroker
 
 LOCK_BYTE = 1  # the byte of the registry file whose write lock means "served"
 CLAIM_TRIES = 20  # attaches in a row that found the registry replaced meanwhile

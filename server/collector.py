@@ -1,7 +1,7 @@
 """The collector: the broker's Prometheus metrics, read from shared memory at each scrape.
 
 ``BrokerCollector.collect`` is called by ``prometheus_client`` when a scrape comes
-(``server.metrics``).  It reads every queue of the instance (``shmq.readings``:
+(``server.metrics``).  It reads every queue of the instance (``shmq.core.readings``:
 lock-free, from the queue headers and group tables), the workers' connection
 counts (``server.placement.Counts``), the replies dropped (registry words) and the
 scoreboard (``server.scoreboard``: requests, latencies, fsyncs, restarts).  Nothing is
@@ -20,9 +20,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from shmq.core.readings import QueueReading
+from shmq.core.serverqueue import ServerBroker
 from shmq.errors import ShmqError
-from shmq.readings import QueueReading
-from shmq.serverqueue import ServerBroker
 
 from .placement import Counts
 from .scoreboard import Histogram, Scoreboard

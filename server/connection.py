@@ -28,9 +28,9 @@ from itertools import repeat
 from typing import Any
 
 from shmq import options
-from shmq.codec import Frame, FrameDecoder, T, decode_body, encode_body, encode_frame, frame
+from shmq.core.serverqueue import ServerQueue
 from shmq.errors import LimitExceeded, ProtocolError, StaleAck, Status
-from shmq.serverqueue import ServerQueue
+from shmq.protocol.codec import Frame, FrameDecoder, T, decode_body, encode_body, encode_frame, frame
 
 
 class State(enum.Enum):

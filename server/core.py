@@ -14,7 +14,7 @@ memory (``tests/test_handlers.py``)::
                  └─ parking.py (produce and consume, waiting for their queue)
                       └─ delivery.py (leasing messages out: replies and pushes)
                            └─ core.py (this) · connection.py · marks.py
-                                └─ shmq.serverqueue, shmq.durability
+                                └─ shmq.core.serverqueue, shmq.core.durability
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from functools import partial
 from typing import Any
 
 from shmq import crashpoints, options
-from shmq.codec import Frame
-from shmq.durability import Mark
+from shmq.core.durability import Mark
+from shmq.core.serverqueue import ServerBroker, ServerQueue
 from shmq.errors import ShmqError
-from shmq.serverqueue import ServerBroker, ServerQueue
+from shmq.protocol.codec import Frame
 
 from .connection import ServerConnection, Subscription
 from .marks import HeldReplies, Post
@@ -60,7 +60,7 @@ class Core:
 
     ``post`` runs a callable on the worker's event loop thread (held replies are
     released there); ``flag(queue)`` asks to be rung when a message arrives in a
-    queue something waits on (``shmq.doorbell``); ``place(conn, frame, affinity)``
+    queue something waits on (``shmq.core.doorbell``); ``place(conn, frame, affinity)``
     may hand a new connection to another worker (True when it went); ``clock``
     is monotonic seconds, for the deadlines of parked requests; ``counts`` is every
     worker's connection count (``placement.Counts``; None: not known, as in tests)."""

@@ -23,11 +23,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from shmq.config import QueueDecl
+from shmq.core.serverqueue import ServerBroker, ServerQueue
 from shmq.errors import QueueExists
 from shmq.journal import Journal
-from shmq.journal_files import JournalError
-from shmq.serverqueue import ServerBroker, ServerQueue
+from shmq.journal.files import JournalError
+from shmq.server.config import QueueDecl
 
 log = logging.getLogger("shmq.declarations")
 

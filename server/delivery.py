@@ -10,9 +10,9 @@ from __future__ import annotations
 from itertools import repeat
 
 from shmq import crashpoints, options
-from shmq.codec import T, deliver_frame, encode_frame, frame, records_field
+from shmq.core.serverqueue import ServerQueue
 from shmq.errors import QueueNotFound
-from shmq.serverqueue import ServerQueue
+from shmq.protocol.codec import T, deliver_frame, encode_frame, frame, records_field
 
 from .connection import ServerConnection, Subscription
 from .core import Core

@@ -19,9 +19,9 @@ import struct
 from typing import Protocol
 
 from shmq import options
-from shmq.codec import HEARTBEAT_FRAME
-from shmq.doorbell import RINGER
+from shmq.core.doorbell import RINGER
 from shmq.errors import ProtocolError, Status
+from shmq.protocol.codec import HEARTBEAT_FRAME
 
 from . import handlers
 from .connection import ServerConnection

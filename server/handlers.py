@@ -19,14 +19,14 @@ from time import perf_counter_ns
 from typing import Any
 
 from shmq import crashpoints, options
-from shmq.codec import Frame, T, decode_body, encode_frame, frame
-from shmq.consuming import decode_consume
-from shmq.durability import Mark
+from shmq.core.durability import Mark
+from shmq.core.rawread import read_field
+from shmq.core.serverqueue import ServerQueue
 from shmq.errors import InvalidArgument, LimitExceeded, ProtocolError, ShmqError, StaleAck, Status
 from shmq.names import is_reply_name
-from shmq.rawread import read_field
+from shmq.protocol.codec import Frame, T, decode_body, encode_frame, frame
+from shmq.protocol.consume_ack import decode_consume
 from shmq.resources import exhaustion, is_exhaustion
-from shmq.serverqueue import ServerQueue
 from shmq.settle import Settle
 
 from .connection import ServerConnection, Subscription, agree_heartbeat

@@ -45,14 +45,14 @@ from typing import Any
 
 from shmq import crashpoints, options
 from shmq.api import QueueConfig
-from shmq.durability import Durability
+from shmq.core.durability import Durability
+from shmq.core.restore import restore_fill
+from shmq.core.serverqueue import ServerBroker, ServerQueue
 from shmq.errors import ShmqError, StorageError
 from shmq.journal import Journal, JournalError, list_queues
-from shmq.journal_files import journal_bytes
+from shmq.journal.files import journal_bytes
 from shmq.progress import Progress
-from shmq.recovery import restore_fill
 from shmq.resources import SPACE_ERRNOS, disk_full
-from shmq.serverqueue import ServerBroker, ServerQueue
 from shmq.text import plural
 
 from .scoreboard import JournalMeter, Scoreboard

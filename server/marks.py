@@ -1,7 +1,7 @@
 """Replies held until the journal has what they confirm (``always`` queues).
 
-A handler that changes an ``always`` queue gets a :class:`~shmq.durability.Mark`
-back from ``shmq.serverqueue`` instead of waiting for it (the event loop must
+A handler that changes an ``always`` queue gets a :class:`~shmq.core.durability.Mark`
+back from ``shmq.core.serverqueue`` instead of waiting for it (the event loop must
 not block).  It hands the reply to :meth:`HeldReplies.after`; one thread per
 queue and mark word waits for the lowest value held, and each time the mark
 moves, every reply it covers is released together: on the event loop (``post``),
@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shmq.durability import Mark
+from shmq.core.durability import Mark
 from shmq.errors import ShmqError
 
 from .connection import ServerConnection

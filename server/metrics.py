@@ -32,8 +32,8 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from shmq import options, runtime
+from shmq.core.serverqueue import ServerBroker
 from shmq.errors import InvalidArgument
-from shmq.serverqueue import ServerBroker
 
 from .collector import BrokerCollector
 from .placement import Counts

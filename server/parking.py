@@ -18,10 +18,10 @@ from collections.abc import Callable
 from typing import Any
 
 from shmq import crashpoints, headers
-from shmq.codec import WAIT_FOREVER, Frame, T, decode_body, decode_joined, frame, produce_ok_frame
 from shmq.errors import Empty, Full, QueueNotFound, ShmqError, Status
 from shmq.names import is_reply_name
-from shmq.producing import PREFIX_FLAGS, split_prefixes
+from shmq.protocol.codec import WAIT_FOREVER, Frame, T, decode_body, decode_joined, frame, produce_ok_frame
+from shmq.protocol.produce import PREFIX_FLAGS, split_prefixes
 
 from .connection import ServerConnection
 from .core import Core, Waiter
@@ -34,7 +34,7 @@ CONSUME_TYPES = frozenset((T.CONSUME, T.CONSUME_BATCH))
 
 def produce(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
     """PRODUCE, PRODUCE_BATCH and PRODUCE_IDEMPOTENT: stored now, or parked until there is room.
-    One refused by a reply queue, gone or full, is a reply dropped: counted (``shmq.reply``)."""
+    One refused by a reply queue, gone or full, is a reply dropped: counted (``shmq.api.reply``)."""
     name = d["queue"]
     try:
         if conn.parked_produces.get(name):  # an earlier one of ours waits for room: this one waits behind

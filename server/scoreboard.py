@@ -36,7 +36,7 @@ import threading
 from bisect import bisect_left
 
 from shmq import options
-from shmq.codec import T
+from shmq.protocol.codec import T
 
 _RESPONSES = ("_OK", "_ACK", "_NACK")
 #: the operations a worker meters: every request type, and ``OTHER`` for anything else

@@ -46,10 +46,10 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from shmq import crashpoints, options, runtime
-from shmq.config import Effective, QueueDecl
+from shmq.core.serverqueue import ServerBroker
 from shmq.errors import InvalidArgument, ShmqError
 from shmq.resources import raise_fd_limit
-from shmq.serverqueue import ServerBroker
+from shmq.server.config import Effective, QueueDecl
 from shmq.spin import check_spin_us
 from shmq.text import plural
 from shmq.tls import ServerTls, server_context
@@ -181,7 +181,7 @@ class Supervisor:
 
     @classmethod
     def from_settings(cls, eff: Effective, token: str) -> Supervisor:
-        """The broker of ``shmq serve``'s settings (``shmq.config``); ``token``: the one in effect
+        """The broker of ``shmq serve``'s settings (``shmq.server.config``); ``token``: the one in effect
         (``token`` or the first line of ``token_file``)."""
         v = eff.values
         if (v["tls_cert"] or v["tls_client_ca"]) and not (v["tls_cert"] and v["tls_key"]):

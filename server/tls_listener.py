@@ -23,8 +23,8 @@ import ssl
 from collections.abc import Callable
 
 from shmq import options
-from shmq.codec import MAGIC, T, encode_body, encode_frame
 from shmq.errors import Status
+from shmq.protocol.codec import MAGIC, T, encode_body, encode_frame
 
 log = logging.getLogger("shmq.worker")
 

@@ -8,7 +8,7 @@ Nothing here blocks the loop: a CONSUME or PRODUCE that has to wait is parked
 and retried when the queue may have changed.  "May have changed" comes from
 three places: a request handled by this worker (at once), the worker's
 doorbell, read on the loop, which other workers and co-located producers ring
-when a message arrives in a queue this worker has flagged (``shmq.doorbell``),
+when a message arrives in a queue this worker has flagged (``shmq.core.doorbell``),
 and a 50 ms tick (lease expiry, nack delays, room freed by others).
 
 Leases are per connection: a connection that closes, or dies, gives its
@@ -34,11 +34,11 @@ from collections.abc import Callable
 from typing import Any
 
 from shmq import options
-from shmq.codec import Frame, encode_frame
-from shmq.doorbell import Bell
+from shmq.core.doorbell import Bell
+from shmq.core.serverqueue import ServerBroker, ServerQueue
 from shmq.errors import ShmqError
+from shmq.protocol.codec import Frame, encode_frame
 from shmq.resources import fd_limits
-from shmq.serverqueue import ServerBroker, ServerQueue
 from shmq.spin import Spin
 from shmq.tls import ServerTls, server_context
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import (
+from shmq.errors import (
     AuthError,
     ConnectionLost,
     Duplicate,
@@ -37,8 +37,8 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .api import Broker, BrokerInfo, Message, Origin, Queue, QueueConfig, QueueInfo
-    from .cleanup import InstanceReport, reclaim, scan
+    from shmq.api import Broker, BrokerInfo, Message, Origin, Queue, QueueConfig, QueueInfo
+    from shmq.core.cleanup import InstanceReport, reclaim, scan
 
 __version__ = "0.1.0"
 
@@ -50,10 +50,10 @@ __all__ = [
     "StorageError", "Timeout", "connect", "reclaim", "scan",
 ]
 
-# Loaded on first use: shmq.cleanup imports posix_ipc, which ``import shmq`` does not need
+# Loaded on first use: shmq.core.cleanup imports posix_ipc, which ``import shmq`` does not need
 # (a tcp:// client never touches shared memory), and the interface classes are not needed
 # by a command line that only prints its version.
-_LAZY = {"InstanceReport": "cleanup", "reclaim": "cleanup", "scan": "cleanup",
+_LAZY = {"InstanceReport": "core.cleanup", "reclaim": "core.cleanup", "scan": "core.cleanup",
          **dict.fromkeys(("Broker", "BrokerInfo", "Message", "Origin", "Queue", "QueueConfig", "QueueInfo"),
                          "api")}
 
@@ -90,10 +90,10 @@ def connect(url: str = "shm://default", token: str | None = None, **kwargs: Any)
     0: sleep at once; ``shmq.spin``).
     """
     if url.startswith("shm://"):
-        from .shm import ShmBroker
+        from shmq.core.colocated import ShmBroker
         return ShmBroker(url[len("shm://"):] or "default", **kwargs)
     if url.startswith(("tcp://", "tcps://", "unix://")):
-        from .tcp import TcpBroker
+        from shmq.client.tcp import TcpBroker
         return TcpBroker(url, token, **kwargs)
     raise InvalidArgument(f"unsupported url {url.partition('?')[0]!r}: use shm://NAME, tcp://HOST:PORT, "
                           "tcps://HOST:PORT or unix://PATH")

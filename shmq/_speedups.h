@@ -1,7 +1,7 @@
 /* shmq/_speedups.h: what the sources of shmq._speedups share (shmq/_speedups.c, the module;
  * shmq/_speedups_one.c, the one-message put, get and ack; shmq/_speedups_wire.c, a
  * consumer's messages from an answer's bytes).  The slot words are those of
- * shmq/layout.py. */
+ * shmq/core/layout.py. */
 #ifndef SHMQ_SPEEDUPS_H
 #define SHMQ_SPEEDUPS_H
 #define PY_SSIZE_T_CLEAN

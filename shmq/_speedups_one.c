@@ -3,7 +3,7 @@
  *
  * The five functions here write shared memory, each under the lock its caller holds: the
  * same aligned 8-byte stores as its pure-Python twin, in the same order, the commit last
- * (shmq/layout.py), passing the same crash points between them (crash_point: an armed
+ * (shmq/core/layout.py), passing the same crash points between them (crash_point: an armed
  * point kills here as it does in the twin, so the compiled stores are the ones the
  * crash tests prove).  Each returns a sentinel where its twin must decide instead, and
  * writes nothing then. */

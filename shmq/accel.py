@@ -8,7 +8,7 @@ answer's bytes.  ``SHMQ_PURE=1`` in the environment forces the pure-Python twins
 missing or broken build.  Five functions write shared memory, under the lock their caller
 holds: ``put_one``, ``deliver_one`` and ``ack_one`` (the one-message put, get and ack),
 ``ack_run`` (``ack_many``'s usual batch) and ``settle_range`` (a commit's range), making
-the same stores as their twins, in the same order, the commit last (``shmq.layout``), and
+the same stores as their twins, in the same order, the commit last (``shmq.core.layout``), and
 passing the same crash points between them (``shmq.crashpoints``); ``ext.calls()`` counts
 their calls in this process.
 """
@@ -25,7 +25,7 @@ def _load() -> ModuleType | None:
     if os.environ.get(PURE_ENV, "") not in ("", "0"):
         return None
     try:
-        from . import _speedups  # type: ignore[attr-defined]
+        from shmq import _speedups
     except ImportError:
         return None
     return _speedups  # type: ignore[no-any-return]

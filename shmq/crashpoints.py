@@ -32,7 +32,7 @@ import os
 import signal
 import sys
 
-from .accel import ext
+from shmq.accel import ext
 
 ENV = "SHMQ_CRASH_POINT"
 

@@ -27,9 +27,9 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
-from . import options
-from .accel import ext
-from .errors import InvalidArgument, LimitExceeded
+from shmq import options
+from shmq.accel import ext
+from shmq.errors import InvalidArgument, LimitExceeded
 
 TAG = 0x01  # the first byte of a header block (its version)
 NONE = b"\x00"  # a flagged produce's payload without headers starts with this
@@ -48,7 +48,7 @@ _decode_c = None if ext is None else ext.decode_headers
 class Block(bytes):
     """A header block encoded and checked already (``Block(encode(...))``, or built from
     one by the same rules): passed as ``headers=`` to a put, it is stored as it is
-    (``shmq.reply`` encodes a requester's constant ``reply-to`` once)."""
+    (``shmq.api.reply`` encodes a requester's constant ``reply-to`` once)."""
 
     __slots__ = ()
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 import secrets
 
-from . import options
-from .errors import InvalidName
-from .text import shown
+from shmq import options
+from shmq.errors import InvalidName
+from shmq.text import shown
 
 _QUEUE_RE = re.compile(rf"[A-Za-z0-9._-]{{1,{options.QUEUE_NAME_MAX}}}\Z")
 _GROUP_RE = re.compile(rf"[A-Za-z0-9._-]{{1,{options.GROUP_NAME_MAX}}}\Z")
@@ -50,7 +50,7 @@ _REPLY_RE = re.compile(rf"{re.escape(options.REPLY_PREFIX)}[0-9a-f]{{24}}\Z")
 
 
 def new_reply_name() -> str:
-    """A fresh reply queue's name: ``reply.`` and 24 random hex digits (``shmq.reply``)."""
+    """A fresh reply queue's name: ``reply.`` and 24 random hex digits (``shmq.api.reply``)."""
     return f"{options.REPLY_PREFIX}{secrets.token_hex(12)}"
 
 

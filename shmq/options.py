@@ -104,11 +104,11 @@ LOG_FORMATS = ("text", "json")
 DEFAULT_LOG_FORMAT = "text"
 STATUS_TIMEOUT = 2.0  # s `shmq status` waits for the broker's answer before it says "not ready"
 
-# --- shmq serve's settings (shmq/config.py): flag > $SHMQ_<NAME> > config file > default ---
+# --- shmq serve's settings (server/config.py): flag > $SHMQ_<NAME> > config file > default ---
 ENV_PREFIX = "SHMQ_"  # each setting's environment variable: SHMQ_PORT, SHMQ_WORKERS, ...
 CONFIG_ENV = "SHMQ_CONFIG"  # the config file, when no --config is given
 
-# --- shmq top (the live dashboard, shmq/top.py) ---------------------------------
+# --- shmq top (the live dashboard, shmq/cli/top.py) ---------------------------------
 TOP_INTERVAL = 1.0  # s between two refreshes (--interval)...
 TOP_MIN_INTERVAL = 0.1  # ...at least this...
 TOP_MAX_INTERVAL = 3600.0  # ...and at most this
@@ -120,7 +120,7 @@ PROGRESS_REFRESH = 0.1  # s between updates of a progress bar (on a terminal)
 PROGRESS_INTERVAL = 2.0  # s between progress lines where stderr is not a terminal (logs, pipes)
 PRODUCE_LINGER = 0.05  # s: `shmq produce` sends a part-filled batch once its input is idle this long
 
-# --- journal (durable queues: one directory of segment files per queue, shmq/journal.py) ---
+# --- journal (durable queues: one directory of segment files per queue, shmq/journal/__init__.py) ---
 JOURNAL_SEGMENT_BYTES = 64 * 1024 * 1024  # a segment file rolls once the next record would take it past this
 JOURNAL_MAX_RECORD_BYTES = 256 << 20  # one record's body: a bigger batch is split, a bigger payload refused
 JOURNAL_MAX_META_BYTES = 64 * 1024  # the queue's meta.json

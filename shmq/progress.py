@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import options
-from .text import amount
+from shmq import options
+from shmq.text import amount
 
 
 def _stderr_line(text: str) -> None:

@@ -14,9 +14,9 @@ import errno
 import os
 import resource
 
-from .errors import LimitExceeded, ShmqError, StorageError
+from shmq.errors import LimitExceeded, ShmqError, StorageError
 
-SHM_DIR = "/dev/shm"  # where POSIX shared memory lives (shmq.segment names its objects there)
+SHM_DIR = "/dev/shm"  # where POSIX shared memory lives (shmq.core.segment names its objects there)
 FD_ERRNOS = frozenset((errno.EMFILE, errno.ENFILE))
 SPACE_ERRNOS = frozenset((errno.ENOSPC, errno.EDQUOT))
 # posix_ipc raises a bare OSError (errno None) for these two, with its own words

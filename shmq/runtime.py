@@ -21,7 +21,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from .errors import InstanceError
+from shmq.errors import InstanceError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "ip6-localhost")
 

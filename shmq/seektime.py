@@ -12,7 +12,7 @@ import math
 import re
 from datetime import UTC, datetime, timedelta
 
-from .errors import InvalidArgument
+from shmq.errors import InvalidArgument
 
 When = float | datetime  # what seek and create_group(start=...) take
 Start = str | float | datetime  # create_group's start: "earliest", "latest" or a time

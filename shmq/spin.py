@@ -7,7 +7,7 @@ about 100 µs with both ends asleep, 25 µs with one end polling).  A waiter tha
 its socket for a while instead of sleeping is still running when its answer comes.
 
 :class:`Spin` is the policy both ends share -- the blocking TCP client
-(:func:`recv_into`, used by ``shmq.tcp``) and each broker worker (``server.spinner``):
+(:func:`recv_into`, used by ``shmq.client.tcp``) and each broker worker (``server.spinner``):
 
 * poll for at most ``spin_us`` microseconds, giving the core to anyone else runnable
   between two polls (``sched_yield``), so a spinner never starves the process it waits
@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import options
-from .errors import InvalidArgument
+from shmq import options
+from shmq.errors import InvalidArgument
 
 MSG_DONTWAIT = socket.MSG_DONTWAIT
 

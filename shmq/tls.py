@@ -14,8 +14,8 @@ import ssl
 import threading
 from dataclasses import dataclass
 
-from .errors import ConnectionLost, InvalidArgument
-from .urls import BrokerUrl
+from shmq.errors import ConnectionLost, InvalidArgument
+from shmq.urls import BrokerUrl
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ import os
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, quote, urlencode
 
-from . import options, runtime
-from .errors import InvalidArgument
+from shmq import options, runtime
+from shmq.errors import InvalidArgument
 
 SCHEMES = ("tcp", "tcps", "unix")
 PARAMS = {"tcp": ("token", "insecure"), "tcps": ("token", "ca", "cert", "key"), "unix": ("token",)}

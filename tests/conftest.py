@@ -24,13 +24,13 @@ import pytest
 
 import shmq
 from shmq import runtime
-from shmq.check import check_instance
-from shmq.durability import Mark
-from shmq.segment import parse_object_name, registry_name, shm_path
+from shmq.client.tcp import TcpBroker
+from shmq.core.check import check_instance
+from shmq.core.colocated import ShmBroker
+from shmq.core.durability import Mark
+from shmq.core.segment import parse_object_name, registry_name, shm_path
+from shmq.core.serverqueue import ServerBroker
 from shmq.server.core import Core
-from shmq.serverqueue import ServerBroker
-from shmq.shm import ShmBroker
-from shmq.tcp import TcpBroker
 
 _counter = itertools.count()
 SESSION_PREFIX = f"t{os.getpid()}x"
@@ -250,7 +250,7 @@ __all__ = ["FakeClock", "connect_shm", "connect_tcp", "shmq", "unique_instance",
 
 async def aio_round_trip(url: str, token: str, name: str) -> None:
     """One message through a new queue ``name`` with the asyncio client, and the queue gone."""
-    from shmq import aio
+    from shmq.client import aio
     b = await aio.connect(url, token=token)
     try:
         q = await b.create_queue(name)
@@ -287,7 +287,7 @@ class Server:
         self.keep = "--keep" in (extra or [])
         self.own_data_dir = data_dir is None
         self.data_dir = data_dir or session_tmp(f"{self.instance}-")
-        args = [sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
+        args = [sys.executable, "-c", "from shmq.cli.app import app; app()", "serve", "--port", "0",
                 "--workers", str(workers), "--instance", self.instance, "--data-dir", self.data_dir,
                 *(extra or [])]
         env = {**os.environ, "SHMQ_TOKEN": token}  # as users should: not in argv, where ps shows it
@@ -518,7 +518,7 @@ def durable(tmp_path: Path) -> Any:
 
 # ---------------------------------------------------------------- a queue handle without a broker
 class FakeHandle:
-    """A queue handle as ``shmq.commands`` sees it (``commands.Handle``), with no connection
+    """A queue handle as ``shmq.protocol.commands`` sees it (``commands.Handle``), with no connection
     behind it: for building requests and parsing answers in the tests."""
 
     name = "q"

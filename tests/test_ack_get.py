@@ -1,4 +1,4 @@
-"""A get that acks first (``q.get(ack=msg)``, ``q.get_many(n, ack=msgs)``; ``shmq.consuming``).
+"""A get that acks first (``q.get(ack=msg)``, ``q.get_many(n, ack=msgs)``; ``shmq.protocol.consume_ack``).
 
 The frames are the documented bytes; the broker acks before it gets, refuses the whole
 request when a lease is stale (nothing delivered), holds the get until the journal has
@@ -13,13 +13,20 @@ import re
 import pytest
 
 import shmq
-from shmq import aio, commands
-from shmq.codec import FrameDecoder, T, decode_body, decode_deliver, encode_frame, frame
-from shmq.consuming import ACK_FLAG, acking_batch_frame, decode_consume, lease_suffix, settles_suffix
-from shmq.durability import Mark
+from shmq.client import aio
+from shmq.core.durability import Mark
+from shmq.core.serverqueue import ServerQueue
 from shmq.errors import ProtocolError, StaleAck, Status, StorageError
+from shmq.protocol import commands
+from shmq.protocol.codec import FrameDecoder, T, decode_body, decode_deliver, encode_frame, frame
+from shmq.protocol.consume_ack import (
+    ACK_FLAG,
+    acking_batch_frame,
+    decode_consume,
+    lease_suffix,
+    settles_suffix,
+)
 from shmq.server.core import Core
-from shmq.serverqueue import ServerQueue
 
 from .conftest import HeldMark, Server
 from .test_codec import DOC

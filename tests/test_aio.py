@@ -1,4 +1,4 @@
-"""shmq.aio, the asyncio client, against a real ``shmq serve``.
+"""shmq.client.aio, the asyncio client, against a real ``shmq serve``.
 
 pytest-asyncio is not a dependency: every test is a plain function that runs
 its coroutine with ``asyncio.run`` (under a deadline, so a hang fails fast).
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import shmq
-from shmq import aio
+from shmq.client import aio
 
 from .conftest import Server
 

@@ -16,8 +16,9 @@ import sys
 import pytest
 
 import shmq
-from shmq import aio, runtime
-from shmq.codec import FrameDecoder, T, encode_body, encode_frame
+from shmq import runtime
+from shmq.client import aio
+from shmq.protocol.codec import FrameDecoder, T, encode_body, encode_frame
 
 from .conftest import Server, as_nobody, as_root
 
@@ -81,7 +82,7 @@ def test_no_auth_opts_out_on_loopback_only() -> None:
         assert _raw_handshake(srv.port, "") == T.HANDSHAKE_ACK
     finally:
         assert srv.stop() == 0
-    out = subprocess.run([sys.executable, "-c", "from shmq.cli import app; app()", "serve",
+    out = subprocess.run([sys.executable, "-c", "from shmq.cli.app import app; app()", "serve",
                           "--host", "0.0.0.0", "--port", "0", "--no-auth", "--instance", "noauth-off"],
                          capture_output=True, timeout=60, env={k: v for k, v in os.environ.items()
                                                                if k != "SHMQ_TOKEN"})

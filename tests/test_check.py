@@ -9,11 +9,11 @@ from collections.abc import Callable
 import pytest
 from typer.testing import CliRunner
 
-from shmq import layout as L
-from shmq.check import check_instance
-from shmq.cli import app
-from shmq.queue import ShmQueue
-from shmq.shm import ShmBroker
+from shmq.cli.app import app
+from shmq.core import layout as L
+from shmq.core.check import check_instance
+from shmq.core.colocated import ShmBroker
+from shmq.core.queue import ShmQueue
 
 
 def _busy_queue(b: ShmBroker) -> ShmQueue:
@@ -31,29 +31,29 @@ def _busy_queue(b: ShmBroker) -> ShmQueue:
 
 
 def _word(q: ShmQueue, offset: int, group: int = 0) -> int:
-    return q._ring.slot_base(offset) + L.S_GROUPS + group
+    return q.ring.slot_base(offset) + L.S_GROUPS + group
 
 
 DAMAGE: dict[str, tuple[Callable[[ShmQueue], None], str]] = {
-    "ready past the cursor": (lambda q: q._w.__setitem__(
+    "ready past the cursor": (lambda q: q.words.__setitem__(
         _word(q, q.offsets()[1] - 1, 1), L.lease_word(L.READY, 1, L.NO_OWNER, 0)), "past the cursor"),
-    "new below the cursor": (lambda q: q._w.__setitem__(_word(q, q.offsets()[0] + 1), L.NEW),
+    "new below the cursor": (lambda q: q.words.__setitem__(_word(q, q.offsets()[0] + 1), L.NEW),
                              "below the cursor is NEW"),
-    "floor on a done word": (lambda q: q._w.__setitem__(_word(q, q.offsets()[0]),
+    "floor on a done word": (lambda q: q.words.__setitem__(_word(q, q.offsets()[0]),
                                                         L.lease_word(L.DONE, 1, 0, 0)), "stands on a DONE"),
-    "redeliver hint too low": (lambda q: q._w.__setitem__(q._ring.groups_w + L.G_REDELIVER, 0),
+    "redeliver hint too low": (lambda q: q.words.__setitem__(q.ring.groups_w + L.G_REDELIVER, 0),
                                "G_REDELIVER"),
-    "expiry hint too late": (lambda q: q._w.__setitem__(q._ring.groups_w + L.G_NEXT_EXPIRY, 1 << 39),
+    "expiry hint too late": (lambda q: q.words.__setitem__(q.ring.groups_w + L.G_NEXT_EXPIRY, 1 << 39),
                              "G_NEXT_EXPIRY"),
-    "free offset ahead": (lambda q: q._w.__setitem__(L.Q_FREE_OFFSET, q._w[L.Q_FREE_OFFSET] + 1),
+    "free offset ahead": (lambda q: q.words.__setitem__(L.Q_FREE_OFFSET, q.words[L.Q_FREE_OFFSET] + 1),
                           "free offset"),
-    "slot names another offset": (lambda q: q._w.__setitem__(q._ring.slot_base(q.offsets()[0]), 999),
+    "slot names another offset": (lambda q: q.words.__setitem__(q.ring.slot_base(q.offsets()[0]), 999),
                                   "names offset 999"),
-    "serial of a free group": (lambda q: q._w.__setitem__(q._ring.groups_w + 5 * L.G_WORDS + L.G_SERIAL, 7),
+    "serial of a free group": (lambda q: q.words.__setitem__(q.ring.groups_w + 5 * L.G_WORDS + L.G_SERIAL, 7),
                                "free group index 5 keeps serial"),
-    "lease of a free client slot": (lambda q: q._w.__setitem__(
+    "lease of a free client slot": (lambda q: q.words.__setitem__(
         _word(q, q.offsets()[1] - 1), L.lease_word(L.LEASED, 1, 900, 1 << 30)), "client slot 900"),
-    "seek left unfinished": (lambda q: q._w.__setitem__(q._ring.groups_w + L.G_SEEK_TO, 3),
+    "seek left unfinished": (lambda q: q.words.__setitem__(q.ring.groups_w + L.G_SEEK_TO, 3),
                              "seek to offset 2 was left unfinished"),
 }
 
@@ -66,16 +66,16 @@ def test_a_busy_instance_is_clean(shm_broker: ShmBroker) -> None:
 @pytest.mark.parametrize("damage", list(DAMAGE))
 def test_damage_is_reported(shm_broker: ShmBroker, damage: str) -> None:
     q = _busy_queue(shm_broker)
-    saved = bytes(q._ring.mm)
+    saved = bytes(q.ring.mm)
     harm, says = DAMAGE[damage]
-    with q._ring.clock:
+    with q.ring.clock:
         harm(q)
     found = check_instance(shm_broker.instance)
     assert found and any(says in v for v in found), found
     assert all(v.startswith("q: ") for v in found)
-    with q._ring.plock, q._ring.clock:  # undo, for the fixture's own check
-        q._ring.mm[L.Q_HEADER_SIZE:] = saved[L.Q_HEADER_SIZE:]
-        q._ring.mm[:L.Q_LOCK_P] = saved[:L.Q_LOCK_P]
+    with q.ring.plock, q.ring.clock:  # undo, for the fixture's own check
+        q.ring.mm[L.Q_HEADER_SIZE:] = saved[L.Q_HEADER_SIZE:]
+        q.ring.mm[:L.Q_LOCK_P] = saved[:L.Q_LOCK_P]
 
 
 def test_an_orphaned_segment_is_reported(shm_broker: ShmBroker) -> None:
@@ -83,7 +83,7 @@ def test_an_orphaned_segment_is_reported(shm_broker: ShmBroker) -> None:
     reg = shm_broker._att.registry
     with reg.lock:
         reg.w[L.R_NEXT_QUEUE_ID] += 1
-    from shmq.segment import Mapping, queue_segment_name, unlink_shm
+    from shmq.core.segment import Mapping, queue_segment_name, unlink_shm
     name = queue_segment_name(shm_broker.instance, 2)
     Mapping.create(name, 4096).close()
     try:
@@ -98,16 +98,16 @@ def test_doctor_check_cli(shm_broker: ShmBroker) -> None:
     runner = CliRunner()
     out = runner.invoke(app, ["doctor", "--check", "--instance", shm_broker.instance])
     assert out.exit_code == 0 and "clean" in out.output
-    with q._ring.clock:
-        old = q._w[q._ring.groups_w + L.G_REDELIVER]
-        q._w[q._ring.groups_w + L.G_REDELIVER] = 0
+    with q.ring.clock:
+        old = q.words[q.ring.groups_w + L.G_REDELIVER]
+        q.words[q.ring.groups_w + L.G_REDELIVER] = 0
     try:
         out = runner.invoke(app, ["doctor", "--check", "--instance", shm_broker.instance, "--json"])
         assert out.exit_code == 1
         found = json.loads(out.output)[shm_broker.instance]
         assert len(found) == 1 and "G_REDELIVER 0 is below the 1 READY words" in found[0]
     finally:
-        with q._ring.clock:
-            q._w[q._ring.groups_w + L.G_REDELIVER] = old
+        with q.ring.clock:
+            q.words[q.ring.groups_w + L.G_REDELIVER] = old
     out = runner.invoke(app, ["doctor", "--check", "--instance", "no-such-instance"])
     assert out.exit_code == 1

@@ -22,9 +22,10 @@ import typer.main
 from typer.testing import CliRunner
 
 import shmq
-from shmq import cli_messages, options
-from shmq.cli import app
-from shmq.shm import ShmBroker
+from shmq import options
+from shmq.cli import messages as cli_messages
+from shmq.cli.app import app
+from shmq.core.colocated import ShmBroker
 from shmq.text import plural, shown
 
 from .conftest import Server, objects, unique_instance, wait_until
@@ -118,7 +119,7 @@ def test_follow_keeps_consuming_until_ctrl_c_and_exits_130(inst: tuple[str, ShmB
     waits through an empty queue, and ends with 130, no traceback, everything acknowledged."""
     name, b = inst
     q = b.queue("q")
-    proc = subprocess.Popen([sys.executable, "-c", "from shmq.cli import app; app()", "consume", "q",
+    proc = subprocess.Popen([sys.executable, "-c", "from shmq.cli.app import app; app()", "consume", "q",
                              "--follow", "--raw", "--shm", name],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -146,7 +147,7 @@ def test_follow_ends_when_its_reader_goes(inst: tuple[str, ShmBroker]) -> None:
     while it waits (exit 141, no traceback), rather than waiting for a message to fail on."""
     name, b = inst
     b.queue("q").put(b"only")
-    proc = subprocess.Popen([sys.executable, "-c", "from shmq.cli import app; app()", "consume", "q",
+    proc = subprocess.Popen([sys.executable, "-c", "from shmq.cli.app import app; app()", "consume", "q",
                              "--follow", "--raw", "--shm", name],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
@@ -298,7 +299,7 @@ def test_shell_completion_is_there() -> None:
     out = cli("--show-completion", "bash")
     assert out.exit_code == 0 and "_SHMQ_COMPLETE" in out.stdout
     env = {**os.environ, "_SHMQ_COMPLETE": "complete_bash", "COMP_WORDS": "shmq cre", "COMP_CWORD": "1"}
-    done = subprocess.run([sys.executable, "-c", "from shmq.cli import app; app(prog_name='shmq')"],
+    done = subprocess.run([sys.executable, "-c", "from shmq.cli.app import app; app(prog_name='shmq')"],
                           env=env, capture_output=True, timeout=60)
     assert done.stdout.split() == [b"create"]
 

@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-HEAVY = ["rich", "pydantic", "pyspark", "pyarrow", "ssl", "posix_ipc", "shmq.api", "shmq.tcp", "shmq.shm",
-         "shmq.cleanup", "shmq.progress", "shmq.runtime", "shmq.urls", "shmq.server"]
+HEAVY = ["rich", "pydantic", "pyspark", "pyarrow", "ssl", "posix_ipc", "shmq.api", "shmq.client.tcp",
+         "shmq.core.colocated", "shmq.core.cleanup", "shmq.progress", "shmq.runtime", "shmq.urls",
+         "shmq.server.supervisor", "shmq.server.worker"]  # the settings table, shmq.server.config, is light
 
 
 def loaded_after(code: str) -> list[str]:
@@ -23,18 +24,18 @@ def loaded_after(code: str) -> list[str]:
 
 def run_cli(*args: str) -> str:
     return ("import sys\nsys.argv = ['shmq', " + ", ".join(map(repr, args)) + "]\n"
-            "from shmq.cli import app\ntry:\n    app()\nexcept SystemExit:\n    pass")
+            "from shmq.cli.app import app\ntry:\n    app()\nexcept SystemExit:\n    pass")
 
 
 def test_importing_the_cli_loads_nothing_heavy() -> None:
-    assert loaded_after("import shmq.cli") == []
+    assert loaded_after("import shmq.cli.app") == []
 
 
 @pytest.mark.parametrize(("args", "allowed"), [
     (("--version",), []), (("version",), []),
-    (("create", "q", "--shm", "no-such-instance-here"), ["posix_ipc", "shmq.api", "shmq.shm"]),
+    (("create", "q", "--shm", "no-such-instance-here"), ["posix_ipc", "shmq.api", "shmq.core.colocated"]),
     (("consume", "q", "-n", "nope"), ["rich"]),  # typer draws a usage error's box with rich
-    (("produce", "q", "x", "--url", "tcp://127.0.0.1:1"), ["shmq.api", "shmq.tcp", "shmq.progress",
+    (("produce", "q", "x", "--url", "tcp://127.0.0.1:1"), ["shmq.api", "shmq.client.tcp", "shmq.progress",
                                                         "shmq.runtime", "shmq.urls"]),  # no ssl: no TLS
 ])
 def test_a_command_loads_only_what_it_uses(args: tuple[str, ...], allowed: list[str]) -> None:
@@ -46,7 +47,7 @@ def test_a_command_loads_only_what_it_uses(args: tuple[str, ...], allowed: list[
 def test_typers_pydantic_coercion_is_replaced_for_plain_parameters() -> None:
     """typer coerces through pydantic (120 ms to import); ``cli_params`` does it without.  A
     typer whose hook moved fails here: the CLI still works, but starts slowly."""
-    from shmq import cli_params
+    from shmq.cli import params as cli_params
 
     assert cli_params.install() is True
     assert "pydantic" not in loaded_after(run_cli("consume", "q", "-n", "nope", "--timeout", "x"))

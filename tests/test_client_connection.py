@@ -1,5 +1,5 @@
-"""The client's protocol state (shmq/connection.py) and the shared commands
-(shmq/commands.py), without a socket: bytes in, events and frames out."""
+"""The client's protocol state (shmq/protocol/connection.py) and the shared commands
+(shmq/protocol/commands.py), without a socket: bytes in, events and frames out."""
 
 from __future__ import annotations
 
@@ -13,15 +13,24 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shmq
-from shmq import aio
-from shmq import commands as cmd
-from shmq import commands_groups as gcmd
 from shmq.api import Message
-from shmq.codec import NO_REPLY_ID, Frame, FrameDecoder, T, decode_body, encode_body, encode_frame, frame
-from shmq.connection import MAX_ID, ClientConnection, Closing, NowaitFailed, Push, Reply
+from shmq.client import aio
 from shmq.errors import Status
+from shmq.protocol import commands as cmd
+from shmq.protocol import group_commands as gcmd
+from shmq.protocol.codec import (
+    NO_REPLY_ID,
+    Frame,
+    FrameDecoder,
+    T,
+    decode_body,
+    encode_body,
+    encode_frame,
+    frame,
+)
+from shmq.protocol.connection import MAX_ID, ClientConnection, Closing, NowaitFailed, Push, Reply
+from shmq.protocol.subscription import Feed
 from shmq.settle import Settle
-from shmq.subscription import Feed
 
 from .conftest import Server, connect_tcp
 

@@ -1,4 +1,4 @@
-"""The wire codec (shmq/codec.py) against its reference, docs/protocol.md.
+"""The wire codec (shmq/protocol/codec.py) against its reference, docs/protocol.md.
 
 No sockets: bytes in, frames out.  The hex test vectors are parsed out of the doc,
 so the doc and the codec cannot drift apart silently.
@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shmq import options
-from shmq.codec import (
+from shmq.errors import ProtocolError, Status
+from shmq.protocol.codec import (
     HEADER_SIZE,
     MAGIC,
     SCHEMAS,
@@ -40,7 +41,6 @@ from shmq.codec import (
     records_field,
     settle_frame,
 )
-from shmq.errors import ProtocolError, Status
 
 DOC = Path(__file__).parent.parent / "docs" / "protocol.md"
 TS = 1_700_000_000_000_000_000
@@ -716,8 +716,8 @@ def test_one_message_frames_refuse_what_frame_refuses() -> None:
 
 def test_header_vectors_are_what_the_clients_send_and_the_broker_reads() -> None:
     from shmq import headers
-    from shmq.commands import put
-    from shmq.producing import produce_request
+    from shmq.protocol.commands import put
+    from shmq.protocol.produce import produce_request
 
     block = headers.encode({"k": "v"})
     wire = doc_vectors()
@@ -737,9 +737,9 @@ def test_header_vectors_are_what_the_clients_send_and_the_broker_reads() -> None
 
 
 def test_delayed_produce_frame_is_the_documented_bytes() -> None:
-    from shmq.commands import put
     from shmq.errors import InvalidArgument
-    from shmq.producing import DELAY_FLAG, split_prefixes
+    from shmq.protocol.commands import put
+    from shmq.protocol.produce import DELAY_FLAG, split_prefixes
 
     class Q:
         name, _qb = "orders", b"orders"

@@ -1,4 +1,4 @@
-"""``shmq serve``'s settings (shmq/config.py): the config file, the environment, the flags and
+"""``shmq serve``'s settings (server/config.py): the config file, the environment, the flags and
 their precedence, ``--print-config``, queue declarations, and ``shmq status``.
 
 ``--print-config`` runs in-process (typer's CliRunner): it starts nothing.  Real brokers
@@ -18,10 +18,10 @@ from typing import Any
 from typer.testing import CliRunner
 
 import shmq
-from shmq import config as cfg
 from shmq import options
-from shmq.cli import app
-from shmq.shm import ShmBroker
+from shmq.cli.app import app
+from shmq.core.colocated import ShmBroker
+from shmq.server import config as cfg
 
 from .conftest import Server, objects, unique_instance
 
@@ -237,7 +237,7 @@ def test_declared_queues_are_created_then_checked(tmp_path: Path) -> None:
         assert again.stop() == 0
     # another capacity: refused, naming the queue, the setting and both values
     bad = _declare(tmp_path, 500, "bad.toml")
-    out = subprocess.run([sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
+    out = subprocess.run([sys.executable, "-c", "from shmq.cli.app import app; app()", "serve", "--port", "0",
                           "--workers", "1", "--instance", srv.instance, "--data-dir", str(data),
                           "--config", bad], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and out.stdout == "", out
@@ -252,7 +252,7 @@ def test_a_queue_that_differs_refuses_the_start(tmp_path: Path, instance: str) -
     b.create_queue("scratch", max_deliveries=3)  # made before the broker, with other settings
     b.close()
     path = _write(tmp_path, "[queues.scratch]\nmax_deliveries = 7\ncapacity = 16384\n")
-    out = subprocess.run([sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
+    out = subprocess.run([sys.executable, "-c", "from shmq.cli.app import app; app()", "serve", "--port", "0",
                           "--workers", "1", "--instance", instance, "--data-dir", str(tmp_path / "d"),
                           "--config", path], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and out.stdout == "", out

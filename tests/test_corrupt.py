@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from shmq import layout as L
-from shmq.segment import queue_segment_name, shm_path
-from shmq.shm import ShmBroker
+from shmq.core import layout as L
+from shmq.core.colocated import ShmBroker
+from shmq.core.segment import queue_segment_name, shm_path
 
 from .conftest import session_tmp
 
@@ -31,8 +31,8 @@ from .conftest import session_tmp
 CHILD = r"""
 import json, os, select, signal, sys, time
 import shmq
-from shmq.check import check_instance
-from shmq.shm import ShmBroker
+from shmq.core.check import check_instance
+from shmq.core.colocated import ShmBroker
 
 inst, path, cases_path = sys.argv[1:4]
 pristine = open(path, "rb").read()
@@ -137,8 +137,8 @@ def test_a_corrupt_word_gives_a_typed_error_never_a_fault(instance: str, pure: b
         got[0].ack()
         got[1].nack()
         q.create_group("g2")
-        w = q._w  # type: ignore[attr-defined]
-        path = shm_path(queue_segment_name(instance, q._ring.queue_id))  # type: ignore[attr-defined]
+        w = q.words  # type: ignore[attr-defined]
+        path = shm_path(queue_segment_name(instance, q.ring.queue_id))  # type: ignore[attr-defined]
         cases = _cases(w[L.Q_SLOTS_OFF], w[L.Q_SLOT_WORDS])
         cases_path = Path(session_tmp("corrupt-")) / "cases.json"
         cases_path.write_text(json.dumps(cases))
@@ -196,15 +196,15 @@ def test_the_compiled_stores_refuse_a_geometry_past_their_mapping() -> None:
 
 
 def test_doctor_check_reports_a_corrupt_header(instance: str) -> None:
-    from shmq.check import check_instance
+    from shmq.core.check import check_instance
     b = ShmBroker(instance)
     try:
         q = b.create_queue("q", capacity=16, max_bytes=4096)
-        w = q._w  # type: ignore[attr-defined]
+        w = q.words  # type: ignore[attr-defined]
         w[L.Q_CAPACITY] = (1 << 64) - 1  # (the process that wrote it keeps its own geometry)
         (line,) = check_instance(instance)
         assert "is corrupt: its header's Q_CAPACITY is 18446744073709551615" in line, line
-        r = subprocess.run([sys.executable, "-c", "from shmq.cli import app; app()", "doctor", "--check",
+        r = subprocess.run([sys.executable, "-c", "from shmq.cli.app import app; app()", "doctor", "--check",
                             "--instance", instance],
                            capture_output=True,
                            text=True, timeout=60)

@@ -14,10 +14,10 @@ import posix_ipc
 import pytest
 
 import shmq
-from shmq import layout as L
 from shmq import options, process
-from shmq.segment import instance_prefix, queue_segment_name, shm_path
-from shmq.shm import ShmBroker
+from shmq.core import layout as L
+from shmq.core.colocated import ShmBroker
+from shmq.core.segment import instance_prefix, queue_segment_name, shm_path
 
 from .conftest import connect_shm, objects, reg_path, unique_instance, wait_until
 
@@ -34,8 +34,8 @@ def _kill(p: mp.process.BaseProcess) -> None:
 # ---------------------------------------------------------------- deterministic kills
 def _hold_locks_then_hang(url: str, ready: Event) -> None:
     q = connect_shm(url).queue("q")
-    q._ring.plock.acquire()
-    q._ring.clock.acquire()
+    q.ring.plock.acquire()
+    q.ring.clock.acquire()
     ready.set()
     time.sleep(60)
 
@@ -54,7 +54,7 @@ def test_lock_holder_killed_inside_the_lock(shm_broker: ShmBroker) -> None:
 
 def _half_write_then_hang(url: str, ready: Event) -> None:
     q = connect_shm(url).queue("q")
-    ring = q._ring
+    ring = q.ring
     w = ring.w
     ring.plock.acquire()
     off = w[L.Q_NEXT_OFFSET]
@@ -79,14 +79,14 @@ def test_producer_killed_mid_write_publishes_nothing(shm_broker: ShmBroker) -> N
     _kill(p)
     assert q.put(b"after") == 1
     assert [m.payload for m in q.get_many(10)] == [b"before", b"after"]
-    q._ring.check_invariants()
+    q.ring.check_invariants()
 
 
 def _lease_without_cursor_then_hang(url: str, ready: Event) -> None:
     b = connect_shm(url)
     q = b.queue("q")
     slot = q._att.client_slot()
-    ring = q._ring
+    ring = q.ring
     ring.clock.acquire()
     g = ring.groups_w
     cur = ring.w[g + L.G_CURSOR]
@@ -101,7 +101,7 @@ def test_consumer_killed_between_lease_and_cursor(shm_broker: ShmBroker, reap_fi
     """The lease never reached anyone: the next holder of the consumer lock makes the word
     NEW again, whether a reaper or a delivery comes first (a reaper used to turn it READY
     above the cursor, where nothing delivers: the message was stranded for good)."""
-    from shmq.check import check_instance
+    from shmq.core.check import check_instance
     q = shm_broker.create_queue("q", visibility_timeout=600)
     q.put_many([b"a", b"b"])
     ready = CTX.Event()
@@ -184,12 +184,12 @@ def test_close_in_a_forked_child_gives_its_leases_back(shm_broker: ShmBroker) ->
 # ---------------------------------------------------------------- the storm
 @pytest.mark.slow
 def test_sigkill_storm_loses_nothing_and_invents_nothing(instance: str, tmp_path: Path) -> None:
-    """A short run of ``shmq.chaos`` (``bench/chaos.py`` runs long ones): producers (plain and
+    """A short run of ``shmq.testing.chaos`` (``bench/chaos.py`` runs long ones): producers (plain and
     idempotent), consumers of two groups, a dead-letter queue's consumer, lock hogs and forced
     reapers are SIGKILLed at random (some also at armed crash points) and replaced, with one
     queue journaled by a ``shmq serve``; then every group is drained and each message's fate
     is checked against the processes' own logs, Jepsen style."""
-    from shmq.chaos import run_storm, summary
+    from shmq.testing.chaos import run_storm, summary
 
     r = run_storm(kills=150, seconds=20, seed=1234, instance=instance, journal=True,
                   log_dir=str(tmp_path), gap=(0.01, 0.1))
@@ -264,7 +264,7 @@ def test_leftover_segment_of_an_earlier_run_is_replaced(instance: str) -> None:
 def test_doctor_cli_lists_and_cleans(instance: str) -> None:
     from typer.testing import CliRunner
 
-    from shmq.cli import app
+    from shmq.cli.app import app
 
     dead = unique_instance()
     ready = CTX.Event()
@@ -283,7 +283,7 @@ def test_doctor_cli_lists_and_cleans(instance: str) -> None:
 def _die_between_floor_and_free(url: str) -> None:
     """What advance_floor does for a lone group, killed between its two stores."""
     q = connect_shm(url).queue("floorfree")
-    ring = q._ring
+    ring = q.ring
     w = ring.w
     ring.clock.acquire()
     for o in range(3):

@@ -18,10 +18,10 @@ from multiprocessing.synchronize import Event
 import pytest
 
 import shmq
-from shmq import layout as L
 from shmq import process
-from shmq.lock import EBUSY, trylock, unlock
-from shmq.shm import ShmBroker
+from shmq.core import layout as L
+from shmq.core.colocated import ShmBroker
+from shmq.core.lock import EBUSY, trylock, unlock
 
 from .conftest import FakeClock, connect_shm, objects, reg_path, wait_until
 
@@ -69,7 +69,7 @@ def test_a_blocked_get_follows_its_group_through_delete_and_create(shm_broker: S
     got: list[object] = []
     t = threading.Thread(target=lambda: got.append(q.get(group="g", timeout=10)))
     t.start()
-    wait_until(lambda: q._w[L.Q_CONSUMER_WAITERS] > 0)  # the get sleeps
+    wait_until(lambda: q.words[L.Q_CONSUMER_WAITERS] > 0)  # the get sleeps
     q.delete_group("g")
     q.create_group("g", start="latest")  # the same index, a new serial
     q.put(b"new")
@@ -93,7 +93,7 @@ def test_a_blocked_get_on_a_deleted_group_is_told(shm_broker: ShmBroker) -> None
 
     t = threading.Thread(target=get)
     t.start()
-    wait_until(lambda: q._w[L.Q_CONSUMER_WAITERS] > 0)
+    wait_until(lambda: q.words[L.Q_CONSUMER_WAITERS] > 0)
     q.delete_group("g")
     q.put(b"x")  # wakes it
     t.join(10)
@@ -175,7 +175,7 @@ def test_a_clock_step_does_not_make_live_processes_dead(monkeypatch: pytest.Monk
 def _create_group_and_die(url: str) -> None:
     """The first stores of a group create, up to ACTIVE, then death inside the lock."""
     q = connect_shm(url).queue("q")
-    ring, w = q._ring, q._ring.w
+    ring, w = q.ring, q.ring.w
     ring.clock.acquire()
     g = ring.groups_w + 1 * L.G_WORDS
     free = w[L.Q_FREE_OFFSET]
@@ -236,7 +236,7 @@ def test_an_orphaned_dead_letter_copy_is_retried_without_a_server(clocked: ShmBr
     clock.advance(2)
     with pytest.raises(shmq.Empty):
         q.get(block=False)  # expired, past max_deliveries, DLQ full: orphaned
-    assert q._w[L.Q_ORPHANS] == 1
+    assert q.words[L.Q_ORPHANS] == 1
     dlq.get().ack()  # room
     clocked.reap()  # any co-located process's reaper retries it
     m = dlq.get(block=False)
@@ -252,7 +252,7 @@ def test_a_wall_clock_is_refused_as_the_lease_clock(instance: str) -> None:
 
 def test_a_queue_segment_is_made_outside_the_registry_lock(shm_broker: ShmBroker,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    from shmq.ring import Ring
+    from shmq.core.ring import Ring
     reg = shm_broker._att.registry
     seen: list[int] = []
     real = Ring.create.__func__  # type: ignore[attr-defined]
@@ -280,10 +280,10 @@ def test_a_queue_segment_is_made_outside_the_registry_lock(shm_broker: ShmBroker
 
 def test_the_checker_sees_a_stranded_word(shm_broker: ShmBroker) -> None:
     """The checker would have caught bug 1: a READY word past the cursor."""
-    from shmq.check import check_instance
+    from shmq.core.check import check_instance
     q = shm_broker.create_queue("q")
     q.put(b"x")
-    ring = q._ring
+    ring = q.ring
     with ring.clock:
         ring.w[ring.slot_base(0) + L.S_GROUPS] = L.lease_word(L.READY, 1, L.NO_OWNER, 0)
     (v,) = check_instance(shm_broker.instance)
@@ -295,11 +295,11 @@ def test_the_checker_sees_a_stranded_word(shm_broker: ShmBroker) -> None:
 
 
 def test_the_checker_sees_a_lease_with_no_delivery(shm_broker: ShmBroker) -> None:
-    from shmq.check import check_instance
+    from shmq.core.check import check_instance
     q = shm_broker.create_queue("q", visibility_timeout=300)
     q.put(b"x")
     m = q.get(block=False)
-    ring = q._ring
+    ring = q.ring
     assert check_instance(shm_broker.instance) == []
     with ring.clock:
         base = ring.slot_base(m.offset) + L.S_GROUPS

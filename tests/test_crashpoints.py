@@ -20,9 +20,9 @@ import pytest
 
 import shmq
 from shmq import crashpoints
-from shmq.check import check_instance
-from shmq.serverqueue import ServerQueue
-from shmq.shm import ShmBroker
+from shmq.core.check import check_instance
+from shmq.core.colocated import ShmBroker
+from shmq.core.serverqueue import ServerQueue
 
 from .conftest import connect_shm
 
@@ -312,7 +312,7 @@ def test_crashpoints_lists_every_point_once() -> None:
     assert out == list(crashpoints.POINTS)
     # every listed point is passed somewhere in the code, and every passed one is listed
     root = Path(shmq.__file__).parent
-    code = "".join(p.read_text() for d in (root, root.parent / "server") for p in d.glob("*.py"))
+    code = "".join(p.read_text() for d in (root, root.parent / "server") for p in d.rglob("*.py"))
     import re
     passed = set(re.findall(r'crashpoints\.hit\("([^"]+)"\)', code))
     assert passed == set(crashpoints.POINTS)

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 import shmq
-from shmq import check
-from shmq import layout as L
-from shmq.queue import ShmQueue
-from shmq.shm import ShmBroker
+from shmq.core import check
+from shmq.core import layout as L
+from shmq.core.colocated import ShmBroker
+from shmq.core.queue import ShmQueue
 
 from .conftest import Durable, FakeClock
 
@@ -54,8 +54,8 @@ def test_first_delivery_is_not_a_redelivery(clocked: ShmBroker, clock: FakeClock
     again = q.get(block=False)
     assert (again.offset, again.deliveries, again.redelivered) == (a.offset, 2, True)
     again.ack()
-    w = q._w  # type: ignore[attr-defined]
-    g = q._ring.groups_w  # type: ignore[attr-defined]
+    w = q.words  # type: ignore[attr-defined]
+    g = q.ring.groups_w  # type: ignore[attr-defined]
     assert (w[g + L.G_DELIVERED], w[g + L.G_REDELIVERED]) == (2, 1)
 
 
@@ -99,10 +99,10 @@ def test_a_group_made_at_an_index_that_settled_a_delayed_message_waits(
     q.create_group("a")
     off = q.put(b"x", delay=30)
     _settle_early(q, "a", how)  # before it is due
-    gi = q._groups.index("a")
+    gi = q.consumer_groups.index("a")
     q.delete_group("a")
     q.create_group("b", start="earliest")
-    assert q._groups.index("b") == gi  # the index "a" had
+    assert q.consumer_groups.index("b") == gi  # the index "a" had
     with pytest.raises(shmq.Empty):
         q.get(group="b", block=False)
     assert q.stats()["groups"]["b"]["delayed"] == 1
@@ -161,7 +161,7 @@ def test_check_passes_with_delayed_messages(clocked: ShmBroker, clock: FakeClock
     q.get(block=False).ack()  # the cursor steps over the delayed ones
     q.put(b"d", delay=30)
     assert check.check_instance(instance) == []
-    w = q._w  # type: ignore[attr-defined]
+    w = q.words  # type: ignore[attr-defined]
     w[L.Q_DELAY_MAX] = 1  # the checker notices a delayed word past a lying bound
     assert any("Q_DELAY_MAX" in p for p in check.check_instance(instance))
     w[L.Q_DELAY_MAX] = 10**9
@@ -194,7 +194,7 @@ def test_delay_on_both_transports(broker: shmq.Broker) -> None:
 
 
 async def _aio(url: str) -> list[int]:
-    from shmq import aio
+    from shmq.client import aio
 
     async with await aio.connect(url) as b:
         q = await b.create_queue("a")

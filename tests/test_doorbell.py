@@ -1,13 +1,13 @@
-"""Doorbells (shmq.doorbell): a ring reaches the workers whose flag is set, and only them."""
+"""Doorbells (shmq.core.doorbell): a ring reaches the workers whose flag is set, and only them."""
 
 from __future__ import annotations
 
 import os
 import secrets
 
-from shmq import layout as L
-from shmq.doorbell import NO_BELLS, RINGER, Bell, Ringer
-from shmq.shm import ShmBroker
+from shmq.core import layout as L
+from shmq.core.colocated import ShmBroker
+from shmq.core.doorbell import NO_BELLS, RINGER, Bell, Ringer
 
 from .conftest import FakeClock, as_nobody, as_root
 
@@ -87,8 +87,8 @@ def test_messages_given_back_ring_as_a_put_does(clocked: ShmBroker, clock: FakeC
     again: like a put, they ring the workers with requests parked on the queue, so a get
     parked on another worker is retried at once rather than on its tick."""
     q = clocked.create_queue("giveback", visibility_timeout=5)
-    qid = q._ring.queue_id
-    bell = Bell(q._ring.instance_uid, 5)
+    qid = q.ring.queue_id
+    bell = Bell(q.ring.instance_uid, 5)
     try:
         q._mm[L.Q_BELLS + 5] = 1  # worker 5 has a request parked here
         q.put_many([b"a", b"b"])

@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 import shmq
-from shmq import layout as L
+from shmq.core import layout as L
+from shmq.core.colocated import ShmBroker
 from shmq.journal import Journal, queue_dir
-from shmq.shm import ShmBroker
 
 from .conftest import Server, kill_broker, leftovers, remove_shm, unique_instance, wait_until
 
@@ -216,7 +216,7 @@ def jepsen(tmp_path: Path, policy: str, lose_shm: bool, kills: int = 3, batch: i
         q.create_group("kept")  # nobody reads it until the end: every confirmed message must be there
     if policy != "memory":  # the group on disk before the first kill (interval: within a sync)
         local = ShmBroker(inst)
-        w = local.queue("jep")._w  # type: ignore[attr-defined]
+        w = local.queue("jep").words  # type: ignore[attr-defined]
         seq = w[L.Q_SETTLE_SEQ]
         wait_until(lambda: w[L.Q_DURABLE_SETTLE] >= seq, timeout=10)
         local.close()
@@ -363,9 +363,9 @@ def test_colocated_always_producer_returns_once_journaled(durable: Any) -> None:
         q = b.create_queue("co", durability="always")
         for i in range(20):
             off = q.put(f"{i}".encode())
-            assert q._w[L.Q_DURABLE_OFFSET] > off  # type: ignore[attr-defined]
+            assert q.words[L.Q_DURABLE_OFFSET] > off  # type: ignore[attr-defined]
         assert q.put_many([b"x", b"y"]) == [20, 21]
-        assert q._w[L.Q_DURABLE_OFFSET] >= 22  # type: ignore[attr-defined]
+        assert q.words[L.Q_DURABLE_OFFSET] >= 22  # type: ignore[attr-defined]
     finally:
         b.close()
     durable.crash(reboot=True)
@@ -545,7 +545,7 @@ def test_kill9_of_the_journal_process_alone(durable: Any) -> None:
 
 def _journal_pid(srv: Server) -> int:
     """The live journal writer's pid, as it announced itself in the registry (0: none)."""
-    from shmq.shm import ShmBroker
+    from shmq.core.colocated import ShmBroker
     b = ShmBroker(srv.instance)
     try:
         reg = b._att.registry
@@ -569,10 +569,10 @@ def test_recovery_keeps_a_delayed_message_due_time(durable: Any) -> None:
         with pytest.raises(shmq.Empty):
             q.get(block=False)
         assert q.stats()["groups"]["default"]["delayed"] == 2
-    local = shmq.shm.ShmBroker(durable.inst)
+    local = shmq.core.colocated.ShmBroker(durable.inst)
     try:
         seg = local.queue("later")
-        ring = seg._ring  # type: ignore[attr-defined]
+        ring = seg.ring  # type: ignore[attr-defined]
         now = seg._now()  # type: ignore[attr-defined]
         dues = [ring.w[ring.slot_base(o) + L.S_GROUPS] >> L.TIME_SHIFT for o in (0, 2)]
         assert now + 590_000 < dues[0] <= now + 600_000  # the same due time, on this boot's clock
@@ -601,10 +601,10 @@ def test_a_nack_with_a_delay_keeps_its_due_time_through_recovery(durable: Any, r
         with pytest.raises(shmq.Empty):
             q.get(block=False)
         assert q.stats()["groups"]["default"]["ready"] + q.stats()["groups"]["default"]["delayed"] == 1
-    local = shmq.shm.ShmBroker(durable.inst)
+    local = shmq.core.colocated.ShmBroker(durable.inst)
     try:
         seg = local.queue("back")
-        ring = seg._ring  # type: ignore[attr-defined]
+        ring = seg.ring  # type: ignore[attr-defined]
         now = seg._now()  # type: ignore[attr-defined]
         word = ring.w[ring.slot_base(0) + L.S_GROUPS]
         assert word & L.STATE_MASK == L.READY and (word >> L.DC_SHIFT) & L.DC_MASK == 1

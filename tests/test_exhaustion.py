@@ -26,12 +26,12 @@ import pytest
 
 import shmq
 from shmq import options
-from shmq.codec import T, decode_body
+from shmq.core.colocated import ShmBroker
+from shmq.core.segment import parse_object_name
 from shmq.errors import Status
-from shmq.segment import parse_object_name
+from shmq.protocol.codec import T, decode_body
 from shmq.server import handlers
 from shmq.server.core import Core
-from shmq.shm import ShmBroker
 
 from .conftest import Server, connect_tcp, session_tmp, unique_instance, wait_until
 from .test_handlers import Peer
@@ -351,7 +351,8 @@ _IN_NAMESPACE = textwrap.dedent("""
 
     b = shmq.connect("shm://full", create=True)
     out["too big"] = err(lambda: b.create_queue("big", max_bytes=8 << 20))
-    srv = subprocess.Popen([sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
+    srv = subprocess.Popen([sys.executable, "-c", "from shmq.cli.app import app; app()",
+                            "serve", "--port", "0",
                             "--workers", "1", "--instance", "srv", "--data-dir", sys.argv[1]],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

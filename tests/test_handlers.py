@@ -18,19 +18,20 @@ from typing import Any
 
 import pytest
 
-from shmq import commands, options
+from shmq import options
 from shmq.api import Message
-from shmq.codec import Frame, FrameDecoder, T, decode_body, decode_deliver, encode_frame, frame
-from shmq.commands import Batch
-from shmq.connection import ClientConnection, Reply
+from shmq.core.colocated import ShmBroker
+from shmq.core.serverqueue import ServerBroker
 from shmq.errors import Duplicate, Empty, ProtocolError, StaleAck, Status
+from shmq.protocol import commands
+from shmq.protocol.codec import Frame, FrameDecoder, T, decode_body, decode_deliver, encode_frame, frame
+from shmq.protocol.commands import Batch
+from shmq.protocol.connection import ClientConnection, Reply
 from shmq.server import handlers
 from shmq.server.connection import ServerConnection
 from shmq.server.core import SERVER_NAME, Core
 from shmq.server.parking import poke
-from shmq.serverqueue import ServerBroker
 from shmq.settle import Settle
-from shmq.shm import ShmBroker
 
 from .conftest import FakeClock, HeldMark
 
@@ -394,7 +395,7 @@ def test_shared_memory_clients_and_the_handlers_see_one_queue(core: Core, instan
 # ---------------------------------------------------------------- both ends, paired
 class Pair:
     """A ClientConnection and a ServerConnection joined in memory, as h11 pairs its two ends:
-    the clients' commands (``shmq.commands``) run through both state machines, no socket."""
+    the clients' commands (``shmq.protocol.commands``) run through both state machines, no socket."""
 
     def __init__(self, core: Core) -> None:
         self.core = core

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 import shmq
-import shmq.aio
+import shmq.client.aio
 from shmq import headers, options
-from shmq.codec import T, frame
-from shmq.commands import _offsets
-from shmq.connection import Request
 from shmq.journal import Journal
+from shmq.protocol.codec import T, frame
+from shmq.protocol.commands import _offsets
+from shmq.protocol.connection import Request
 
 from .conftest import Durable, Server
 
@@ -82,7 +82,7 @@ def test_headers_survive_nack_and_redelivery(broker: shmq.Broker) -> None:
 
 
 def test_dead_letter_keeps_headers_adds_origin_and_redrive_takes_them_back(broker: shmq.Broker) -> None:
-    from shmq.cli_messages import _redrive
+    from shmq.cli.messages import _redrive
 
     q = broker.create_queue("hdead", max_deliveries=2)
     q.put(b"poison", headers=H)
@@ -146,7 +146,7 @@ def test_headers_count_in_the_message_size(broker: shmq.Broker) -> None:
 
 def test_asyncio_client_puts_and_gets_headers(server: Server) -> None:
     async def main() -> tuple[dict[str, bytes], list[dict[str, bytes]]]:
-        async with await shmq.aio.connect(server.url) as b:
+        async with await shmq.client.aio.connect(server.url) as b:
             q = await b.create_queue("haio")
             try:
                 await q.put(b"one", headers={"k": "v"})
@@ -233,7 +233,7 @@ def test_headers_and_origins_survive_kill9_and_recovery(durable: Durable) -> Non
 def test_cli_produces_headers_and_shows_them(shm_broker: Any, instance: str) -> None:
     from typer.testing import CliRunner
 
-    from shmq.cli import app
+    from shmq.cli.app import app
 
     shm_broker.create_queue("hcli")
     run = CliRunner().invoke

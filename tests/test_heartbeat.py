@@ -21,9 +21,10 @@ import psutil
 import pytest
 
 import shmq
-from shmq import aio, options
-from shmq.codec import HEARTBEAT_FRAME, FrameDecoder, T, decode_body, encode_body, encode_frame
+from shmq import options
+from shmq.client import aio
 from shmq.errors import ConnectionLost, Status
+from shmq.protocol.codec import HEARTBEAT_FRAME, FrameDecoder, T, decode_body, encode_body, encode_frame
 from shmq.server.connection import agree_heartbeat
 
 from .conftest import Server, connect_tcp, wait_until

@@ -11,14 +11,15 @@ import pytest
 import shmq
 
 
-@pytest.mark.parametrize("module", ["shmq", "shmq.tcp", "shmq.aio", "shmq.commands", "shmq.connection"])
+@pytest.mark.parametrize("module", ["shmq", "shmq.client.tcp", "shmq.client.aio",
+                                    "shmq.protocol.commands", "shmq.protocol.connection"])
 def test_the_package_and_the_tcp_clients_do_not_load_posix_ipc(module: str) -> None:
     code = f"import {module}, sys; assert 'posix_ipc' not in sys.modules, 'import {module} loaded posix_ipc'"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_lazy_names_are_the_cleanup_functions() -> None:
-    from shmq import cleanup
+    from shmq.core import cleanup
 
     assert shmq.reclaim is cleanup.reclaim and callable(shmq.reclaim)
     assert shmq.scan is cleanup.scan

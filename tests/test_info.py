@@ -15,15 +15,15 @@ import psutil
 import pytest
 
 import shmq
-from shmq import aio
 from shmq.api import BrokerInfo
-from shmq.codec import FrameDecoder, T, decode_body, encode_frame, frame
+from shmq.client import aio
+from shmq.core.colocated import ShmBroker
+from shmq.core.serverqueue import ServerBroker
 from shmq.errors import InstanceError
+from shmq.protocol.codec import FrameDecoder, T, decode_body, encode_frame, frame
 from shmq.server import handlers
 from shmq.server.core import Core
 from shmq.server.placement import Counts
-from shmq.serverqueue import ServerBroker
-from shmq.shm import ShmBroker
 
 from .conftest import Server, connect_tcp, wait_until
 

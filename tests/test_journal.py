@@ -1,4 +1,4 @@
-"""The journal file layer (shmq/journal.py) on real files: framing, rolls, recovery, failures.
+"""The journal file layer (shmq/journal/__init__.py) on real files: framing, rolls, recovery, failures.
 
 Corruption is made by hand (truncating files, flipping bits, writing zeros); write
 failures both simulated (os.pwrite / os.ftruncate / os.fdatasync that fail) and real

@@ -70,8 +70,8 @@ def test_the_import_graph_has_no_circle() -> None:
 
 
 def test_the_client_transports_do_not_import_the_shared_memory_core() -> None:
-    core = {"shmq.queue", "shmq.handle", "shmq.consume", "shmq.ring", "shmq.group", "shmq.lock",
-            "shmq.shm", "shmq.segment", "shmq.registry"}
+    core = {"shmq.core.queue", "shmq.core.handle", "shmq.core.consumer", "shmq.core.ring", "shmq.core.groups",
+            "shmq.core.lock", "shmq.core.colocated", "shmq.core.segment", "shmq.core.registry"}
 
     def reach(m: str, seen: set[str]) -> set[str]:
         for n in _imports(m, MODULES[m]):
@@ -80,13 +80,13 @@ def test_the_client_transports_do_not_import_the_shared_memory_core() -> None:
                 reach(n, seen)
         return seen
 
-    for client in ("shmq.tcp", "shmq.aio"):
+    for client in ("shmq.client.tcp", "shmq.client.aio"):
         assert reach(client, set()) & core == set(), client
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "server").glob("*.py")), ids=lambda p: p.name)
 def test_the_server_touches_no_private_attribute_of_a_shmq_object(path: Path) -> None:
-    """``server/`` calls ``shmq.serverqueue`` and ``shmq.durability``: no ``x._name``
+    """``server/`` calls ``shmq.core.serverqueue`` and ``shmq.core.durability``: no ``x._name``
     of anything but its own objects, and no shared-memory layout."""
     tree = ast.parse(path.read_text())
     bad = []
@@ -95,7 +95,7 @@ def test_the_server_touches_no_private_attribute_of_a_shmq_object(path: Path) ->
             owner = node.value
             if not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")):
                 bad.append(f"{path.name}:{node.lineno}: .{node.attr}")
-        if isinstance(node, ast.ImportFrom) and (node.module == "shmq.layout" or (
+        if isinstance(node, ast.ImportFrom) and (node.module == "shmq.core.layout" or (
                 node.module == "shmq" and any(a.name == "layout" for a in node.names))):
             bad.append(f"{path.name}:{node.lineno}: imports the layout")
     assert bad == []

@@ -1,4 +1,4 @@
-"""shmq.lines: produce's input in batches, sent when full or once the input is idle."""
+"""shmq.cli.lines: produce's input in batches, sent when full or once the input is idle."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import subprocess
 import sys
 import threading
 
-from shmq.lines import line_batches, stream_batches
-from shmq.shm import ShmBroker
+from shmq.cli.lines import line_batches, stream_batches
+from shmq.core.colocated import ShmBroker
 
 from .conftest import wait_until
 
@@ -71,7 +71,7 @@ def test_a_stream_without_a_descriptor_is_read_in_full_batches() -> None:
 
 def test_produce_sends_each_line_of_a_quiet_pipe_as_it_comes(shm_broker: ShmBroker) -> None:
     q = shm_broker.create_queue("tail")
-    p = subprocess.Popen([sys.executable, "-c", "from shmq.cli import app; app()", "produce", "tail",
+    p = subprocess.Popen([sys.executable, "-c", "from shmq.cli.app import app; app()", "produce", "tail",
                           "--shm", shm_broker.instance], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE)
     try:

@@ -55,6 +55,6 @@ def test_json_lines_are_one_object_each() -> None:
 def test_a_bad_log_option_is_refused() -> None:
     import subprocess
     import sys
-    out = subprocess.run([sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
+    out = subprocess.run([sys.executable, "-c", "from shmq.cli.app import app; app()", "serve", "--port", "0",
                           "--log-format", "xml"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "--log-format" in out.stderr

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 import shmq
-from shmq.segment import objects_of, parse_object_name
+from shmq.core.colocated import ShmBroker
+from shmq.core.segment import objects_of, parse_object_name
 from shmq.server.placement import affinity_for
-from shmq.shm import ShmBroker
 
 from .conftest import Server, connect_tcp, wait_until
 
@@ -290,7 +290,7 @@ def test_a_thread_holding_a_lock_of_the_deleted_queue_defers_the_letting_go(shm_
     held, free = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with q._ring.clock:
+        with q.ring.clock:
             held.set()
             free.wait(10)
 

@@ -29,14 +29,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import shmq
 from shmq import options
-from shmq.codec import T
+from shmq.core.colocated import ShmBroker
+from shmq.core.serverqueue import ServerBroker
 from shmq.errors import InvalidArgument
+from shmq.protocol.codec import T
 from shmq.server.collector import METRICS, BrokerCollector
 from shmq.server.handlers import HANDLERS
 from shmq.server.metrics import parse_address
 from shmq.server.scoreboard import OPS, Scoreboard
-from shmq.serverqueue import ServerBroker
-from shmq.shm import ShmBroker
 
 from .conftest import Server, connect_tcp, objects, unique_instance, wait_until
 
@@ -343,7 +343,8 @@ def _serve_refused(*args: str) -> subprocess.CompletedProcess[str]:
     inst = unique_instance()
     with tempfile.TemporaryDirectory() as data:
         env = {k: v for k, v in os.environ.items() if k != options.TOKEN_ENV}
-        r = subprocess.run([sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
+        r = subprocess.run([sys.executable, "-c", "from shmq.cli.app import app; app()",
+                            "serve", "--port", "0",
                             "--workers", "1", "--instance", inst, "--data-dir", data, *args],
                            capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode != 0, r

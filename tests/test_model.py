@@ -28,10 +28,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 import shmq
 from shmq import crashpoints
 from shmq import headers as H
-from shmq import layout as L
-from shmq.check import check_instance
-from shmq.serverqueue import ServerQueue
-from shmq.shm import ShmBroker
+from shmq.core import layout as L
+from shmq.core.check import check_instance
+from shmq.core.colocated import ShmBroker
+from shmq.core.serverqueue import ServerQueue
 
 from .conftest import FakeClock, unique_instance
 

@@ -22,10 +22,10 @@ import posix_ipc
 import pytest
 
 import shmq
-from shmq import check
-from shmq import layout as L
-from shmq.errors import InstanceError
-from shmq.segment import (
+from shmq.core import check
+from shmq.core import layout as L
+from shmq.core.colocated import ShmBroker
+from shmq.core.segment import (
     queue_segment_name,
     registry_name,
     semaphore_names,
@@ -34,14 +34,15 @@ from shmq.segment import (
     unlink_semaphore,
     unlink_shm,
 )
-from shmq.shm import ShmBroker
+from shmq.errors import InstanceError
 
 from .conftest import NOBODY, as_root, objects, unique_instance
 
 
 def _make_instance(name: str) -> None:
     """An instance made, and left, by another process (so this one attaches it anew)."""
-    subprocess.run([sys.executable, "-c", f"from shmq.shm import ShmBroker; ShmBroker({name!r}).close()"],
+    code = f"from shmq.core.colocated import ShmBroker; ShmBroker({name!r}).close()"
+    subprocess.run([sys.executable, "-c", code],
                    check=True)
 
 

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 import shmq
-import shmq.aio
-from shmq.codec import FrameDecoder, T, decode_body, encode_body, encode_frame
+import shmq.client.aio
+from shmq.protocol.codec import FrameDecoder, T, decode_body, encode_body, encode_frame
 from shmq.server.placement import MAX_PREFACE, Counts, Handoff, address, affinity_for, choose
 
 from .conftest import Server, connect_tcp, wait_until
@@ -204,7 +204,7 @@ def test_connections_with_one_affinity_share_a_worker(two_workers: Server) -> No
     other = connect_tcp(srv.url, affinity=_key(0, 2))
 
     async def aio_worker() -> int:
-        b = await shmq.aio.connect(srv.url, affinity=key)
+        b = await shmq.client.aio.connect(srv.url, affinity=key)
         try:
             q = b.queue("aff")
             await q.put(b"from asyncio")

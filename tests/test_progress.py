@@ -16,12 +16,12 @@ from typer.testing import CliRunner
 
 from shmq import options
 from shmq.api import QueueConfig
-from shmq.cli import app
+from shmq.cli.app import app
+from shmq.core.colocated import ShmBroker
+from shmq.core.serverqueue import ServerBroker
 from shmq.journal import Journal
 from shmq.progress import Progress
 from shmq.server.journaler import recover
-from shmq.serverqueue import ServerBroker
-from shmq.shm import ShmBroker
 from shmq.text import amount
 
 from .conftest import FakeClock

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 import shmq
-from shmq import layout as L
-from shmq.codec import T
+from shmq.core import layout as L
+from shmq.core.colocated import ShmBroker
+from shmq.core.queue import ShmQueue
 from shmq.errors import Status
 from shmq.joined import Joined
-from shmq.queue import ShmQueue
+from shmq.protocol.codec import T
 from shmq.server.core import Core
-from shmq.shm import ShmBroker
 
 from .conftest import Durable
 from .test_handlers import Peer
@@ -33,7 +33,7 @@ def joined(ps: list[bytes]) -> Joined:
 
 def state(q: shmq.Queue) -> tuple[list[tuple[int, bytes]], list[int]]:
     """Every retained record, and the ring's slots (offset, byte position, lengths) and tail."""
-    r = q._ring  # type: ignore[attr-defined]
+    r = q.ring  # type: ignore[attr-defined]
     w = r.w
     slots = [w[r.slots_w + i * r.slot_words + k] for i in range(r.capacity)
              for k in (L.S_OFFSET, L.S_BYTEPOS, L.S_LENS)]

@@ -12,9 +12,9 @@ import pytest
 
 import shmq
 from shmq import options
-from shmq.doorbell import Bell
-from shmq.serverqueue import ServerQueue
-from shmq.shm import ShmBroker
+from shmq.core.colocated import ShmBroker
+from shmq.core.doorbell import Bell
+from shmq.core.serverqueue import ServerQueue
 
 from .conftest import FakeClock, objects
 
@@ -358,7 +358,7 @@ def test_server_gives_back_a_closed_connections_leases_at_once(clocked: ShmBroke
     ms[3].nack()
     d2 = q.get(timeout=0)
     assert (d2.offset, d2.deliveries) == (3, 2)
-    bell = Bell(q._ring.instance_uid, 7)
+    bell = Bell(q.ring.instance_uid, 7)
     try:
         sq.set_bell(7, True)  # worker 7 has a request parked here
         assert sq.give_back(ref, [0, 1, 2, 3, 3], [1, 1, 1, 1, 2]) == 3  # (1, 1) and (3, 1) are stale
@@ -668,11 +668,11 @@ def test_idempotent_put_whose_writer_died_is_settled_by_the_next_producer(
         shm_broker: shmq.Broker, died_after: str) -> None:
     """Replay the stores of an idempotent put up to a point, as a SIGKILLed writer leaves
     them (see layout's 'Producer entry'), and check the next plock holder's verdict."""
-    from shmq import layout as L
-    from shmq.ring import producer_key
+    from shmq.core import layout as L
+    from shmq.core.ring import producer_key
     q = shm_broker.create_queue("idem-crash")
     q.put_many([b"a"], producer="p", seq=1)
-    ring = q._ring  # type: ignore[attr-defined]
+    ring = q.ring  # type: ignore[attr-defined]
     w = ring.w
     e = ring._producer_entry(producer_key("p"))
     off = w[L.Q_NEXT_OFFSET]
@@ -714,7 +714,7 @@ def test_a_long_lived_process_lets_go_of_deleted_queues(shm_broker: ShmBroker) -
     q = shm_broker.create_queue("doomed")
     shm_broker.create_queue("other")
     att = shm_broker._att
-    qid = q._ring.queue_id  # type: ignore[attr-defined]
+    qid = q.ring.queue_id  # type: ignore[attr-defined]
     del q
     assert qid in att._queues
     p = mp.get_context("spawn").Process(target=_delete_in_child, args=(shm_broker.instance, "doomed"))

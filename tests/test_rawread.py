@@ -10,11 +10,11 @@ from collections.abc import Iterator
 import pytest
 
 import shmq
-from shmq import layout as L
-from shmq import rawread
-from shmq.codec_bodies import records_field
-from shmq.rawread import Columns, read_columns, read_field
-from shmq.shm import ShmBroker
+from shmq.core import layout as L
+from shmq.core import rawread
+from shmq.core.colocated import ShmBroker
+from shmq.core.rawread import Columns, read_columns, read_field
+from shmq.protocol.bodies import records_field
 
 from .conftest import Server
 
@@ -82,7 +82,7 @@ def test_the_compiled_copy_refuses_a_slot_that_reaches_past_the_ring(instance: s
     try:
         q = b.create_queue("bad", capacity=8, max_bytes=4096)
         q.put_many([b"a" * 10, b"b" * 10])
-        r = q._ring
+        r = q.ring
         geom = (r.mm, r.slots_w, r.capacity, r.slot_words, r.data_off, r.size)
         assert ext.read_run(*geom, 0, 2, 1 << 20, 0)[3] == b"a" * 10 + b"b" * 10
         with pytest.raises(ValueError, match="geometry past the end"):

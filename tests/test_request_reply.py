@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 import shmq
-from shmq import reply as shmq_reply
+from shmq.api import reply as shmq_reply
+from shmq.core.colocated import ShmBroker
 from shmq.names import is_reply_name
-from shmq.shm import ShmBroker
 
 from .conftest import Server, wait_until
 
@@ -249,7 +249,7 @@ def test_killed_worker_reply_queues_reaped() -> None:
 def test_asyncio_requests_and_replies(server: Server) -> None:
     import asyncio
 
-    from shmq import aio
+    from shmq.client import aio
 
     async def main() -> None:
         async with await aio.connect(server.url) as b, await aio.connect(server.url) as other:
@@ -316,8 +316,8 @@ def test_dropped_replies_are_a_metric(shm_broker: ShmBroker) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
+    from shmq.core.serverqueue import ServerBroker
     from shmq.server.collector import BrokerCollector
-    from shmq.serverqueue import ServerBroker
 
     svc = shm_broker.create_queue("svc")
     requester = _other(shm_broker)
@@ -344,7 +344,7 @@ def test_asyncio_reader_waits_in_one_parked_get(server: Server, monkeypatch: pyt
     parked there, and the reply's DELIVER wakes it): no get is sent again on a timer."""
     import asyncio
 
-    from shmq import aio
+    from shmq.client import aio
 
     asked: list[float | None] = []
     get_many = aio.AsyncQueue.get_many

@@ -18,8 +18,8 @@ import posix_ipc
 import pytest
 
 import shmq
-from shmq.errors import InstanceError
-from shmq.segment import (
+from shmq.core.colocated import ShmBroker
+from shmq.core.segment import (
     Mapping,
     describe_user,
     instance_prefix,
@@ -32,7 +32,7 @@ from shmq.segment import (
     unlink_semaphore,
     unlink_shm,
 )
-from shmq.shm import ShmBroker
+from shmq.errors import InstanceError
 
 from .conftest import NOBODY, AsNobody, Server, as_nobody, as_root, objects, try_connect
 

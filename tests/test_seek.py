@@ -16,12 +16,12 @@ import pytest
 from typer.testing import CliRunner
 
 import shmq
-from shmq import aio
-from shmq import layout as L
-from shmq.check import check_instance
-from shmq.cli import app
+from shmq.cli.app import app
+from shmq.client import aio
+from shmq.core import layout as L
+from shmq.core.check import check_instance
+from shmq.core.colocated import ShmBroker
 from shmq.seektime import parse_time, to_ns
-from shmq.shm import ShmBroker
 
 from .conftest import Durable, Server, wait_until
 
@@ -185,7 +185,7 @@ def test_out_of_order_timestamps_and_tombstones_give_a_boundary(shm_broker: ShmB
     (timestamp 0) counts as the record after it."""
     q = shm_broker.create_queue("order")
     q.put_many([b"x"] * 6)
-    ring, groups = q._ring, q._groups  # type: ignore[attr-defined]
+    ring, groups = q.ring, q.consumer_groups  # type: ignore[attr-defined]
 
     def stamp(*secs: int) -> None:
         for o, s in enumerate(secs):

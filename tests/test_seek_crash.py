@@ -15,10 +15,10 @@ import pytest
 
 import shmq
 from shmq import crashpoints
-from shmq import layout as L
-from shmq.check import check_instance
-from shmq.queue import ShmQueue
-from shmq.shm import ShmBroker
+from shmq.core import layout as L
+from shmq.core.check import check_instance
+from shmq.core.colocated import ShmBroker
+from shmq.core.queue import ShmQueue
 
 from .conftest import connect_shm
 from .test_seek import between, spaced
@@ -115,8 +115,8 @@ def test_a_seek_killed_anywhere_is_finished_whole(instance: str, case: str, poin
         p.start()
         p.join(30)
         assert p.exitcode == -signal.SIGKILL, f"the seek did not die at {point}: exit code {p.exitcode}"
-        g = q._ring.groups_w + q._groups.index("default") * L.G_WORDS
-        assert q._w[g + L.G_SEEK_TO] == c.to + 1  # left for the lock's repair
+        g = q.ring.groups_w + q.consumer_groups.index("default") * L.G_WORDS
+        assert q.words[g + L.G_SEEK_TO] == c.to + 1  # left for the lock's repair
     assert check_instance(instance) == []  # (it takes the lock: the repair runs first)
     st = q.stats()["groups"]["default"]
     assert (st["floor"], st["cursor"]) == c.position

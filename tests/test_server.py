@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import shmq
-from shmq.codec import Frame, FrameDecoder, T, decode_body, encode_body, encode_frame
+from shmq.client.tcp import TcpQueue
+from shmq.core.colocated import ShmBroker
 from shmq.errors import Status
-from shmq.shm import ShmBroker
-from shmq.tcp import TcpQueue
+from shmq.protocol.codec import Frame, FrameDecoder, T, decode_body, encode_body, encode_frame
 
 from .conftest import Server, connect_tcp, objects, wait_until
 
@@ -99,7 +99,7 @@ def test_blocked_tcp_consumer_wakes_for_a_shm_producer(server: Server) -> None:
 
 
 def _bells(q: object) -> bytes:
-    from shmq import layout as L
+    from shmq.core import layout as L
     return q._mm[L.Q_BELLS:L.Q_BELLS + L.Q_BELLS_SIZE]  # type: ignore[attr-defined,no-any-return]
 
 
@@ -195,7 +195,7 @@ def test_worker_flags_a_queue_deleted_and_created_again(server: Server) -> None:
 def test_a_restarted_worker_clears_the_bell_flags_of_its_predecessor() -> None:
     """A worker killed while its flag is set leaves it set (producers would send to a dead
     doorbell on every put); the worker that replaces it clears its byte in every queue."""
-    from shmq import layout as L
+    from shmq.core import layout as L
 
     srv = Server(workers=2)
     local = ShmBroker(srv.instance)
@@ -410,7 +410,7 @@ def test_ack_range_acks_what_it_holds_reports_the_rest_and_refuses_too_many(serv
 
 def test_batch_acks_sends_a_range_only_for_a_run() -> None:
     from shmq.api import Message
-    from shmq.tcp import batch_acks
+    from shmq.client.tcp import batch_acks
 
     def msgs(*spec: tuple[str, int, int]) -> list[Message]:
         return [tuple.__new__(Message, (None, 0, g, o, dc, b"", b"", 0)) for g, o, dc in spec]
@@ -473,7 +473,7 @@ def test_token_is_checked() -> None:
 
 
 def test_non_loopback_needs_a_token() -> None:
-    out = subprocess.run([sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--host",
+    out = subprocess.run([sys.executable, "-c", "from shmq.cli.app import app; app()", "serve", "--host",
                           "0.0.0.0", "--port", "0", "--instance", "nolo"], capture_output=True, timeout=60)
     assert out.returncode == 1 and b"token" in out.stderr
 
@@ -591,7 +591,7 @@ def test_batch_and_inflight_limits(server: Server) -> None:
 
 # ---------------------------------------------------------------- the CLI
 def _cli(server: Server, *args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run([sys.executable, "-c", "from shmq.cli import app; app()", *args],
+    return subprocess.run([sys.executable, "-c", "from shmq.cli.app import app; app()", *args],
                           input=stdin, capture_output=True, timeout=120,
                           env={**os.environ, "SHMQ_URL": server.url})
 
@@ -681,7 +681,7 @@ def test_keep_leaves_memory_queues_to_the_next_start() -> None:
 
 
 def test_a_taken_port_is_refused(server: Server) -> None:
-    out = subprocess.run([sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port",
+    out = subprocess.run([sys.executable, "-c", "from shmq.cli.app import app; app()", "serve", "--port",
                           str(server.port), "--instance", "taken"], capture_output=True, timeout=60)
     assert out.returncode == 1 and b"in use" in out.stderr.lower()
     assert not objects("taken")

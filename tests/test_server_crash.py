@@ -30,15 +30,15 @@ import pytest
 
 import shmq
 from shmq import crashpoints
-from shmq import layout as L
-from shmq.segment import objects_of, queue_id_of
-from shmq.shm import ShmBroker
+from shmq.core import layout as L
+from shmq.core.colocated import ShmBroker
+from shmq.core.segment import objects_of, queue_id_of
 
 from .conftest import Server, _mp_helper, leftovers, objects, reg_path, unique_instance, wait_until
 
 pytestmark = pytest.mark.crash
 
-CLI = [sys.executable, "-c", "from shmq.cli import app; app()"]
+CLI = [sys.executable, "-c", "from shmq.cli.app import app; app()"]
 RESTARTED = "exited with -9; restarting"  # the supervisor's line for a SIGKILLed worker or journal process
 
 

@@ -22,7 +22,7 @@ import pytest
 
 import shmq
 from shmq import spark as ss
-from shmq.shm import ShmBroker
+from shmq.core.colocated import ShmBroker
 
 from .conftest import Server, leftovers, unique_instance, wait_until
 from .test_seek import spaced
@@ -263,7 +263,7 @@ def test_starting_timestamp_is_checked() -> None:
 
 
 def test_starting_timestamp_starts_the_stream_and_the_batch_at_that_time(srv: Server) -> None:
-    from shmq.spark_source import offset_at
+    from shmq.spark.source import offset_at
 
     with shmq.connect(srv.url) as b:
         q = fresh(b)

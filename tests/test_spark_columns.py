@@ -14,10 +14,10 @@ import pytest
 
 import shmq
 from shmq import spark as ss
-from shmq import spark_records as sr
-from shmq import spark_sink
-from shmq.shm import ShmBroker
-from shmq.spark_arrow import Payloads, has_headers, to_batch
+from shmq.core.colocated import ShmBroker
+from shmq.spark import records as sr
+from shmq.spark import sink as spark_sink
+from shmq.spark.arrow import Payloads, has_headers, to_batch
 
 pytestmark = pytest.mark.spark  # imports pyspark
 

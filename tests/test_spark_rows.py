@@ -11,7 +11,7 @@ import pytest
 
 import shmq
 from shmq import spark as ss
-from shmq.shm import ShmBroker
+from shmq.core.colocated import ShmBroker
 
 pytestmark = pytest.mark.spark  # imports pyspark
 

@@ -20,11 +20,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shmq import accel, consume, group_delivery, group_settlement, headers, lock, options, ring
-from shmq import layout as L
+from shmq import accel, headers, options
 from shmq.api import Message
+from shmq.core import consumer as consume
+from shmq.core import delivery as group_delivery
+from shmq.core import layout as L
+from shmq.core import lock, ring
+from shmq.core import settlement as group_settlement
+from shmq.core.colocated import ShmBroker
 from shmq.errors import Full, InvalidArgument, LimitExceeded, StaleAck
-from shmq.shm import ShmBroker
 
 IMPLS = ["compiled", "pure"]
 
@@ -68,10 +72,11 @@ def test_the_extension_is_built_and_chosen_unless_pure_is_asked() -> None:
 def test_shmq_pure_forces_the_twins_and_the_queue_still_works(instance: str) -> None:
     code = (
         "import sys\n"
-        "from shmq import accel, group_delivery, headers, lock\n"
-        "from shmq.shm import ShmBroker\n"
+        "from shmq import accel, headers\n"
+        "from shmq.core import delivery, lock\n"
+        "from shmq.core.colocated import ShmBroker\n"
         "assert accel.ext is None and headers._encode_c is headers._parse_c is headers._decode_c is None\n"
-        "assert group_delivery._records is group_delivery._records_py and lock.trylock is lock._trylock\n"
+        "assert delivery._records is delivery._records_py and lock.trylock is lock._trylock\n"
         "b = ShmBroker(sys.argv[1])\n"
         "q = b.create_queue('pure')\n"
         "q.put(b'a', headers={'k': 'v'}); q.put_many([b'b', b'c'])\n"
@@ -89,11 +94,11 @@ def test_lock_functions_take_and_release_the_robust_mutex(impl: str, instance: s
     b = ShmBroker(instance)
     try:
         q = b.create_queue("locks")
-        addr = q._ring.clock.address
+        addr = q.ring.clock.address
         assert lock.trylock(addr) == 0
         assert lock.trylock(addr) == errno.EBUSY  # held (by us): a second try does not take it
         assert lock.unlock(addr) == 0
-        with q._ring.clock:  # the RobustLock path runs on the same functions
+        with q.ring.clock:  # the RobustLock path runs on the same functions
             assert lock.trylock(addr) == errno.EBUSY
         assert lock.trylock(addr) == 0
         lock.unlock(addr)
@@ -253,7 +258,7 @@ def test_records_match_the_twin_on_a_real_ring(instance: str) -> None:
                                                                 for i in range(5)])
         q.put(b"", headers={"only": "headers"})
         q.put(b"z" * 40_000)  # one big record
-        r = q._ring
+        r = q.ring
         b0 = r.slots_w
         for fn in (compiled().records, group_delivery._records_py):
             out: list[Any] = []
@@ -274,7 +279,7 @@ def test_records_match_the_twin_on_a_real_ring(instance: str) -> None:
 def test_compiled_records_checks_its_arguments(instance: str) -> None:
     b = ShmBroker(instance)
     try:
-        r = b.create_queue("args", capacity=4)._ring
+        r = b.create_queue("args", capacity=4).ring
         ext = compiled()
         with pytest.raises(TypeError):
             ext.records([], dict, (), r.w, r.mm, r.slots_w, r.slot_words, 1, 0, r.data_off, r.size)
@@ -322,7 +327,7 @@ def test_a_batch_of_large_records_is_copied_whole_across_the_ring_end(impl: str,
             got = q.get_many(10, timeout=1)
             assert [m.payload for m in got] == batch
             q.ack_many(got)
-        q._ring.check_invariants()
+        q.ring.check_invariants()
     finally:
         b.destroy()
 
@@ -383,7 +388,7 @@ def _one_message_script(q: Any) -> list[int]:
     q.put(b"y" * 3000)
     with pytest.raises(Full):  # no room in the byte ring (4096 B) for 3000 B more
         q.put(b"z" * 3000, block=False)
-    r, w = q._ring, q._ring.w
+    r, w = q.ring, q.ring.w
     slots = [w[r.slots_w + i * r.slot_words + k] for i in range(r.capacity)
              for k in (L.S_OFFSET, L.S_BYTEPOS, L.S_LENS, L.S_EXPIRES)]
     data = bytes(r.mm[r.data_off:r.data_off + r.size])
@@ -457,7 +462,7 @@ def test_compiled_one_message_functions_check_their_arguments(instance: str) -> 
             ext.ack_one(bad, 0, 0, 1, -1)
         with pytest.raises(ValueError):
             ext.ack_one(geom, 0, 0, 1 << 20, -1)  # a delivery count no lease word holds
-        pg = q._ring._put_geom
+        pg = q.ring._put_geom
         with pytest.raises(TypeError):
             ext.put_one(pg[:5], b"x", b"", 1)
         with pytest.raises(TypeError):
@@ -499,7 +504,7 @@ def _batch_ack_script(q: Any) -> list[Any]:
     q.ack_many(lap[2:])  # 14..21, across the end of the table: the twin's
     q.put(b"last")
     q.ack_many([q.get()])  # one message: the twin's
-    r, w = q._ring, q._ring.w
+    r, w = q.ring, q.ring.w
     mask = (1 << L.OWNER_SHIFT) - 1
     words = [w[r.groups_w + gi * L.G_WORDS + k] for gi in range(2)
              for k in (L.G_CURSOR, L.G_FLOOR, L.G_DELIVERED, L.G_ACKED)]
@@ -561,7 +566,7 @@ def test_compiled_batch_ack_checks_its_arguments(instance: str) -> None:
             ext.ack_run(q._one[:9], got, q, -1)  # type: ignore[index]
         assert ext.ack_run(q._one, got[:1], q, -1) == -1  # one message: ack_one's
         assert ext.ack_run(q._one, got, other, -1) == -1  # delivered through another handle
-        lone = other._ring.w[L.Q_GROUP_GEN]
+        lone = other.ring.w[L.Q_GROUP_GEN]
         assert ext.ack_run(other._one, other.get_many(2), other, lone) == 3  # the lone group's floor: freed
         assert q.offsets() == (0, 2)  # nothing of q's was written
         assert ext.ack_run(q._one, got, q, -1) == 4  # the floor moved: the free offset is the caller's
@@ -626,7 +631,7 @@ def test_a_commit_leaves_the_same_words_on_both(impl: str, instance: str, n: int
         assert [q.get(block=False).payload for _ in range(1)] == [b"m%d" % (n - 1)]
         q.commit("g2", n + 1)
         assert q.offsets()[0] == n - 1
-        r, w = q._ring, q._ring.w
+        r, w = q.ring, q.ring.w
         words = [w[r.slots_w + (o % r.capacity) * r.slot_words + L.S_GROUPS + gi] & L.STATE_DC_MASK
                  for o in range(n + 1) for gi in range(2)]
         assert words[:2 * (n - 1)] == [L.DONE | (1 << L.DC_SHIFT) if o < 3 and gi == 0 else L.DONE
@@ -637,7 +642,7 @@ def test_a_commit_leaves_the_same_words_on_both(impl: str, instance: str, n: int
 
 
 def test_the_c_sources_layout_constants_are_layout_py_s() -> None:
-    """The C sources repeat some of ``shmq/layout.py``'s names as ``#define``s: each has
+    """The C sources repeat some of ``shmq/core/layout.py``'s names as ``#define``s: each has
     layout.py's value (the header block's own constants are ``shmq.headers``')."""
     src = Path(accel.__file__).parent
     defines = {}

@@ -15,9 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import shmq
-from shmq import commands, options
-from shmq.codec import FrameDecoder, T, frame, records_columns
+from shmq import options
 from shmq.errors import ProtocolError
+from shmq.protocol import commands
+from shmq.protocol.codec import FrameDecoder, T, frame, records_columns
 
 from .conftest import FakeHandle
 

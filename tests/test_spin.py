@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import shmq
 from shmq import options
-from shmq.cli import app
+from shmq.cli.app import app
 from shmq.errors import InvalidArgument
 from shmq.server.spinner import Spinner
 from shmq.spin import MSG_DONTWAIT, Spin, check_spin_us, recv_into

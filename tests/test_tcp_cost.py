@@ -14,20 +14,28 @@ from typing import Any
 import pytest
 
 import shmq
-from shmq import commands
-from shmq import layout as L
-from shmq.codec import FrameDecoder, T, decode_body, encode_frame, frame, produce_frame, records_columns
-from shmq.consuming import rides
-from shmq.doorbell import RINGER, Bell
+from shmq.core import layout as L
+from shmq.core.colocated import ShmBroker
+from shmq.core.doorbell import RINGER, Bell
+from shmq.core.serverqueue import ServerBroker
 from shmq.errors import ProtocolError, QueueNotFound, Status
+from shmq.protocol import commands
+from shmq.protocol.codec import (
+    FrameDecoder,
+    T,
+    decode_body,
+    encode_frame,
+    frame,
+    produce_frame,
+    records_columns,
+)
+from shmq.protocol.consume_ack import rides
+from shmq.protocol.subscription import Feed
 from shmq.server import handlers
 from shmq.server.core import Core
 from shmq.server.driver import Driver
 from shmq.server.spinner import Spinner
-from shmq.serverqueue import ServerBroker
-from shmq.shm import ShmBroker
 from shmq.spin import Spin
-from shmq.subscription import Feed
 
 from .conftest import FakeHandle
 

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import shmq
-from shmq import aio
+from shmq.client import aio
 from shmq.errors import AuthError, ConnectionLost, InvalidArgument
 from shmq.urls import client_settings, parse_url
 
@@ -298,12 +298,13 @@ def test_mutual_tls(mtls_server: tuple[Server, str], certs: Path) -> None:
 
 
 def test_bad_server_files_are_named_at_start(certs: Path) -> None:
-    out = subprocess.run([sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
+    out = subprocess.run([sys.executable, "-c", "from shmq.cli.app import app; app()",
+                          "serve", "--port", "0",
                           "--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "ca.key")],
                          capture_output=True, timeout=60, env={**os.environ, "SHMQ_TOKEN": TOKEN})
     assert out.returncode == 1
     assert b"server.pem" in out.stderr and b"ca.key" in out.stderr and b"cannot be used" in out.stderr
-    out = subprocess.run([sys.executable, "-c", "from shmq.cli import app; app()", "serve", "--port", "0",
+    out = subprocess.run([sys.executable, "-c", "from shmq.cli.app import app; app()", "serve", "--port", "0",
                           "--tls-cert", str(certs / "missing.pem"), "--tls-key", str(certs / "server.key")],
                          capture_output=True, timeout=60, env={**os.environ, "SHMQ_TOKEN": TOKEN})
     assert out.returncode == 1 and b"missing.pem" in out.stderr
@@ -314,7 +315,8 @@ def test_the_cli_over_tls(tls_server: tuple[Server, str]) -> None:
     _, url = tls_server
 
     def cli(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run([sys.executable, "-c", "from shmq.cli import app; app()", *args, "--url", url],
+        return subprocess.run([sys.executable, "-c", "from shmq.cli.app import app; app()", *args,
+                               "--url", url],
                               input=stdin, capture_output=True, timeout=120,
                               env={**os.environ, "SHMQ_TOKEN": TOKEN})
 
@@ -369,7 +371,7 @@ def test_a_token_is_never_sent_in_clear_off_loopback(monkeypatch: pytest.MonkeyP
 
 
 def test_spark_options_take_tcps_and_unix_urls() -> None:
-    from shmq.spark_options import read_options
+    from shmq.spark.options import read_options
 
     for url in ("tcps://h:1?ca=/x", "unix:///run/s.sock"):
         assert read_options({"url": url, "queue": "q"}, streaming=True).url == url

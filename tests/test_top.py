@@ -30,12 +30,25 @@ from rich.console import Console
 import shmq
 from shmq import options
 from shmq.api import BrokerInfo
+from shmq.cli.top import (
+    ESC,
+    Keys,
+    Row,
+    Tracker,
+    View,
+    duration,
+    header,
+    keys_of,
+    rate,
+    run,
+    screen,
+    sparkline,
+)
 from shmq.errors import InvalidArgument
-from shmq.top import ESC, Keys, Row, Tracker, View, duration, header, keys_of, rate, run, screen, sparkline
 
 from .conftest import Server, unique_instance, wait_until
 
-CLI = [sys.executable, "-c", "from shmq.cli import app; app()"]
+CLI = [sys.executable, "-c", "from shmq.cli.app import app; app()"]
 
 
 # ---------------------------------------------------------------- figures

@@ -15,11 +15,12 @@ from collections.abc import Iterator
 import pytest
 
 import shmq
-from shmq import aio, options
-from shmq.connection import describe_peer
+from shmq import options
+from shmq.client import aio
+from shmq.client.tcp import TcpBroker
 from shmq.errors import ConnectionLost, MessageTooLarge, ProtocolError, Status
+from shmq.protocol.connection import describe_peer
 from shmq.server.supervisor import exclusive_port
-from shmq.tcp import TcpBroker
 
 from .conftest import Server
 

@@ -14,11 +14,11 @@ import pytest
 from typer.testing import CliRunner
 
 import shmq
-from shmq import check
-from shmq import layout as L
-from shmq.cli import app
-from shmq.readings import read_queue
-from shmq.shm import ShmBroker
+from shmq.cli.app import app
+from shmq.core import check
+from shmq.core import layout as L
+from shmq.core.colocated import ShmBroker
+from shmq.core.readings import read_queue
 
 from .conftest import Durable, FakeClock, wait_until
 
@@ -153,14 +153,14 @@ def test_the_hot_paths_leave_expired_messages_to_the_general_path(clocked: ShmBr
     else:
         q = clocked.create_queue("t")
         q.put_many([b"a", b"b"], ttl=1)
-    groups, ring = q._groups, q._ring  # type: ignore[attr-defined]
+    groups, ring = q.consumer_groups, q.ring  # type: ignore[attr-defined]
     slot = clocked._att.client_slot()  # type: ignore[attr-defined]
     with ring.clock:
         word = L.LEASED_ONCE | (slot << L.OWNER_SHIFT) | (10**6 << L.TIME_SHIFT)
         clock.advance(1)
         assert groups.deliver_one(0, groups.ref(0), word, 10**6, tuple, q, "default") is None
         assert groups.deliver_block(0, slot, 10**6, 10, 1000) is None
-        assert q._w[ring.groups_w + L.G_CURSOR] == 0  # type: ignore[attr-defined]
+        assert q.words[ring.groups_w + L.G_CURSOR] == 0  # type: ignore[attr-defined]
     assert q.stats()["groups"]["default"]["ttl_expired"] == 0  # not yet looked at
     with pytest.raises(shmq.Empty):
         q.get(block=False)
@@ -170,7 +170,7 @@ def test_the_hot_paths_leave_expired_messages_to_the_general_path(clocked: ShmBr
 def test_repair_makes_an_expiry_cut_short_new_again(clocked: ShmBroker, clock: FakeClock) -> None:
     q = clocked.create_queue("t", message_ttl=1)
     q.put(b"x")
-    ring, groups = q._ring, q._groups  # type: ignore[attr-defined]
+    ring, groups = q.ring, q.consumer_groups  # type: ignore[attr-defined]
     lw = ring.slot_base(0) + L.S_GROUPS
     slot = clocked._att.client_slot()  # type: ignore[attr-defined]
     ring.w[lw] = L.DEADING | (slot << L.OWNER_SHIFT)  # as a deliverer killed at "ttl.expired" leaves it
@@ -189,13 +189,13 @@ def test_check_flags_an_undelivered_dead_letter_without_a_ttl(clocked: ShmBroker
     q = clocked.create_queue("plain")
     q.put(b"x")
     q.get(block=False)
-    ring = q._ring  # type: ignore[attr-defined]
+    ring = q.ring  # type: ignore[attr-defined]
     lw = ring.slot_base(0) + L.S_GROUPS
     ring.w[lw] = L.DEADING | (clocked._att.client_slot() << L.OWNER_SHIFT)  # type: ignore[attr-defined]
     assert any("dead-lettered undelivered" in p for p in check.check_instance(instance))
     ring.w[lw] = L.DONE | (1 << L.DC_SHIFT)
     with ring.clock:
-        q._groups.advance_floor(0)  # type: ignore[attr-defined]
+        q.consumer_groups.advance_floor(0)  # type: ignore[attr-defined]
     assert check.check_instance(instance) == []
 
 
@@ -259,7 +259,7 @@ def test_a_journaled_queue_keeps_its_ttl_and_timestamps_across_recovery(durable:
         assert (again.payload, again.timestamp_ns) == (b"x", ts)
     local = ShmBroker(durable.inst)
     try:
-        ring = local.queue("keep")._ring  # type: ignore[attr-defined]
+        ring = local.queue("keep").ring  # type: ignore[attr-defined]
         assert ring.w[L.Q_MESSAGE_TTL_MS] == 3_600_000 and ring.flags & L.F_TTL_DROP
     finally:
         local.close()

@@ -18,16 +18,16 @@ import pytest
 from typer.testing import CliRunner
 
 import shmq
-from shmq import check
-from shmq import layout as L
-from shmq.cli import app
-from shmq.codec import FrameDecoder, T
-from shmq.commands import put, put_many
+from shmq.cli.app import app
+from shmq.core import check
+from shmq.core import layout as L
+from shmq.core.colocated import ShmBroker
 from shmq.errors import InvalidArgument
 from shmq.journal import Journal
-from shmq.producing import DELAY_FLAG, TTL_FLAG, split_prefixes
+from shmq.protocol.codec import FrameDecoder, T
+from shmq.protocol.commands import put, put_many
+from shmq.protocol.produce import DELAY_FLAG, TTL_FLAG, split_prefixes
 from shmq.server.parking import decode_produce
-from shmq.shm import ShmBroker
 
 from .conftest import FakeClock, wait_until
 
@@ -59,7 +59,7 @@ def _dlq_queue(b: shmq.Broker, name: str) -> Any:
 
 
 def _expires(q: Any, offset: int) -> int:
-    ring = q._ring
+    ring = q.ring
     return int(ring.w[ring.slot_base(offset) + L.S_EXPIRES])
 
 
@@ -159,15 +159,15 @@ def test_a_delayed_message_keeps_its_ttl_from_the_put(clocked: ShmBroker, clock:
 def test_the_slot_and_header_words(clocked: ShmBroker, clock: FakeClock, instance: str) -> None:
     q = clocked.create_queue("m")
     q.put(b"plain")
-    assert (_expires(q, 0), q._w[L.Q_EXPIRES_MAX]) == (0, 0)  # type: ignore[attr-defined]
+    assert (_expires(q, 0), q.words[L.Q_EXPIRES_MAX]) == (0, 0)  # type: ignore[attr-defined]
     q.put(b"timed", ttl=30)
     ts = q.read(1)[0].timestamp_ns
-    assert _expires(q, 1) == ts + 30 * 10**9 == q._w[L.Q_EXPIRES_MAX]  # type: ignore[attr-defined]
+    assert _expires(q, 1) == ts + 30 * 10**9 == q.words[L.Q_EXPIRES_MAX]  # type: ignore[attr-defined]
     assert check.check_instance(instance) == []
-    q._w[L.Q_EXPIRES_MAX] = ts  # type: ignore[attr-defined]  # a bound that lies
+    q.words[L.Q_EXPIRES_MAX] = ts  # type: ignore[attr-defined]  # a bound that lies
     assert any("Q_EXPIRES_MAX" in p for p in check.check_instance(instance))
-    q._w[L.Q_EXPIRES_MAX] = ts + 30 * 10**9  # type: ignore[attr-defined]
-    ring = q._ring  # type: ignore[attr-defined]
+    q.words[L.Q_EXPIRES_MAX] = ts + 30 * 10**9  # type: ignore[attr-defined]
+    ring = q.ring  # type: ignore[attr-defined]
     ring.w[ring.slot_base(1) + L.S_EXPIRES] = ts  # expiring at its own put
     assert any("within a year" in p for p in check.check_instance(instance))
     ring.w[ring.slot_base(1) + L.S_EXPIRES] = ts + 30 * 10**9
@@ -249,7 +249,7 @@ def test_the_publisher_takes_delay_and_ttl(broker: shmq.Broker) -> None:
 async def _aio(url: str) -> tuple[list[int], int]:
     import asyncio
 
-    from shmq import aio
+    from shmq.client import aio
 
     async with await aio.connect(url) as b:
         q = await b.create_queue("aio-ttl")
@@ -333,10 +333,10 @@ def test_the_broker_refuses_a_bad_ttl_prefix(status: int, body: str) -> None:
 
 
 def test_a_bad_ttl_frame_gets_an_error_and_stores_nothing(instance: str) -> None:
-    from shmq.codec import encode_body, encode_frame
+    from shmq.core.serverqueue import ServerBroker
     from shmq.errors import Status
+    from shmq.protocol.codec import encode_body, encode_frame
     from shmq.server.core import Core
-    from shmq.serverqueue import ServerBroker
 
     from .test_handlers import Peer
 

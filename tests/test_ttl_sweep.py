@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 
 import shmq
-from shmq import check, options
-from shmq import layout as L
-from shmq.serverqueue import ServerBroker
-from shmq.shm import ShmBroker
+from shmq import options
+from shmq.core import check
+from shmq.core import layout as L
+from shmq.core.colocated import ShmBroker
+from shmq.core.serverqueue import ServerBroker
 
 from .conftest import Durable, FakeClock, wait_until
 
@@ -129,7 +130,7 @@ def test_an_empty_queue_forgets_its_own_ttls(maint: ServerBroker, clock: FakeClo
     q = maint.broker.create_queue("s")
     handle = maint.queue("s").handle
     q.put(b"x", ttl=60)
-    w = q._w  # type: ignore[attr-defined]
+    w = q.words  # type: ignore[attr-defined]
     handle.sweep_ttl()
     assert w[L.Q_EXPIRES_MAX] > 0  # "x" is retained: its S_EXPIRES is still to be looked at
     q.get(block=False).ack()
@@ -198,7 +199,7 @@ def test_own_ttls_survive_kill9_and_the_loss_of_shared_memory(durable: Durable) 
         put_soon = time.time_ns()
     local = ShmBroker(durable.inst)
     try:
-        ring = local.queue("keep")._ring  # type: ignore[attr-defined]
+        ring = local.queue("keep").ring  # type: ignore[attr-defined]
         before = [ring.w[ring.slot_base(o) + L.S_EXPIRES] for o in range(5)]
     finally:
         local.close()
@@ -207,7 +208,7 @@ def test_own_ttls_survive_kill9_and_the_loss_of_shared_memory(durable: Durable) 
     durable.start()
     local = ShmBroker(durable.inst)
     try:
-        ring = local.queue("keep")._ring  # type: ignore[attr-defined]
+        ring = local.queue("keep").ring  # type: ignore[attr-defined]
         assert [ring.w[ring.slot_base(o) + L.S_EXPIRES] for o in range(5)] == before
         assert ring.w[L.Q_EXPIRES_MAX] == max(before)
     finally:

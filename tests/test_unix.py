@@ -113,7 +113,8 @@ def test_no_socket_there_is_connection_lost(sock_dir: Path) -> None:
 def test_by_default_the_broker_listens_in_the_runtime_folder_and_the_cli_goes_there() -> None:
     """``--unix auto`` (the default): tcp-PORT.sock, 0600, in this user's 0700 runtime
     folder; the CLI given the loopback TCP URL takes it, and it is gone after the stop."""
-    from shmq import cli_session, runtime
+    from shmq import runtime
+    from shmq.cli import session as cli_session
 
     srv = Server(workers=1, token=TOKEN)
     path = runtime.runtime_dir() / f"tcp-{srv.port}.sock"
@@ -137,7 +138,8 @@ def test_by_default_the_broker_listens_in_the_runtime_folder_and_the_cli_goes_th
 
 
 def test_the_cli_falls_back_to_tcp_past_a_stale_socket_and_a_start_sweeps_it() -> None:
-    from shmq import cli_session, runtime
+    from shmq import runtime
+    from shmq.cli import session as cli_session
 
     srv = Server(workers=1, extra=["--unix", "off"])
     stale = runtime.socket_path(srv.port)

@@ -55,35 +55,35 @@ Q = "tests/test_queue.py::"
 @mutant("ack_settles_nothing", "an acknowledged message is never delivered again",
         Q + "test_acknowledged_message_is_never_redelivered")
 def _ack_settles_nothing() -> None:
-    from shmq.group_settlement import OK, Settlement
+    from shmq.core.settlement import OK, Settlement
     Settlement.ack = lambda self, ref, offset, dc: OK  # type: ignore[method-assign]
 
 
 @mutant("group_names_ignored", "every group sees every message; the members of one group share them",
         Q + "test_separate_groups_each_get_everything")
 def _group_names_ignored() -> None:
-    from shmq.handle import QueueHandle
+    from shmq.core.handle import QueueHandle
     _wrap(QueueHandle, "_group_ref", lambda f: lambda self, name, create=True: f(self, "default", create))
 
 
 @mutant("expiry_never_gives_back", "an expired visibility timeout gives a message back",
         Q + "test_nack_and_timeout_count_against_one_limit")
 def _expiry_never_gives_back() -> None:
-    from shmq.group_settlement import Settlement
+    from shmq.core.settlement import Settlement
     Settlement.expire = lambda self, gi, now, owner, dead: 0  # type: ignore[method-assign]
 
 
 @mutant("recovery_forgets_a_nacks_delay", "on a journaled queue a nack's delay holds through recovery",
         "tests/test_durability.py::test_a_nack_with_a_delay_keeps_its_due_time_through_recovery")
 def _recovery_forgets_a_nacks_delay() -> None:
-    from shmq.group import Groups
+    from shmq.core.groups import Groups
     Groups.restore_backoffs = lambda self, groups, due: None  # type: ignore[method-assign]
 
 
 @mutant("never_dead_letters", "past max_deliveries a message moves to <queue>.dlq",
         Q + "test_nack_below_limit_redelivers_at_limit_dead_letters")
 def _never_dead_letters() -> None:
-    from shmq.group_table import GroupTable
+    from shmq.core.group_table import GroupTable
 
     def init(f: Callable[..., None]) -> Callable[..., None]:
         def __init__(self: Any, *a: Any, **k: Any) -> None:
@@ -97,8 +97,8 @@ def _never_dead_letters() -> None:
         "an ack of a lease no longer held raises StaleAck, never settles the newer one",
         Q + "test_visibility_timeout_redelivers_and_stale_ack_is_refused")
 def _ack_ignores_the_delivery() -> None:
-    from shmq import layout as L
-    from shmq.group_settlement import Settlement
+    from shmq.core import layout as L
+    from shmq.core.settlement import Settlement
 
     def make(f: Callable[..., int]) -> Callable[..., int]:
         def ack(self: Any, ref: int, offset: int, dc: int) -> int:  # takes the lease's own count
@@ -111,8 +111,8 @@ def _ack_ignores_the_delivery() -> None:
 @mutant("full_drops_the_oldest", "a full queue refuses (Full) or waits; it never drops a message",
         Q + "test_full_queue_with_and_without_timeout")
 def _full_drops_the_oldest() -> None:
-    from shmq import layout as L
-    from shmq.ring import Ring
+    from shmq.core import layout as L
+    from shmq.core.ring import Ring
 
     def make(f: Callable[..., int]) -> Callable[..., int]:
         def try_put(self: Any, payload: Any, ts: int, meta: bytes = b"") -> int:
@@ -154,8 +154,8 @@ def _storm_reap_marks_done() -> None:
 
 def _reaper_drops_leases() -> None:
     """A reaper that settles a dead client's leases (DONE) instead of giving them back."""
-    from shmq import layout as L
-    from shmq.group_settlement import Settlement
+    from shmq.core import layout as L
+    from shmq.core.settlement import Settlement
 
     def reap_owner(self: Any, dead_client: int, owner: int, now: int, dead: list[Any]) -> int:
         w, n = self.w, 0
@@ -184,7 +184,7 @@ def _frozen_peers_live_for_ever() -> None:
 @mutant("dead_worker_not_reaped", "a worker SIGKILLed mid-request is restarted; nothing it confirmed is lost",
         "tests/test_server.py::test_sigkilled_worker_is_restarted_and_nothing_is_lost")
 def _dead_worker_not_reaped() -> None:
-    from shmq.serverqueue import ServerBroker
+    from shmq.core.serverqueue import ServerBroker
     ServerBroker.reap = lambda self: 0  # type: ignore[method-assign]
     ServerBroker.maintain = lambda self: None  # type: ignore[method-assign]
 
@@ -241,7 +241,7 @@ def _dev_shm_full_is_untyped() -> None:
         "tests/test_headers.py::test_dead_letter_keeps_headers_adds_origin_and_redrive_takes_them_back",
         "tests/test_headers.py::test_headers_and_origins_survive_kill9_and_recovery")
 def _dead_letters_lose_headers() -> None:
-    from shmq import handle
+    from shmq.core import handle
     handle.block_of = lambda meta: b""  # type: ignore[assignment]
 
 
@@ -249,7 +249,7 @@ def _dead_letters_lose_headers() -> None:
         "tests/test_seek.py::test_seek_forward_skips_the_older_messages_for_that_group_only",
         "tests/test_seek.py::test_a_journaled_seek_survives_kill9_and_recovery")
 def _seek_one_too_far() -> None:
-    from shmq.group import Groups
+    from shmq.core.groups import Groups
     _wrap(Groups, "offset_at", lambda f: lambda self, ts_ns: f(self, ts_ns) + 1)
 
 
@@ -257,7 +257,7 @@ def _seek_one_too_far() -> None:
         "tests/test_delay.py::test_delayed_message_waits_then_goes_to_every_group",
         "tests/test_durability.py::test_recovery_keeps_a_delayed_message_due_time")
 def _delay_dropped() -> None:
-    from shmq.queue import ShmQueue
+    from shmq.core.queue import ShmQueue
 
     def make(f: Callable[..., Any]) -> Callable[..., Any]:
         def _put_metas(self: Any, items: Any, metas: Any, block: bool, timeout: Any, key: int, seq: Any,
@@ -272,8 +272,8 @@ def _delay_dropped() -> None:
         "tests/test_delay.py::test_a_group_made_at_an_index_that_settled_a_delayed_message_waits",
         "tests/test_delay.py::test_a_delayed_message_settled_early_keeps_its_due_time_through_recovery")
 def _a_new_group_forgets_a_settled_delay() -> None:
-    from shmq import layout as L
-    from shmq.group_table import GroupTable
+    from shmq.core import layout as L
+    from shmq.core.group_table import GroupTable
 
     def make(f: Callable[..., int]) -> Callable[..., int]:
         def create(self: Any, name: str, start: Any) -> int:
@@ -292,8 +292,8 @@ def _a_new_group_forgets_a_settled_delay() -> None:
         "tests/test_ttl.py::test_a_leased_message_is_not_taken_and_a_nacked_one_does_not_expire",
         "tests/test_ttl.py::test_expired_message_is_dead_lettered_with_its_headers")
 def _ttl_takes_a_leased_message() -> None:
-    from shmq import layout as L
-    from shmq.group_settlement import STALE, Settlement
+    from shmq.core import layout as L
+    from shmq.core.settlement import STALE, Settlement
 
     def make(f: Callable[..., int]) -> Callable[..., int]:
         def ack(self: Any, ref: int, offset: int, dc: int) -> int:
@@ -309,7 +309,7 @@ def _ttl_takes_a_leased_message() -> None:
         "tests/test_ttl_message.py::test_every_message_meets_its_own_fate_in_each_group",
         "tests/test_ttl_sweep.py::test_own_ttls_survive_kill9_and_the_loss_of_shared_memory")
 def _own_ttl_dropped() -> None:
-    from shmq.queue import ShmQueue
+    from shmq.core.queue import ShmQueue
 
     def make(f: Callable[..., Any]) -> Callable[..., Any]:
         def _put_metas(self: Any, items: Any, metas: Any, block: bool, timeout: Any, key: int, seq: Any,
@@ -323,7 +323,7 @@ def _own_ttl_dropped() -> None:
         "tests/test_ttl_sweep.py::test_maintenance_expires_up_to_the_first_live_message",
         "tests/test_ttl_sweep.py::test_the_broker_expires_with_nobody_consuming")
 def _nobody_sweeps() -> None:
-    from shmq.handle import QueueHandle
+    from shmq.core.handle import QueueHandle
     QueueHandle.sweep_ttl = lambda self, budget=0: 0  # type: ignore[method-assign]
 
 
@@ -333,7 +333,7 @@ def _nobody_sweeps() -> None:
         "tests/test_request_reply.py::test_timeout_and_late_reply_dropped",
         "tests/test_request_reply.py::test_killed_requester_reply_queue_reaped")
 def _replies_to_whoever_reads() -> None:
-    from shmq.reply import Requester
+    from shmq.api.reply import Requester
 
     def _file(self: Any, msg: Any, mine: bytes) -> None:
         self._unacked.append(msg)
@@ -345,8 +345,8 @@ def _replies_to_whoever_reads() -> None:
 @mutant("repair_forgets_a_seek", "a seek SIGKILLed at any point is finished whole by the next holder",
         "tests/test_seek_crash.py::test_a_seek_killed_anywhere_is_finished_whole")
 def _repair_forgets_a_seek() -> None:
-    from shmq import layout as L
-    from shmq.group import Groups
+    from shmq.core import layout as L
+    from shmq.core.groups import Groups
 
     def make(f: Callable[..., None]) -> Callable[..., None]:
         def repair(self: Any) -> None:
@@ -361,7 +361,7 @@ def _repair_forgets_a_seek() -> None:
         "tests/test_memory.py::test_fifty_deleted_queues_leave_no_memory_in_the_deleting_process",
         "tests/test_memory.py::test_fifty_deleted_queues_leave_no_memory_in_any_broker_process")
 def _a_deleted_queue_stays_mapped() -> None:
-    from shmq.handle import QueueHandle
+    from shmq.core.handle import QueueHandle
     QueueHandle.release = lambda self, why="deleted": True  # type: ignore[method-assign]
 
 
@@ -372,7 +372,7 @@ def _a_deleted_queue_stays_mapped() -> None:
 def _reclaim_takes_live_instances() -> None:
     import contextlib
 
-    from shmq import cleanup
+    from shmq.core import cleanup
 
     @contextlib.contextmanager
     def _exclusive(reg_name: str) -> Any:

@@ -1,0 +1,416 @@
+"""The interface every transport implements: Broker, Queue, Message.
+
+``shm://`` (``shmq.core.colocated``) implements it over shared memory; ``tcp://``
+implements the same methods over the wire protocol.  Tests run one suite
+against both.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from operator import itemgetter
+from typing import Any
+
+from shmq import headers as _headers
+from shmq import options
+from shmq.api import reply as _reply
+from shmq.api.publisher import Publisher
+from shmq.errors import InvalidArgument
+from shmq.seektime import Start, When
+from shmq.settle import Settle
+
+Payload = bytes | bytearray | memoryview | str
+Headers = Mapping[str, str | bytes]  # a message's headers, as put takes them (shmq.headers)
+
+
+def as_bytes(payload: Payload) -> bytes | bytearray | memoryview:
+    """A payload as bytes-like (a str is UTF-8 encoded); ``InvalidArgument`` otherwise."""
+    if isinstance(payload, str):
+        return payload.encode()
+    if isinstance(payload, (bytes, bytearray, memoryview)):
+        return payload
+    raise InvalidArgument(f"payload must be bytes-like or str, not {type(payload).__name__}")
+
+
+def check_producer(producer: str | None, seq: int | None) -> bool:
+    """Check an idempotent producer's (id, sequence); True when the put is idempotent."""
+    if producer is None and seq is None:
+        return False
+    if not isinstance(producer, str) or not 1 <= len(producer) <= options.PRODUCER_ID_MAX:
+        raise InvalidArgument(f"producer must be a string of 1-{options.PRODUCER_ID_MAX} chars "
+                              "(and goes with seq)")
+    if type(seq) is not int or not 1 <= seq < 1 << 63:
+        raise InvalidArgument("seq must be an int in 1 .. 2**63-1 (and goes with producer)")
+    return True
+
+
+def delay_ms(delay: float | None) -> int:
+    """A put's ``delay`` (seconds) in whole ms; 0 for none.  A negative, NaN or too large
+    one (past ``options.MAX_DELAY``) is :class:`InvalidArgument`."""
+    if delay is None:
+        return 0
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= options.MAX_DELAY:
+        raise InvalidArgument(f"delay must be a number of seconds in [0, {options.MAX_DELAY:g}]")
+    return round(delay * 1000)
+
+
+def ttl_ms(ttl: float | None, delay: int = 0) -> int:
+    """A put's own ``ttl`` (seconds) in whole ms, at least 1; 0 for none.  Not a number, not
+    above 0, past ``options.MAX_MESSAGE_TTL``, or not longer than the put's ``delay`` (in
+    ms: the message would expire before it is due) is :class:`InvalidArgument`."""
+    if ttl is None:
+        return 0
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= options.MAX_MESSAGE_TTL:
+        raise InvalidArgument(f"ttl must be a number of seconds in (0, {options.MAX_MESSAGE_TTL:g}]")
+    ms = max(1, round(ttl * 1000))
+    if ms <= delay:
+        raise InvalidArgument(f"ttl ({ms} ms) must be longer than the delay ({delay} ms): the message "
+                              "would expire before it is due")
+    return ms
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """The limits a queue is created with (``create_queue`` keyword arguments)."""
+
+    capacity: int = options.DEFAULT_CAPACITY
+    max_bytes: int = options.DEFAULT_MAX_BYTES
+    max_message_size: int = options.DEFAULT_MAX_MESSAGE_SIZE
+    visibility_timeout: float = options.DEFAULT_VISIBILITY_TIMEOUT
+    max_deliveries: int = options.DEFAULT_MAX_DELIVERIES
+    max_groups: int = options.DEFAULT_MAX_GROUPS
+    durability: str = options.DEFAULT_DURABILITY
+    message_ttl: float = 0.0  # seconds a message may wait for its first delivery to a group (0: forever)
+    expired_to_dlq: bool = True  # an expired message is dead-lettered (reason "ttl_expired"); False: dropped
+
+
+@dataclass(frozen=True)
+class QueueInfo:
+    name: str
+    is_dlq: bool
+    config: QueueConfig
+
+
+@dataclass(frozen=True)
+class BrokerInfo:
+    """What ``broker.info()`` says about the broker (an INFO request over the wire).
+
+    ``pid`` and ``uptime`` are the instance's owner's: ``shmq serve``'s supervisor when a
+    broker serves it, else the process that created it; None when that process is gone.
+    ``clients`` are the pids in the instance's client table: the live processes that
+    have leased or maintained a queue there (consumers over ``shm://``, a broker's
+    workers and supervisor); a process that only produces has none.  ``workers``,
+    ``connections`` (served by each
+    worker now) and ``worker`` (the one that answered) are None over ``shm://``: there is
+    no worker pool there.  ``replies_dropped``: the replies dropped in the instance so far,
+    by reason (``late``, ``gone``, ``full``: ``shmq.api.reply``); None from an older broker."""
+
+    version: str
+    instance: str
+    pid: int | None
+    uptime: float | None  # seconds
+    clients: list[int]
+    workers: int | None = None
+    connections: list[int] | None = None
+    worker: int | None = None
+    replies_dropped: dict[str, int] | None = None  # by reason, the instance's (``shmq.api.reply``)
+
+    @classmethod
+    def of(cls, d: dict[str, Any]) -> BrokerInfo:
+        """From an INFO_OK's object (fields a newer broker adds are left out)."""
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a dead-lettered message came from."""
+
+    queue: str
+    offset: int
+    group: str
+    reason: str
+    deliveries: int
+
+
+class Message(tuple):  # type: ignore[type-arg]
+    """One delivered (or read) message.
+
+    ``ack()``, ``nack(delay)``, ``touch()`` and ``dead_letter()`` settle the
+    delivery.  They are valid while this delivery's lease is held, and raise
+    ``StaleAck`` once it is not (settled already, or it expired and the message
+    was taken back).  A message from ``read()`` is not a lease.
+
+    A tuple underneath, so that building one costs little on the hot path:
+    ``(queue handle, group index, group, offset, deliveries, payload, meta, timestamp_ns)``.
+    """
+
+    __slots__ = ()
+
+    _q = property(itemgetter(0))
+    _gi = property(itemgetter(1))
+    group = property(itemgetter(2), doc="the group it was delivered to (None for read())")
+    offset = property(itemgetter(3), doc="the message's 64-bit offset in its queue")
+    deliveries = property(itemgetter(4), doc="1 on first delivery, +1 on each redelivery")
+    payload = property(itemgetter(5), doc="bytes")
+    meta = property(itemgetter(6), doc="metadata bytes: the header block, then a dead letter's origin")
+    timestamp_ns = property(itemgetter(7), doc="producer's wall clock, ns since the epoch")
+
+    @property
+    def queue(self) -> str:
+        return str(self[0].name)
+
+    @property
+    def timestamp(self) -> float:
+        """Producer's wall-clock time, seconds since the epoch."""
+        return self[7] / 1e9
+
+    @property
+    def redelivered(self) -> bool:
+        return self[4] > 1
+
+    @property
+    def text(self) -> str:
+        return bytes(self[5]).decode()
+
+    @property
+    def headers(self) -> Mapping[str, bytes]:
+        """The message's headers, read-only: ``str`` keys, ``bytes`` values (empty: none)."""
+        dec = _headers._decode_c  # headers.decode's compiled part, called here at once
+        if dec is not None:
+            h = dec(self[6], _headers.EMPTY)
+            if h is not None:
+                return h  # type: ignore[no-any-return]
+        return _headers.decode(self[6])
+
+    @property
+    def origin(self) -> Origin | None:
+        """For a message in a dead-letter queue: where it came from."""
+        meta = self[6]
+        if meta and meta[0] == _headers.TAG:
+            meta = meta[len(_headers.block_of(meta)):]
+        if not meta:
+            return None
+        d = json.loads(meta)
+        return Origin(d["queue"], d["offset"], d["group"], d["reason"], d["deliveries"])
+
+    def ack(self, wait: bool = True) -> None:
+        """Acknowledge: the message is done with.  ``wait=False`` returns without waiting
+        for the broker's answer (over TCP: no round trip; the broker applies acks in
+        order, before anything this connection sends next; the frame leaves with the
+        connection's next request, its close, or within about 200 ms) or for the journal (an
+        ``always`` queue); a stale ack may then go unreported (over TCP it is kept in
+        ``broker.nowait_errors``), and an ack lost with the connection means the message
+        is delivered again: at-least-once either way."""
+        if wait:
+            self[0]._ack(self)
+        else:
+            self[0]._ack_nowait(self)
+
+    def nack(self, delay: float = 0.0) -> None:
+        """Give the message back; it is delivered again after ``delay`` seconds."""
+        self[0]._settle(self, Settle.NACK, delay)
+
+    def touch(self, visibility_timeout: float | None = None) -> None:
+        """Extend the lease by the visibility timeout (or the given seconds) from now."""
+        self[0]._settle(self, Settle.TOUCH, visibility_timeout)
+
+    def dead_letter(self) -> None:
+        """Send the message to the dead-letter queue now."""
+        self[0]._settle(self, Settle.DEAD, 0.0)
+
+    def reply(self, payload: Payload, headers: Headers | None = None) -> bool:
+        """Answer a request (``Broker.request``): put ``payload`` to its ``reply-to`` queue
+        with its ``correlation-id``, without waiting.  False when the reply was dropped (the
+        requester is gone, or its reply queue is full; counted in ``shmq.api.reply.stats()``).
+        ``InvalidArgument`` (nothing sent) for a message that is no request.  This does not
+        settle the request: ack it as any message."""
+        name, h = _reply.reply_target(self[6], headers)
+        return _reply.send_reply(self[0], name, payload, h)
+
+    def __repr__(self) -> str:
+        return (f"Message(queue={self.queue!r}, offset={self[3]}, group={self[2]!r}, "
+                f"deliveries={self[4]}, payload={bytes(self[5][:32])!r})")
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+_handle_of = itemgetter(0)  # the queue handle a message was delivered through
+
+
+def own_leases(q: Any, messages: Iterable[Message]) -> tuple[list[Message], list[int], int]:
+    """Split ``ack_many``'s messages (every client): those ``q`` may settle, the offsets
+    of the others (stale here, known at once and never applied: a lease is known by
+    queue, group, offset and delivery count, so another queue's could match one of
+    ``q``'s), and how many there were.  ``q`` settles what was delivered through it, or
+    through another handle of the same queue on the same connection (``_b``: a TCP client
+    makes a handle per ``broker.queue`` call; a shared-memory handle has no ``_b``, and
+    its attachment keeps one handle per queue, so there it is ``q`` alone)."""
+    msgs = list(messages)
+    handles = set(map(_handle_of, msgs))  # the usual case: one, q itself, checked at C speed
+    if handles <= {q}:
+        return msgs, [], len(msgs)
+    conn = getattr(q, "_b", None)
+    mine = {h for h in handles if h is q or (conn is not None and getattr(h, "_b", None) is conn
+                                             and h.name == q.name)}
+    return [m for m in msgs if m[0] in mine], [m[3] for m in msgs if m[0] not in mine], len(msgs)
+
+
+class Queue(ABC):
+    name: str
+
+    @abstractmethod
+    def put(self, payload: Payload, block: bool = True, timeout: float | None = None, *,
+            headers: Headers | None = None, delay: float | None = None, ttl: float | None = None) -> int:
+        """Append one message; ``headers``: a mapping of ``str`` to ``str`` or bytes (``shmq.headers``).
+        ``delay``: seconds before any group may have it (stored now; messages put later
+        may be delivered first).  ``ttl``: seconds from now within which a group must get it,
+        else it expires for that group, as with the queue's ``message_ttl`` (the shorter of
+        the two counts); longer than ``delay``."""
+
+    @abstractmethod
+    def put_many(self, payloads: Sequence[Payload], block: bool = True,
+                 timeout: float | None = None, *, producer: str | None = None,
+                 seq: int | None = None, headers: Sequence[Headers | None] | None = None,
+                 delay: float | None = None, ttl: float | None = None) -> list[int]:
+        """Append a batch atomically; with ``producer`` and ``seq``, at most once per
+        (producer, seq): a sequence not above the last one written raises ``Duplicate``.
+        ``headers``: one mapping (or None) per payload.  ``delay``, ``ttl``: as for ``put``,
+        for each."""
+
+    @abstractmethod
+    def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
+            visibility_timeout: float | None = None, *, ack: Message | None = None) -> Message:
+        """Lease one message of ``group``.  ``ack``: a message to acknowledge first, as
+        ``ack.ack()`` would (``StaleAck``, and nothing got, when its lease is not held);
+        over TCP a lease of this queue and group goes in the same request, so a consumer
+        that acks each message before the next costs one round trip per message, not two."""
+
+    @abstractmethod
+    def get_many(self, max_messages: int, group: str = options.DEFAULT_GROUP, block: bool = True,
+                 timeout: float | None = None, visibility_timeout: float | None = None, *,
+                 ack: Iterable[Message] = ()) -> list[Message]:
+        """Lease up to ``max_messages``.  ``ack``: messages to acknowledge first, as
+        ``ack_many(ack)`` would (``StaleAck`` and nothing got when some were stale; the
+        others are applied); over TCP in the same request, as ``get``'s."""
+
+    @abstractmethod
+    def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:
+        """Acknowledge many messages at once.  Raises ``StaleAck`` (``.stale``: their
+        offsets) if some leases were no longer held; the others are applied.
+        ``wait=False``: as ``Message.ack(wait=False)``, for the whole batch (over TCP one
+        ACK_BATCH_NO_REPLY frame that rides with the next request; stale ones are reported
+        in ``broker.nowait_errors``, not raised).  A message delivered from another queue
+        is stale here, raised at once on every transport: it never settles this queue's
+        delivery of the same offset."""
+
+    @abstractmethod
+    def read(self, offset: int, max_messages: int = 1) -> list[Message]: ...
+
+    @abstractmethod
+    def create_group(self, name: str, start: Start = "earliest") -> None:
+        """A new group: at the earliest retained message, the latest, or the first produced
+        at or after a time (seconds since the epoch, or a datetime with a timezone)."""
+
+    @abstractmethod
+    def seek(self, group: str, when: When) -> int:
+        """Move ``group`` to the first retained message produced at or after ``when``; that
+        offset.  Below it every message is settled for the group (as ``commit``); from it on
+        the retained ones are delivered again (docs/operations.md, "Seek by time")."""
+
+    @abstractmethod
+    def delete_group(self, name: str) -> None: ...
+
+    @abstractmethod
+    def groups(self) -> list[str]: ...
+
+    @abstractmethod
+    def commit(self, group: str, offset: int) -> None: ...
+
+    @abstractmethod
+    def purge(self) -> int: ...
+
+    @abstractmethod
+    def stats(self) -> dict[str, Any]: ...
+
+    @abstractmethod
+    def _settle(self, msg: Message, action: Settle, arg: float | None) -> None: ...
+
+    @abstractmethod
+    def _reply_queue(self, name: str) -> Queue:
+        """A handle of reply queue ``name`` on this one's broker (``Message.reply``)."""
+
+    def _ack(self, msg: Message) -> None:
+        self._settle(msg, Settle.ACK, 0.0)
+
+    def _ack_nowait(self, msg: Message) -> None:
+        self._ack(msg)
+
+    def publisher(self, window: int = options.DEFAULT_PUBLISH_WINDOW, block: bool = True,
+                  timeout: float | None = None) -> Publisher:
+        """A producer that does not wait for each put's confirmation: see :class:`Publisher`."""
+        return Publisher(self, window, block, timeout)
+
+    @abstractmethod
+    def _publish(self, payload: Payload, block: bool, timeout: float | None, headers: Headers | None = None,
+                 delay: float | None = None, ttl: float | None = None) -> Any:
+        """Start one put and return a token for :meth:`_confirm` (a Publisher's half of put)."""
+
+    @abstractmethod
+    def _confirm(self, token: Any) -> int:
+        """Wait until the put behind ``token`` is confirmed as ``put()`` would confirm it;
+        return its offset or raise what ``put()`` would have raised."""
+
+    @abstractmethod
+    def _publish_many(self, payloads: Sequence[Payload], block: bool, timeout: float | None,
+                      headers: Sequence[Headers | None] | None = None, delay: float | None = None,
+                      ttl: float | None = None) -> Any:
+        """Start one put_many of a batch that is not empty; a token for :meth:`_confirm_many`."""
+
+    @abstractmethod
+    def _confirm_many(self, token: Any) -> list[int]:
+        """:meth:`_confirm` of a batch: its offsets, or what ``put_many()`` would have raised."""
+
+
+class Broker(ABC):
+    url: str
+
+    @abstractmethod
+    def create_queue(self, name: str, **limits: Any) -> Queue: ...
+
+    @abstractmethod
+    def queue(self, name: str) -> Queue: ...
+
+    @abstractmethod
+    def list_queues(self) -> list[QueueInfo]: ...
+
+    @abstractmethod
+    def delete_queue(self, name: str) -> None: ...
+
+    @abstractmethod
+    def info(self) -> BrokerInfo: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def request(self, queue: str, payload: Payload, timeout: float = options.DEFAULT_REQUEST_TIMEOUT, *,
+                headers: Headers | None = None) -> Message:
+        """Put ``payload`` to ``queue`` as a request and wait up to ``timeout`` seconds for its
+        reply (``Message.reply``), which is returned (it needs no ack: the requester acks
+        it); ``Timeout`` when none came in time (a later one is dropped).  Adds the headers
+        ``reply-to`` (this handle's reply queue, made on the first request) and
+        ``correlation-id``.  Threads may share a broker's requests (``shmq.api.reply``)."""
+        r: Message = _reply.requester_of(self).request(queue, payload, timeout, headers)
+        return r
+
+    def __enter__(self) -> Broker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,1 @@
+"""The ``shmq`` command line: the typer app (``app``) and its parts."""

@@ -1,0 +1,303 @@
+"""The consumer side of a queue handle: leases taken (``get``, ``get_many``) and settled.
+
+``_take_one`` is the hot path of one message (a known group, nothing changed,
+one lock hold); ``_take`` the general one, which sleeps while there is nothing
+to deliver.  Settling a lease is one store of its lease word under the consumer
+lock (``shmq.core.groups``); on an ``always`` queue the caller then waits for the
+journal (``shmq.core.durability``) unless it asked not to.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from shmq import crashpoints, options
+from shmq.accel import ext
+from shmq.api import Message, own_leases
+from shmq.core import layout as L
+from shmq.core.durability import Mark
+from shmq.core.groups import ACK, DEAD, FREED, NACK, OK, STALE, TO_DLQ, TOUCH, DeadItem
+from shmq.core.handle import QueueHandle, _ms, _sync
+from shmq.core.layout import (
+    DC_SHIFT,
+    G_CURSOR,
+    GI_MASK,
+    LEASED,
+    OWNER_SHIFT,
+    Q_CONSUMER_WAITERS,
+    Q_GROUP_GEN,
+    Q_PRODUCER_WAITERS,
+    Q_STATE,
+    QS_ACTIVE,
+    TIME_SHIFT,
+)
+from shmq.core.lock import trylock, unlock
+from shmq.errors import Empty, InvalidArgument, StaleAck
+from shmq.settle import Settle
+
+# a semaphore sleep ends at its timeout, or early once a signal was handled (its handler
+# did not raise: a CLI's Ctrl-C, a SIGCHLD, ...): either way the waiter looks again
+_CRASH = crashpoints.watch(__name__)
+_monotonic_ns = time.monotonic_ns
+# the compiled twin of Groups.deliver_one (shmq.accel); _take_one falls back to the twin
+_deliver_c = None if ext is None else ext.deliver_one
+_ack_c = None if ext is None else ext.ack_one  # the same, of Groups.ack (memory-only queues)
+_ack_run_c = None if ext is None else ext.ack_run  # ... and of ack_many's usual batch
+_RECOMPUTE = 4  # _ack_c: the floor moved; the free offset is recomputed here
+FIRST_LEASE = LEASED | (1 << DC_SHIFT)  # a first delivery's lease word, before its owner and deadline
+
+
+class Consuming(QueueHandle):
+    """get / get_many, and the settling of what they lease."""
+
+    def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
+            visibility_timeout: float | None = None, *, ack: Message | None = None) -> Message:
+        if ack is not None:
+            ack.ack()
+        if visibility_timeout is None:
+            one = self._take_one(group)
+            if one is not None and one[0] is not None:
+                return one[0]
+        return self._take(group, 1, block, timeout, visibility_timeout)[0]
+
+    def _take_one(self, group: str) -> tuple[Message | None, int, int] | None:
+        """The hot path of taking one message: a known group, the queue's groups
+        unchanged, a client slot of ours.  None when it does not apply; else (the message
+        leased, or None when no new one was ready, the group index, the time in ms).
+        Taking the consumer lock is also the full barrier a doorbell's flag needs."""
+        ref = self._gcache.get(group)
+        owner = self._att._slot
+        w = self.words
+        if ref is None or owner is None or w[Q_STATE] != QS_ACTIVE:
+            return None
+        gi = ref & GI_MASK
+        now = _monotonic_ns() // 1_000_000 if self._real_clock else self._now()
+        addr = self._clock_addr
+        rc = trylock(addr)
+        if rc:
+            self.ring.clock.acquire_slow(rc)
+        try:
+            if w[Q_GROUP_GEN] != self._ggen:  # a group was created or deleted since we looked
+                return None
+            word = FIRST_LEASE | (owner << OWNER_SHIFT) | ((now + self._vis) << TIME_SHIFT)
+            d1 = _deliver_c
+            if d1 is not None and self._one is not None:
+                m = d1(self._one, gi, word, now, ref, group)
+                if m is False:  # a TTL of its own: the twin reads the wall clock
+                    m = self.consumer_groups.deliver_one(gi, ref, word, now, Message, self, group)
+            else:
+                m = self.consumer_groups.deliver_one(gi, ref, word, now, Message, self, group)
+        finally:
+            unlock(addr)
+        return m, gi, now
+
+    def get_many(self, max_messages: int, group: str = options.DEFAULT_GROUP, block: bool = True,
+                 timeout: float | None = None, visibility_timeout: float | None = None, *,
+                 ack: Iterable[Message] = ()) -> list[Message]:
+        if max_messages < 1:
+            raise InvalidArgument("max_messages must be >= 1")
+        acks = list(ack)
+        if acks:
+            self.ack_many(acks)
+        return self._take(group, max_messages, block, timeout, visibility_timeout)
+
+    def _take(self, group: str, max_n: int, block: bool, timeout: float | None,
+              visibility_timeout: float | None, max_bytes: int = 0) -> list[Message]:
+        w = self.words
+        tw = self.consumer_groups.tail_word
+        if w[Q_STATE] != QS_ACTIVE:
+            self._alive()
+        ref = self._group_ref(group)
+        gi = ref & L.GI_MASK
+        att = self._att
+        owner = att._slot
+        if owner is None:
+            owner = att.client_slot()
+        vis = self.ring.visibility_ms if visibility_timeout is None else _ms(
+            visibility_timeout, "visibility_timeout")
+        if timeout is None:
+            deadline = None
+        elif timeout >= 0:
+            deadline = time.monotonic() + timeout
+        else:
+            raise InvalidArgument("timeout must be >= 0")
+        clock = self.ring.clock
+        addr = clock.address
+        deliver = self.consumer_groups.deliver
+        waiting = False
+        got: list[Message] = []
+        dead: list[DeadItem] = []
+        prefix = (self, ref, group)
+        g = self.ring.groups_w + gi * L.G_WORDS
+        announce = False
+        while True:
+            now = self._now()
+            rc = trylock(addr)
+            if rc:
+                clock.acquire_slow(rc)
+            try:
+                if waiting:
+                    w[Q_CONSUMER_WAITERS] -= 1 if w[Q_CONSUMER_WAITERS] else 0
+                    waiting = False
+                if w[g + L.G_SERIAL] != ref >> L.GI_BITS:  # deleted (maybe created again) meanwhile
+                    ref = self.consumer_groups.ref(self.consumer_groups.require(group))
+                    gi = ref & L.GI_MASK
+                    prefix = (self, ref, group)
+                    g = self.ring.groups_w + gi * L.G_WORDS
+                deliver(gi, owner, now, max_n, vis, got, dead, Message, prefix, max_bytes)
+                if not got and announce:
+                    w[Q_CONSUMER_WAITERS] += 1  # announce a sleeper before letting go of the lock
+                    waiting = True
+                    if _CRASH:
+                        crashpoints.hit("wait.announced")
+            finally:
+                unlock(addr)
+            if dead:
+                self._dead_letter(dead)
+                dead = []
+            if got:
+                return got
+            att.reap(now)
+            if not block:
+                raise Empty(f"queue {self.name!r} has no message for group {group!r}")
+            if not announce:
+                # A producer is likely mid-put: look again for a moment before sleeping.
+                for _ in range(self._spin):
+                    if w[tw] > w[g + G_CURSOR]:  # Q_NEXT_OFFSET (Q_DURABLE_OFFSET if `always`) > cursor
+                        break
+                announce = True
+                continue
+            announce = False  # after the sleep, look again before announcing again
+            wait = options.WAIT_SLICE
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    with clock:
+                        w[Q_CONSUMER_WAITERS] -= 1 if w[Q_CONSUMER_WAITERS] else 0
+                    raise Empty(f"no message for group {group!r} of queue {self.name!r} "
+                                f"within {timeout} s")
+                wait = min(wait, remaining)
+            if w[tw] > w[g + L.G_CURSOR]:
+                continue  # published while we announced ourselves
+            if w[g + L.G_REDELIVER]:
+                wait = max(0.0, min(wait, (w[g + L.G_NEXT_READY] - now) / 1000))
+            if w[g + L.G_NEXT_EXPIRY]:
+                wait = max(0.0, min(wait, (w[g + L.G_NEXT_EXPIRY] - now) / 1000))
+            if w[L.Q_STATE] != L.QS_ACTIVE:
+                with clock:
+                    w[Q_CONSUMER_WAITERS] -= 1 if w[Q_CONSUMER_WAITERS] else 0
+                self._alive()
+            self._sem_sleep(self._ne, wait)
+
+    # ------------------------------------------------------------ settle
+    def _ack_nowait(self, msg: Message) -> None:
+        self._ack(msg, wait_durable=False)
+
+    def _ack(self, msg: Message, wait_durable: bool = True) -> None:
+        ref = msg[1]
+        if ref < 0 or msg[0] is not self:
+            raise self._not_ours(msg)
+        addr = self._clock_addr
+        rc = trylock(addr)
+        if rc:
+            self.ring.clock.acquire_slow(rc)
+        try:
+            a1 = _ack_c
+            if a1 is not None and self._one is not None and not self._durable:
+                groups = self.consumer_groups
+                result = a1(self._one, ref, msg[3], msg[4], groups._gen if groups._lone else -1)
+                if result == _RECOMPUTE:
+                    result = FREED if groups._recompute_free() else OK
+            else:
+                result = self.consumer_groups.ack(ref, msg[3], msg[4])
+        finally:
+            unlock(addr)
+        if result == FREED:
+            if self.words[Q_PRODUCER_WAITERS]:
+                self._wake(self._nf, self.words[Q_PRODUCER_WAITERS], 1)
+        elif result == STALE:
+            raise self._stale(msg)
+        if self._durable:
+            if wait_durable:
+                self._settled()
+            else:
+                self.durability.poke()
+
+    def _not_ours(self, msg: Message) -> StaleAck:
+        return StaleAck(f"message {msg[3]} is not a delivery of {self.name!r} (read() results "
+                        "cannot be settled)")
+
+    def _stale(self, msg: Message) -> StaleAck:
+        self._alive()  # a lease of a deleted queue: QueueNotFound says why
+        return StaleAck(f"the lease of message {msg[3]} (delivery {msg[4]}) on {self.name!r} is no "
+                        "longer held: it was settled already, or it expired and was given back")
+
+    def _settle(self, msg: Message, action: Settle, arg: float | None) -> None:
+        """nack / touch / dead-letter (ack has its own path, ``_ack``)."""
+        if action == ACK:
+            return self._ack(msg)
+        _sync(self._settle_unsynced(msg, action, arg))
+
+    def _settle_unsynced(self, msg: Message, action: Settle, arg: float | None) -> Mark | None:
+        """nack / touch / dead-letter, not waiting for the journal: the mark that confirms
+        it on an ``always`` queue (``shmq.core.durability``)."""
+        ref = msg[1]
+        if ref < 0 or msg[0] is not self:
+            raise self._not_ours(msg)
+        if action == TOUCH:
+            arg_ms = self.ring.visibility_ms if arg is None else _ms(arg, "visibility_timeout")
+        else:
+            if action == DEAD and self.is_dlq:
+                raise InvalidArgument("a message of a dead-letter queue cannot be dead-lettered")
+            arg_ms = _ms(arg or 0.0, "delay")
+        owner = self._att.client_slot()
+        with self.ring.clock:
+            result = self.consumer_groups.settle(ref, msg[3], msg[4], action, owner, self._now(), arg_ms)
+        if result == STALE:
+            raise self._stale(msg)
+        mark = self.durability.settle_mark() if action != TOUCH else None
+        if result == OK and action == NACK and not arg_ms:
+            self._wake_consumers(1)  # deliverable again now, wherever its consumers wait
+        if result == TO_DLQ:
+            reason = "nack" if action == NACK else "dead_letter"
+            self._dead_letter([(ref & L.GI_MASK, msg[3], msg[4], reason)], options.WAIT_SLICE * 20)
+        return mark
+
+    def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:
+        run = _ack_run_c
+        if run is not None and messages.__class__ is list and self._one is not None and not self._durable:
+            groups = self.consumer_groups
+            clock = self.ring.clock
+            clock.acquire()
+            try:  # the usual batch, one run of one group's deliveries, at C speed (-1: not one)
+                result = run(self._one, messages, self, groups._gen if groups._lone else -1)
+                if result == _RECOMPUTE:
+                    result = FREED if groups._recompute_free() else OK
+            finally:
+                clock.release()
+            if result >= 0:
+                self._after_acks(result == FREED, len(messages), wait)  # type: ignore[arg-type]
+                return
+        msgs, stale, total = own_leases(self, messages)
+        if not total:
+            return
+        clock = self.ring.clock
+        clock.acquire()
+        try:
+            freed = self.consumer_groups.ack_batch(msgs, stale)
+        finally:
+            clock.release()
+        self._after_acks(freed, len(msgs), wait)
+        if stale:
+            raise StaleAck.of_batch(stale, total)
+
+    def _after_acks(self, freed: bool, n: int, wait_durable: bool = True) -> None:
+        if freed and self.words[Q_PRODUCER_WAITERS]:
+            self._wake(self._nf, self.words[Q_PRODUCER_WAITERS], n)
+        if self._durable:
+            if wait_durable:
+                self._settled()
+            else:
+                self.durability.poke()
+
