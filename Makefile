@@ -41,13 +41,13 @@ java:
 
 lint: $(FULL)
 	$(VENV)/bin/ruff check shmq server tests bench
-	$(VENV)/bin/mypy shmq server tests bench
+	$(VENV)/bin/mypy shmq tests bench  # server/ is checked as shmq.server, through the link shmq/server
 
 test: java lint
 	$(VENV)/bin/pytest -n 2 tests
 	@# the pure-Python twins of the C accelerator (shmq/accel.py), on the paths it speeds up
-	SHMQ_PURE=1 $(VENV)/bin/pytest -n 2 -q tests/test_speedups.py tests/test_queue.py tests/test_headers.py tests/test_crashpoints.py \
-		tests/test_rawread.py tests/test_put_joined.py
+	SHMQ_PURE=1 $(VENV)/bin/pytest -n 2 -q tests/core/test_speedups.py tests/core/test_queue.py tests/client/test_headers.py tests/crash/test_crashpoints.py \
+		tests/core/test_rawread.py tests/core/test_put_joined.py
 
 check: lint
 	$(VENV)/bin/pytest -n 2 -m "not slow and not spark and not crash" tests

@@ -13,7 +13,9 @@ round runs, in a fresh process:
 * **ping-pong**: two processes, a put and a blocking get each way, 3,000 timed
   round trips (p50, µs);
 * **one way**: a producer process puts 40,000 messages of 100 B while this one
-  gets and acks them (msgs/s).
+  gets and acks them (msgs/s);
+* **TCP batches**: a ``shmq serve`` of the same tree (one worker); 200 rounds of
+  ``put_many`` of 100 × 100 B, then ``get_many(100)`` and ``ack_many`` (msgs/s).
 
 It prints each side's median over the rounds (and the spread) and NEW / OLD.
 The machine is shared and noisy: read a ratio within the spread as parity.
@@ -34,8 +36,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = r"""
-import json, os, sys, time
-from shmq.core.colocated import ShmBroker
+import json, os, re, subprocess, sys, tempfile, time
+import shmq
+try:
+    from shmq.core.colocated import ShmBroker
+except ImportError:  # a commit from before the packages (shmq/shm.py)
+    from shmq.shm import ShmBroker
 inst = f"ab{os.getpid()}"
 b = ShmBroker(inst)
 try:
@@ -83,10 +89,40 @@ try:
     rate = total / (time.perf_counter() - t)
     os.waitpid(pid, 0)
     lat.sort()
-    print(json.dumps({**{k + " ns": v for k, v in best.items()},
-                      "ping-pong p50 us": lat[len(lat) // 2] / 1000, "one way msgs/s": rate}))
 finally:
     b.destroy()
+# TCP batches: a broker of this tree (1 worker), 100 x 100 B put_many, then get_many + ack_many
+CLI = ("try:\n    from shmq.cli.app import app\nexcept ImportError:\n    from shmq.cli import app\n"
+       "app()")
+with tempfile.TemporaryDirectory() as data:
+    srv = subprocess.Popen([sys.executable, "-c", CLI, "serve", "--port", "0", "--workers", "1",
+                            "--instance", inst + "t", "--data-dir", data],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        for line in srv.stdout:
+            m = re.search(r"listening on tcp://[0-9.]+:(\d+)", line.decode())
+            if m:
+                break
+            print(line.decode(), end="", file=sys.stderr)
+        else:
+            raise SystemExit("shmq serve did not start")
+        port = int(m.group(1))
+        t = shmq.connect(f"tcp://127.0.0.1:{port}")
+        tq = t.create_queue("tb", capacity=8192, max_bytes=1 << 24)
+        batch, rounds = [payload] * 100, 200
+        start = time.perf_counter()
+        for _ in range(rounds):
+            tq.put_many(batch)
+            ms = tq.get_many(100, timeout=5)
+            tq.ack_many(ms)
+        tcp_rate = rounds * 100 / (time.perf_counter() - start)
+        t.close()
+    finally:
+        srv.terminate()
+        srv.wait(60)
+print(json.dumps({**{k + " ns": v for k, v in best.items()},
+                  "ping-pong p50 us": lat[len(lat) // 2] / 1000, "one way msgs/s": rate,
+                  "tcp batch msgs/s": tcp_rate}))
 """
 
 
@@ -95,6 +131,9 @@ def checkout(rev: str, where: Path) -> Path:
     with its compiled accelerator built (else that side would run pure Python)."""
     path = where / rev.replace("/", "_")
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(path), rev], check=True)
+    link = path / "shmq" / "server"  # its server/ as shmq.server (else the installed checkout's would load)
+    if not link.exists():
+        link.symlink_to("../server")
     build_speedups(path)
     return path
 
@@ -115,7 +154,9 @@ def _round(tree: Path) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     # run in the tree: `python -c` puts the working directory first on sys.path, ahead of PYTHONPATH
     out = subprocess.run([sys.executable, "-c", CHILD], env=env, cwd=tree, capture_output=True, text=True,
-                         check=True, timeout=600)
+                         timeout=600)
+    if out.returncode != 0:
+        raise SystemExit(f"a round of {tree} failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 

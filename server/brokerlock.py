@@ -43,9 +43,7 @@ import time
 import psutil
 
 from shmq import process
-from shmq.core.registry import Registry
-from shmq.core.segment import registry_name, shm_path
-from shmq.core.serverqueue import ServerBroker
+from shmq.core.serverqueue import Registry, ServerBroker, registry_path
 from shmq.errors import InstanceError
 
 LOCK_BYTE = 1  # the byte of the registry file whose write lock means "served"
@@ -128,7 +126,7 @@ def is_served(instance: str) -> bool:
     """Does a live ``shmq serve`` hold this instance's broker lock now?  (The kernel says so;
     nothing is attached or created: False when the instance does not exist.)"""
     try:
-        fd = os.open(shm_path(registry_name(instance)), os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(registry_path(instance), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return False
     try:  # F_OFD_GETLK: the lock that would stop ours (F_UNLCK when none would)
@@ -140,7 +138,7 @@ def is_served(instance: str) -> bool:
 
 def _try_lock(instance: str, reg: Registry) -> BrokerLock | None:
     """The lock on ``reg``; None when ``reg`` is no longer the instance's live registry."""
-    path = shm_path(registry_name(instance))
+    path = registry_path(instance)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:

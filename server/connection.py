@@ -15,7 +15,7 @@ parked for room (so that its later produces to that queue wait behind them),
 and the replies of one read, held to go out in one write.
 
 The driver (``shmq.server.driver``) feeds it bytes and gives it a sink; tests
-give it a list (``tests/test_handlers.py``).
+give it a list (``tests/server/test_handlers.py``).
 """
 
 from __future__ import annotations

@@ -2,17 +2,17 @@
 
 :class:`Core` holds the worker's shared state: the instance (``ServerBroker``),
 the requests parked per queue, the subscriptions per queue, and the replies held
-for the journal.  The request handlers (``handlers``, ``parking``, ``delivery``)
+for the journal.  The request handlers (``handlers``, ``parking``, ``leasing``)
 work on it and on one :class:`~shmq.server.connection.ServerConnection`; the
 worker (``worker``, ``driver``) adds the event loop, the listening socket, the
 doorbell and placement.  Nothing here does I/O, so tests drive a ``Core`` in
-memory (``tests/test_handlers.py``)::
+memory (``tests/server/test_handlers.py``)::
 
     worker.py (process, loop, doorbell, placement)
        └─ driver.py (asyncio.Protocol: bytes in and out, timers)
             └─ handlers.py (dispatch; settle, admin, subscriptions)
                  └─ parking.py (produce and consume, waiting for their queue)
-                      └─ delivery.py (leasing messages out: replies and pushes)
+                      └─ leasing.py (leasing messages out: replies and pushes)
                            └─ core.py (this) · connection.py · marks.py
                                 └─ shmq.core.serverqueue, shmq.core.durability
 """
@@ -38,8 +38,6 @@ from .placement import Counts
 from .scoreboard import WorkerMeter
 
 SERVER_NAME = "shmq/0.1"
-_CRASH = crashpoints.watch(__name__)
-
 
 @dataclass(slots=True, eq=False)
 class Waiter:
@@ -166,7 +164,7 @@ class Core:
                     touched.add(q.name)
             except ShmqError:
                 pass  # the queue is gone (leases expired and taken back already are skipped)
-            if _CRASH:
+            if crashpoints.active:
                 crashpoints.hit("worker.give_back.queue")
         return touched
 

@@ -1,8 +1,9 @@
 """The request stream of a connection: the handshake, dispatch, and every request but
 PRODUCE and CONSUME (``parking``).
 
-A handler gets the worker's :class:`~shmq.server.core.Core`, the connection, the
-frame and its decoded fields, and answers through the connection (or through
+A handler (``HANDLERS``, by request type) gets the worker's :class:`~shmq.server.core.Core`,
+the connection, the frame and its fields, read by the request type's decoder (``DECODERS``,
+beside it: the body, its frame flags undone), and answers through the connection (or through
 ``Core.answer``, which holds a reply until the journal has what it confirms).
 An error raised by a handler becomes an ERROR reply to that request, and the
 connection and the worker carry on: one bad request never takes anything else
@@ -20,7 +21,6 @@ from typing import Any
 
 from shmq import crashpoints, options
 from shmq.core.durability import Mark
-from shmq.core.rawread import read_field
 from shmq.core.serverqueue import ServerQueue
 from shmq.errors import InvalidArgument, LimitExceeded, ProtocolError, ShmqError, StaleAck, Status
 from shmq.names import is_reply_name
@@ -31,13 +31,13 @@ from shmq.settle import Settle
 
 from .connection import ServerConnection, Subscription, agree_heartbeat
 from .core import SERVER_NAME, Core
-from .delivery import READ_HEADROOM, RECORD_COLUMNS, push
+from .leasing import READ_HEADROOM, RECORD_COLUMNS, push
 from .logs import Throttle
-from .parking import consume, decode_produce, poke, produce, produce_run
+from .parking import decode_produce, deliver_or_park, poke, produce, produce_run
 
-_CRASH = crashpoints.watch(__name__)
 log = logging.getLogger("shmq.worker")
 Handler = Callable[[Core, ServerConnection, Frame, dict[str, Any]], None]
+Decoder = Callable[[Frame], dict[str, Any]]  # a request frame's fields, its flags undone
 
 
 def receive(core: Core, conn: ServerConnection, data: bytes) -> None:
@@ -100,8 +100,7 @@ def handle(core: Core, conn: ServerConnection, f: Frame) -> None:
         conn.error(f.msg_id, Status.INVALID_TYPE, f"type 0x{f.type:02x} is not a request")
         return
     try:
-        handler(core, conn, f, decode_produce(f) if handler is produce
-                else decode_consume(f) if f.status and handler is get else decode_body(f.type, f.body))
+        handler(core, conn, f, DECODERS[f.type](f))
     except ShmqError as e:  # ProtocolError too
         if is_exhaustion(e):  # descriptors or /dev/shm ran out: the log says so too
             _warn(core, str(e))
@@ -195,7 +194,7 @@ def _leases(core: Core, d: dict[str, Any]) -> tuple[ServerQueue, int]:
 def ack(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
     """ACK, answered; ACK_NO_REPLY, answered only when it fails (by ``handle``)."""
     mark = _ack_one(core, conn, d, d["offset"], d["deliveries"])
-    if _CRASH:
+    if crashpoints.active:
         crashpoints.hit("worker.ack.unanswered")
     if f.type == T.ACK:  # an unwaited ack: nobody waits for the journal either
         core.answer(conn, f.msg_id, encode_frame(T.ACK_OK, f.msg_id), mark)  # (no body: one pack)
@@ -253,14 +252,14 @@ def _ack_offsets(core: Core, conn: ServerConnection, d: dict[str, Any], offsets:
 
 
 def get(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
-    """CONSUME and CONSUME_BATCH (``parking.consume``).  With ``consuming.ACK_FLAG`` they
+    """CONSUME and CONSUME_BATCH (``parking.deliver_or_park``).  With ``consuming.ACK_FLAG`` they
     carry leases (``acks``) that are acked first, as ACK / ACK_BATCH would: when one was
     stale the request fails with STALE_ACK (the others are acked) and nothing is delivered;
     else the get goes on once the journal has the acks (an ``always`` queue), so its
     answer confirms them."""
     acks = d.get("acks")
     if acks is None:
-        consume(core, conn, f, d)
+        deliver_or_park(core, conn, f, d)
         return
     if f.type == T.CONSUME:
         (off, dc), = acks
@@ -271,7 +270,7 @@ def get(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None
         if stale:
             raise StaleAck.of_batch(stale, len(offsets))
     if mark is None or mark.reached():
-        consume(core, conn, f, d)
+        deliver_or_park(core, conn, f, d)
     else:
         core.held.after(mark, conn, partial(_get_after_ack, core, conn, f, d))
 
@@ -285,7 +284,7 @@ def _get_after_ack(core: Core, conn: ServerConnection, f: Frame, d: dict[str, An
     if conn.closed:
         return
     try:
-        consume(core, conn, f, d)
+        deliver_or_park(core, conn, f, d)
     except ShmqError as e:
         conn.error(f.msg_id, e.code, str(e))
 
@@ -378,8 +377,8 @@ def group_list(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) 
 def read(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
     n = max(1, min(d["max"], options.MAX_BATCH))
     # a reply never outgrows a frame: the reader asks again from where this one stops
-    field = read_field(core.queue(d["queue"]).handle, d["offset"], n,
-                       options.MAX_FRAME - READ_HEADROOM - RECORD_COLUMNS * n)
+    field = core.queue(d["queue"]).read_field(d["offset"], n,
+                                              options.MAX_FRAME - READ_HEADROOM - RECORD_COLUMNS * n)
     conn.send(encode_frame(T.READ_OK, f.msg_id, field))
 
 
@@ -452,4 +451,17 @@ HANDLERS: dict[int, Handler] = {
     T.GROUP_LIST: group_list, T.READ: read, T.STATS: stats, T.PURGE: purge, T.INFO: info,
     T.DISCONNECT: disconnect, T.SUBSCRIBE: subscribe, T.CREDIT: credit, T.UNSUBSCRIBE: unsubscribe,
     T.HEARTBEAT: heartbeat, T.GROUP_SEEK: group_seek,
+}
+
+
+def decode_request(f: Frame) -> dict[str, Any]:
+    """The fields of a request that has no flags of its own: its body, as its schema says."""
+    return decode_body(f.type, f.body)
+
+
+# how the body of each request in HANDLERS is read: its fields, given to its handler
+DECODERS: dict[int, Decoder] = {
+    **dict.fromkeys(HANDLERS, decode_request),
+    T.PRODUCE: decode_produce, T.PRODUCE_BATCH: decode_produce, T.PRODUCE_IDEMPOTENT: decode_produce,
+    T.CONSUME: decode_consume, T.CONSUME_BATCH: decode_consume,
 }

@@ -46,8 +46,7 @@ from typing import Any
 from shmq import crashpoints, options
 from shmq.api import QueueConfig
 from shmq.core.durability import Durability
-from shmq.core.restore import restore_fill
-from shmq.core.serverqueue import ServerBroker, ServerQueue
+from shmq.core.serverqueue import ServerBroker, ServerQueue, restore_fill
 from shmq.errors import ShmqError, StorageError
 from shmq.journal import Journal, JournalError, list_queues
 from shmq.journal.files import journal_bytes
@@ -59,8 +58,6 @@ from .scoreboard import JournalMeter, Scoreboard
 
 log = logging.getLogger("shmq.journal")
 # round points: the journal process only; the recovery point: the supervisor, before it forks
-_CRASH = crashpoints.watch(__name__)
-
 
 def data_dir_for(instance: str, data_dir: str | None = None) -> Path:
     """The data dir of an instance: ``data_dir``, else ``$SHMQ_DATA_DIR``, else
@@ -173,12 +170,12 @@ class QueueWriter(threading.Thread):
         self.journal.sync()
         if self.meter is not None:
             self.meter.fsync(time.perf_counter_ns() - t0)
-        if _CRASH and items:  # (rounds of new messages only: a test can count them)
+        if crashpoints.active and items:  # (rounds of new messages only: a test can count them)
             crashpoints.hit("journal.round.appended")
         self.next = nxt
         self.settled = settle
         self.last_sync = time.monotonic()
-        crash = _published if _CRASH and items else None
+        crash = _published if crashpoints.active and items else None
         if d.publish(nxt, settle, len(items), crash):
             log.warning("journal of %r is writable again", self.q.name)
         return True
@@ -378,7 +375,7 @@ def recover(broker: ServerBroker, root: Path) -> list[str]:
                         log.error("queue %r cannot be rebuilt now: %s; its journal is kept for the next "
                                   "start", name, e)
                         continue
-                    if _CRASH:
+                    if crashpoints.active:
                         crashpoints.hit("recovery.rebuilt")
                     continue
                 elif existing.durability.created_ns != meta.get("created_ns"):

@@ -25,9 +25,8 @@ from shmq.protocol.produce import PREFIX_FLAGS, split_prefixes
 
 from .connection import ServerConnection
 from .core import Core, Waiter
-from .delivery import deliver, push
+from .leasing import deliver, push
 
-_CRASH = crashpoints.watch(__name__)
 PRODUCE_TYPES = frozenset((T.PRODUCE, T.PRODUCE_BATCH, T.PRODUCE_IDEMPOTENT))
 CONSUME_TYPES = frozenset((T.CONSUME, T.CONSUME_BATCH))
 
@@ -89,7 +88,7 @@ def try_produce(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any],
         if not one and not q.could_fit(d["payloads"], d.get("metas")):
             raise  # a batch that can never fit: waiting would never help
         return False
-    if _CRASH:
+    if crashpoints.active:
         crashpoints.hit("worker.produce.unanswered")
     if poke_after and one and mark is None:
         poke(core, d["queue"])
@@ -130,7 +129,7 @@ def produce_run(core: Core, conn: ServerConnection, frames: list[Frame], i: int)
                                                metas=metas if any(metas) else None)
     except ShmqError:
         return j, False
-    if _CRASH:
+    if crashpoints.active:
         crashpoints.hit("worker.produce.unanswered")
     for (f, _), off in zip(run, offs, strict=True):  # one mark covers the run
         core.answer(conn, f.msg_id, produce_ok_frame(f.msg_id, off), mark)
@@ -138,7 +137,7 @@ def produce_run(core: Core, conn: ServerConnection, frames: list[Frame], i: int)
     return j, True
 
 
-def consume(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+def deliver_or_park(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
     """CONSUME and CONSUME_BATCH: delivered now, or parked until a message is ready."""
     if not try_consume(core, conn, f, d):
         wait_or_fail(core, conn, f, d, lambda: Empty(f"no message for group {d['group']!r} of "

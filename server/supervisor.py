@@ -60,7 +60,7 @@ from .journaler import data_dir_for, journal_main, recover
 from .metrics import is_loopback, listen, metrics_main, parse_address
 from .placement import Counts
 from .scoreboard import Scoreboard
-from .worker import reuseport_socket, worker_main
+from .worker import WorkerSettings, reuseport_socket, worker_main
 
 LOOPBACK = runtime.LOOPBACK
 log = logging.getLogger("shmq.supervisor")
@@ -193,12 +193,17 @@ class Supervisor:
                    heartbeat=v["heartbeat"], queues=eff.queues, metrics=v["metrics"] or None,
                    spin_us=v["spin_us"])
 
+    def worker_settings(self, i: int) -> WorkerSettings:
+        """What worker ``i`` is started with."""
+        return WorkerSettings(instance=self.instance, host=self.host, port=self.port, worker_id=i,
+                              token=self.token, max_connections=self.max_connections, counts=self.counts,
+                              unix_sock=self.unix_sock, tls=self.tls, heartbeat=self.heartbeat,
+                              board=self.board, spin_us=self.spin_us)
+
     def _start(self, i: int) -> None:
         ready = self.ctx.Event()
         p = self.ctx.Process(target=_child, name=f"shmq-worker-{i}", daemon=False,
-                             args=(f"worker-{i}", self.log, worker_main, self.instance, self.host,
-                                   self.port, i, self.token, ready, self.max_connections, self.counts,
-                                   self.unix_sock, self.tls, self.heartbeat, self.board, self.spin_us))
+                             args=(f"worker-{i}", self.log, worker_main, self.worker_settings(i), ready))
         p.start()
         self.procs[i] = (p, ready)
 

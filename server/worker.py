@@ -31,6 +31,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from shmq import options
@@ -64,36 +65,45 @@ def reuseport_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+@dataclass(frozen=True)
+class WorkerSettings:
+    """What a worker is started with (``shmq serve``'s settings, and what the supervisor
+    shares with every worker it forks), as one value: the supervisor makes one per worker
+    (:meth:`Supervisor.worker_settings`), a test makes its own."""
+
+    instance: str
+    host: str
+    port: int  # the TCP port every worker listens on (SO_REUSEPORT)
+    worker_id: int
+    token: str
+    max_connections: int = options.MAX_CONNECTIONS  # --max-connections: held at once by this worker
+    counts: Counts | None = None  # every worker's connection count (None: placement is the kernel's alone)
+    unix_sock: socket.socket | None = None  # the supervisor's Unix-domain listener, shared by every worker
+    tls: ServerTls | None = None  # the TCP port speaks TLS (the Unix socket never does)
+    heartbeat: float = options.HEARTBEAT  # --heartbeat: seconds between heartbeats (0: none)
+    board: Scoreboard | None = None  # --metrics: this worker's requests are counted in its row
+    spin_us: float = options.WORKER_SPIN_US  # --spin-us: polling for the next request after a read
+
+
 class Worker:
     """One worker process: its event loop, listening socket, doorbell and placement,
     around a :class:`~shmq.server.core.Core` that handles the requests."""
 
-    def __init__(self, instance: str, host: str, port: int, worker_id: int, token: str,
-                 max_connections: int = options.MAX_CONNECTIONS, counts: Counts | None = None,
-                 unix_sock: socket.socket | None = None, tls: ServerTls | None = None,
-                 heartbeat: float = options.HEARTBEAT, board: Scoreboard | None = None,
-                 spin_us: float = options.WORKER_SPIN_US) -> None:
-        self.instance = instance
-        self.spin_us = spin_us  # --spin-us: polling for the next request after a read (server.spinner)
-        self.board = board  # --metrics: this worker's requests are counted in its row
-        self.tls = tls  # the TCP port speaks TLS (the Unix socket never does)
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.settings = settings
+        self.worker_id = settings.worker_id
         self.tls_listener: TlsListener | None = None
-        self.heartbeat = heartbeat
-        self.unix_sock = unix_sock  # the supervisor's Unix-domain listener, shared by every worker
-        self.host = host
-        self.port = port
-        self.worker_id = worker_id
-        self.token = token
         # connections held at once: --max-connections, or fewer when the descriptor limit
         # would run out first (the refusal then names it: ``cap``)
+        asked = settings.max_connections
         fds = fd_limits()[0] - options.FD_RESERVE
-        self.max_connections = max(1, min(max_connections, fds))
-        self.cap = (f"{self.max_connections} connections already" if max_connections <= fds else
+        self.max_connections = max(1, min(asked, fds))
+        self.cap = (f"{self.max_connections} connections already" if asked <= fds else
                     f"{self.max_connections} connections already, the most its descriptor limit allows "
-                    f"(ulimit -n {fds + options.FD_RESERVE}; --max-connections is {max_connections})")
+                    f"(ulimit -n {fds + options.FD_RESERVE}; --max-connections is {asked})")
         self.drivers: dict[ServerConnection, Driver] = {}  # this worker's connections
         self.bell: Bell | None = None
-        self.counts = counts  # every worker's connection count (None: placement is the kernel's alone)
+        self.counts = settings.counts
         self.handoff: Handoff | None = None  # where other workers hand us connections (server.placement)
         self.flagged: dict[str, ServerQueue] = {}  # queues whose bell flag this worker has set
         self.flagged_ids: dict[int, str] = {}  # their ids (a doorbell datagram names the id)
@@ -109,7 +119,7 @@ class Worker:
 
     # ------------------------------------------------------------ life cycle
     def run(self, ready: Any = None) -> None:
-        self.broker = ServerBroker(self.instance)
+        self.broker = ServerBroker(self.settings.instance)
         try:  # uvloop halves the event loop's cost per request; plain asyncio works too
             import uvloop
         except ImportError:
@@ -118,23 +128,24 @@ class Worker:
             uvloop.run(self._main(ready))
 
     async def _main(self, ready: Any) -> None:
+        st = self.settings
         self.loop = asyncio.get_running_loop()
-        self.spinner = Spinner(Spin(self.spin_us), self.loop.call_soon)
-        self.core = Core(self.broker, self.worker_id, self.token, post=self.loop.call_soon_threadsafe,
-                         flag=self._flag, place=self.place, heartbeat=self.heartbeat, counts=self.counts,
-                         meter=None if self.board is None else self.board.worker(self.worker_id))
+        self.spinner = Spinner(Spin(st.spin_us), self.loop.call_soon)
+        self.core = Core(self.broker, self.worker_id, st.token, post=self.loop.call_soon_threadsafe,
+                         flag=self._flag, place=self.place, heartbeat=st.heartbeat, counts=self.counts,
+                         meter=None if st.board is None else st.board.worker(self.worker_id))
         await self._open_bell()
         await self._open_handoff()
-        sock = reuseport_socket(self.host, self.port)
+        sock = reuseport_socket(st.host, st.port)
         server: asyncio.AbstractServer | TlsListener
-        if self.tls is None:
+        if st.tls is None:
             server = await self.loop.create_server(lambda: Driver(self), sock=sock, backlog=4096)
         else:  # a silent peer is dropped after TLS_HANDSHAKE_TIMEOUT, before it counts as a connection
             server = self.tls_listener = TlsListener(self.loop, sock, lambda: Driver(self),
-                                                     server_context(self.tls), place=self.place_tls)
+                                                     server_context(st.tls), place=self.place_tls)
         userver = None
-        if self.unix_sock is not None:
-            userver = await self.loop.create_unix_server(lambda: Driver(self), sock=self.unix_sock,
+        if st.unix_sock is not None:
+            userver = await self.loop.create_unix_server(lambda: Driver(self), sock=st.unix_sock,
                                                          backlog=4096)
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -330,15 +341,10 @@ async def _bind(kind: Callable[[int, int], Any], instance_uid: int, worker_id: i
     return None
 
 
-def worker_main(instance: str, host: str, port: int, worker_id: int, token: str, ready: Any,
-                max_connections: int, counts: Counts | None = None,
-                unix_sock: socket.socket | None = None, tls: ServerTls | None = None,
-                heartbeat: float = options.HEARTBEAT, board: Scoreboard | None = None,
-                spin_us: float = options.WORKER_SPIN_US) -> None:
+def worker_main(settings: WorkerSettings, ready: Any) -> None:
     """Entry point of a worker process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides; SIGTERM stops us
     _die_with_parent()
     sys.setswitchinterval(0.0005)  # a woken durable-mark thread gets the GIL in 0.5 ms, not 5 ms
     os.environ.pop(options.TOKEN_ENV, None)
-    Worker(instance, host, port, worker_id, token, max_connections, counts, unix_sock, tls,
-           heartbeat, board, spin_us).run(ready)
+    Worker(settings).run(ready)

@@ -19,6 +19,7 @@ from shmq.errors import (
     Duplicate,
     Empty,
     Full,
+    GroupExists,
     GroupNotFound,
     InstanceError,
     InstanceNotFound,
@@ -38,16 +39,17 @@ from shmq.errors import (
 
 if TYPE_CHECKING:
     from shmq.api import Broker, BrokerInfo, Message, Origin, Queue, QueueConfig, QueueInfo
+    from shmq.client import aio
     from shmq.core.cleanup import InstanceReport, reclaim, scan
 
-__version__ = "0.1.0"
+from shmq.version import __version__ as __version__
 
 __all__ = [
-    "AuthError", "Broker", "BrokerInfo", "ConnectionLost", "Duplicate", "Empty", "Full", "GroupNotFound",
-    "InstanceError", "InstanceNotFound", "InstanceReport", "InvalidArgument",
+    "AuthError", "Broker", "BrokerInfo", "ConnectionLost", "Duplicate", "Empty", "Full", "GroupExists",
+    "GroupNotFound", "InstanceError", "InstanceNotFound", "InstanceReport", "InvalidArgument",
     "InvalidName", "LimitExceeded", "Message", "MessageTooLarge", "Origin", "ProtocolError", "Queue",
     "QueueConfig", "QueueExists", "QueueInfo", "QueueNotFound", "ShmqError", "StaleAck", "Status",
-    "StorageError", "Timeout", "connect", "reclaim", "scan",
+    "StorageError", "Timeout", "aio", "connect", "reclaim", "scan",
 ]
 
 # Loaded on first use: shmq.core.cleanup imports posix_ipc, which ``import shmq`` does not need
@@ -56,21 +58,25 @@ __all__ = [
 _LAZY = {"InstanceReport": "core.cleanup", "reclaim": "core.cleanup", "scan": "core.cleanup",
          **dict.fromkeys(("Broker", "BrokerInfo", "Message", "Origin", "Queue", "QueueConfig", "QueueInfo"),
                          "api")}
+# modules: ``from shmq import aio`` (the asyncio client) keeps working
+_LAZY_MODULES = {"aio": "client.aio"}
 
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from importlib import import_module
 
-    value = getattr(import_module(f".{module}", __name__), name)
+    if name in _LAZY_MODULES:
+        value = import_module(f"{__name__}.{_LAZY_MODULES[name]}")
+    elif name in _LAZY:
+        value = getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value  # the next lookup finds it without coming here
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    return sorted({*globals(), *_LAZY, *_LAZY_MODULES})
 
 
 def connect(url: str = "shm://default", token: str | None = None, **kwargs: Any) -> Broker:

@@ -7,16 +7,14 @@ fault-injection points, for shared memory).  ``python -m shmq.crashpoints`` prin
 name, one a line; ``docs/architecture.md`` says why the state each one leaves is
 recoverable.
 
-Cost when unset: none beyond a branch.  A module with points declares a global flag and
-writes each point as::
+Cost when unset: none beyond a branch on one flag, this module's :data:`active`, which
+every point reads and only this module sets::
 
-    _CRASH = crashpoints.watch(__name__)   # False unless armed
-    ...
-    if _CRASH:
+    if crashpoints.active:
         crashpoints.hit("put.written")
 
-The variable is read once, at import.  ``arm()`` arms a point later (a forked child in a
-test), by setting the flag of every watching module.
+``arm()`` arms a point later (a forked child in a test), ``disarm()`` disarms it; no
+other module's globals are written.
 
 The compiled stores (``shmq.accel``: ``put_one``, ``deliver_one``, ``ack_one``,
 ``ack_run``, ``settle_range``) pass the same points as their Python twins, between the
@@ -30,7 +28,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 
 from shmq.accel import ext
 
@@ -98,7 +95,7 @@ POINTS: dict[str, str] = {
 
 _CHECK = ""  # the armed point's name ("" when none)
 _LEFT = 0  # passes left until the kill
-_WATCHERS: list[str] = []
+active = False  # is a point armed in this process?  (every point's test, read as crashpoints.active)
 
 
 def _parse(spec: str) -> tuple[str, int]:
@@ -112,33 +109,20 @@ def _parse(spec: str) -> tuple[str, int]:
     return name, count
 
 
-def watch(module: str) -> bool:
-    """Register a module whose global ``_CRASH`` guards its points; returns its value now."""
-    _WATCHERS.append(module)
-    return bool(_CHECK)
-
-
 def arm(name: str, count: int = 1) -> None:
     """Die at the ``count``-th pass through ``name`` from now on (in this process)."""
-    global _CHECK, _LEFT
+    global _CHECK, _LEFT, active
     _CHECK, _LEFT = _parse(f"{name}:{count}")
+    active = True
     if ext is not None:
         ext.crash_arm(_CHECK, _LEFT)
-    for m in _WATCHERS:
-        mod = sys.modules.get(m)
-        if mod is not None:
-            mod._CRASH = True  # type: ignore[attr-defined]
 
 
 def disarm() -> None:
-    global _CHECK, _LEFT
-    _CHECK, _LEFT = "", 0
+    global _CHECK, _LEFT, active
+    _CHECK, _LEFT, active = "", 0, False
     if ext is not None:
         ext.crash_disarm()
-    for m in _WATCHERS:
-        mod = sys.modules.get(m)
-        if mod is not None:
-            mod._CRASH = False  # type: ignore[attr-defined]
 
 
 def hit(name: str) -> None:
@@ -162,6 +146,7 @@ def armed() -> str:
 _spec = os.environ.get(ENV, "")
 if _spec:
     _CHECK, _LEFT = _parse(_spec)
+    active = True
     if ext is not None:
         ext.crash_arm(_CHECK, _LEFT)
 

@@ -81,6 +81,15 @@ class QueueExists(ShmqError):
     code = Status.QUEUE_EXISTS
 
 
+class GroupExists(QueueExists):
+    """A consumer group of that name already exists on the queue.
+
+    A :class:`QueueExists` (what it was before it had a class of its own, so code that
+    catches that keeps working), with the same status code: the wire has one code,
+    QUEUE_EXISTS, for both; a client tells them apart by the request (GROUP_JOIN, or
+    GROUP_SEEK creating a group: ``shmq.protocol.group_commands``)."""
+
+
 class MessageTooLarge(ShmqError, ValueError):
     """The payload is larger than the queue's max_message_size."""
 

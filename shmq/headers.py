@@ -39,10 +39,11 @@ _U16 = struct.Struct(">H")
 EMPTY: Mapping[str, bytes] = MappingProxyType({})
 _SHORT = 256
 _LENS = [_U16.pack(n) for n in range(_SHORT)]  # the length prefixes of short keys and values, made once
-# the compiled twins of encode and _parse (shmq.accel): None where these would raise
-_encode_c = None if ext is None else ext.encode_headers
-_parse_c = None if ext is None else ext.parse_headers
-_decode_c = None if ext is None else ext.decode_headers
+# the compiled twins of encode, _parse and decode (shmq.accel), public for the hot paths that
+# call them at once (Message.headers, ShmQueue.put): None where these would raise
+encode_c = None if ext is None else ext.encode_headers
+parse_c = None if ext is None else ext.parse_headers
+decode_c = None if ext is None else ext.decode_headers
 
 
 class Block(bytes):
@@ -60,8 +61,8 @@ def encode(headers: Mapping[str, str | bytes] | Block | None) -> bytes:
     ``MAX_HEADERS`` or ``MAX_HEADERS_BYTES``)."""
     if isinstance(headers, Block):
         return headers
-    if _encode_c is not None:
-        block = _encode_c(headers, options.MAX_HEADERS, options.MAX_HEADERS_BYTES)
+    if encode_c is not None:
+        block = encode_c(headers, options.MAX_HEADERS, options.MAX_HEADERS_BYTES)
         if block is not None:
             return block  # type: ignore[no-any-return]
     if not headers:
@@ -111,8 +112,8 @@ def encode_many(headers: Sequence[Mapping[str, str | bytes] | None] | None, n: i
 
 def _parse(meta: bytes | memoryview) -> tuple[dict[str, bytes], int]:
     """The headers of a block at the start of ``meta``, and the block's length."""
-    if _parse_c is not None:
-        parsed = _parse_c(meta)
+    if parse_c is not None:
+        parsed = parse_c(meta)
         if parsed is not None:
             return parsed  # type: ignore[no-any-return]
     meta = bytes(meta)
@@ -143,8 +144,8 @@ def _parse(meta: bytes | memoryview) -> tuple[dict[str, bytes], int]:
 
 def decode(meta: bytes | memoryview) -> Mapping[str, bytes]:
     """The headers a record's metadata holds (read-only; empty when none)."""
-    if _decode_c is not None:
-        h = _decode_c(meta, EMPTY)
+    if decode_c is not None:
+        h = decode_c(meta, EMPTY)
         if h is not None:
             return h  # type: ignore[no-any-return]
     if not meta or meta[0] != TAG:

@@ -1,35 +1,82 @@
-"""The architecture stays easy to see: imports point one way, the server keeps to the
-interfaces made for it, and no module grows past what one reader holds in mind.
+"""The architecture stays easy to see: each package imports only the packages the layer
+contract allows, privacy is kept at package level, and no module grows past what one
+reader holds in mind.
 
-These read the source (``ast``), so they see every import, those inside functions and
-under ``TYPE_CHECKING`` included."""
+``CONTRACT`` below is the layer contract: which package may import which.  The tests read
+the source (``ast``), so they see every import, those inside functions and under
+``TYPE_CHECKING`` included; ``docs/architecture.md`` prints the same table, and a test keeps
+the two in step."""
 
 from __future__ import annotations
 
 import ast
+import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = {"shmq": ROOT / "shmq", "shmq.server": ROOT / "server"}  # server/ installs as shmq.server
-MAX_LINES = 500
+MAX_LINES = 800
+
+# package -> (what lives there, the packages it may import besides itself)
+# "leaf": the modules directly in shmq/ (errors, options, names, ...); "shmq": shmq/__init__.py,
+# the public facade (connect, the errors, the interface's names, loaded lazily).
+CONTRACT: dict[str, tuple[str, frozenset[str]]] = {
+    "leaf": ("errors, options, names and small helpers (shmq/*.py)", frozenset()),
+    "api": ("Broker, Queue, Message: the public interface; publisher, reply, limits", frozenset({"leaf"})),
+    "journal": ("a durable queue's journal files: writing, reading back, recovery", frozenset({"leaf"})),
+    "protocol": ("frames and their codec, the client connection, every command once",
+                 frozenset({"api", "leaf"})),
+    "client": ("the TCP clients: blocking (tcp) and asyncio (aio)",
+               frozenset({"protocol", "api", "leaf"})),
+    "core": ("shared memory: layout, locks, segments, registry, ring, groups, queue handles, "
+             "the co-located transport, the server's interface",
+             frozenset({"api", "journal", "protocol", "leaf"})),
+    "spark": ("the PySpark data source and sink", frozenset({"api", "shmq", "leaf"})),
+    "testing": ("the SIGKILL storm used by the tests and the benchmarks",
+                frozenset({"api", "core", "shmq", "leaf"})),
+    "server": ("shmq serve: supervisor, workers, journal writer, metrics (installed as shmq.server)",
+               frozenset({"core", "journal", "protocol", "api", "leaf"})),
+    "cli": ("the shmq command line (it may import anything)",
+            frozenset({"server", "testing", "client", "core", "journal", "protocol", "api", "shmq", "leaf"})),
+    "shmq": ("shmq/__init__.py: connect() and the public names",
+             frozenset({"api", "core", "client", "leaf"})),
+}
+# where an edge is allowed only to some modules of the package imported
+NARROW = {
+    ("server", "core"): {"shmq.core.serverqueue", "shmq.core.durability", "shmq.core.doorbell",
+                         "shmq.core.readings"},  # the server's interface to queues
+    ("core", "protocol"): {"shmq.protocol.bodies", "shmq.protocol.schemas"},  # record fields, as on the wire
+}
 
 
 def _modules() -> dict[str, Path]:
     out = {}
-    for pkg, folder in PACKAGES.items():
-        for path in sorted(folder.glob("*.py")):
-            out[pkg if path.stem == "__init__" else f"{pkg}.{path.stem}"] = path
+    for path in sorted((ROOT / "shmq").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    for path in sorted((ROOT / "server").glob("*.py")):
+        out["shmq.server" if path.stem == "__init__" else f"shmq.server.{path.stem}"] = path
     return out
 
 
 MODULES = _modules()
 
 
+def package(name: str) -> str:
+    parts = name.split(".")
+    if name == "shmq":
+        return "shmq"
+    if len(parts) == 2 and (ROOT / "shmq" / f"{parts[1]}.py").is_file():
+        return "leaf"
+    return parts[1]
+
+
 def _imports(name: str, path: Path) -> set[str]:
-    """The modules of ours that ``name`` imports (a package's own ``__init__`` is not
-    counted as imported by its submodules: Python runs it first anyway)."""
+    """The modules of ours that ``name`` imports.  ``from P import x`` imports the module
+    ``P.x`` when there is one, else ``P`` itself; the parents Python runs on the way to a
+    module are not counted."""
     pkg = name if path.stem == "__init__" else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -40,68 +87,168 @@ def _imports(name: str, path: Path) -> set[str]:
             base = node.module or ""
             if node.level:
                 parts = pkg.split(".")
-                up = parts[:len(parts) - node.level + 1]
-                base = ".".join(up + ([base] if base else []))
-            targets = [base] + [f"{base}.{a.name}" for a in node.names]
-        for t in targets:
-            if t in MODULES and t != name and not (t in PACKAGES and name.startswith(t + ".")):
-                found.add(t)
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names
+                       if a.name != "_speedups"]  # the compiled accelerator: a leaf, loaded by shmq.accel
+        found |= {t for t in targets if t in MODULES and t != name}
     return found
 
 
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def test_the_contract_names_every_package_and_only_those() -> None:
+    assert {package(m) for m in MODULES} == set(CONTRACT)
+    for p, (_, allowed) in CONTRACT.items():
+        assert allowed <= set(CONTRACT) - {p}, p
+
+
+def test_every_import_is_allowed_by_the_layer_contract() -> None:
+    bad = []
+    for m, targets in GRAPH.items():
+        for t in targets:
+            a, b = package(m), package(t)
+            if a == b:
+                continue
+            if b not in CONTRACT[a][1] or t not in NARROW.get((a, b), {t}):
+                bad.append(f"{m} ({a}) imports {t} ({b})")
+    assert bad == [], "\n".join(sorted(bad))
+
+
 def test_the_import_graph_has_no_circle() -> None:
-    graph = {name: _imports(name, path) for name, path in MODULES.items()}
     state: dict[str, int] = {}  # 1: on the path, 2: done
     cycles = []
 
     def visit(m: str, path: list[str]) -> None:
         state[m] = 1
-        for n in sorted(graph[m]):
+        for n in sorted(GRAPH[m]):
             if state.get(n) == 1:
                 cycles.append(path[path.index(n):] + [n])
             elif n not in state:
                 visit(n, path + [n])
         state[m] = 2
 
-    for m in sorted(graph):
+    for m in sorted(GRAPH):
         if m not in state:
             visit(m, [m])
     assert cycles == [], "\n".join(" -> ".join(c) for c in cycles)
 
 
-def test_the_client_transports_do_not_import_the_shared_memory_core() -> None:
-    core = {"shmq.core.queue", "shmq.core.handle", "shmq.core.consumer", "shmq.core.ring", "shmq.core.groups",
-            "shmq.core.lock", "shmq.core.colocated", "shmq.core.segment", "shmq.core.registry"}
-
+def test_the_tcp_clients_reach_nothing_of_the_shared_memory_core() -> None:
     def reach(m: str, seen: set[str]) -> set[str]:
-        for n in _imports(m, MODULES[m]):
+        for n in GRAPH[m]:
             if n not in seen:
                 seen.add(n)
                 reach(n, seen)
         return seen
 
-    for client in ("shmq.client.tcp", "shmq.client.aio"):
-        assert reach(client, set()) & core == set(), client
+    for client in ("shmq.client.tcp", "shmq.client.aio", "shmq.protocol.commands"):
+        assert {package(m) for m in reach(client, set())} <= {"client", "protocol", "api", "leaf"}, client
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "server").glob("*.py")), ids=lambda p: p.name)
-def test_the_server_touches_no_private_attribute_of_a_shmq_object(path: Path) -> None:
-    """``server/`` calls ``shmq.core.serverqueue`` and ``shmq.core.durability``: no ``x._name``
-    of anything but its own objects, and no shared-memory layout."""
-    tree = ast.parse(path.read_text())
-    bad = []
+def test_the_layer_contract_in_the_architecture_document_is_this_one() -> None:
+    """docs/architecture.md prints CONTRACT as a table: one row per package, in this order."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| `([a-z]+)` \| (.*?) \| (.*?) \|$", doc, re.M)
+    want = [(p, what, ", ".join(f"`{a}`" for a in sorted(allowed)) or "nothing of ours")
+            for p, (what, allowed) in CONTRACT.items()]
+    assert rows == want
+
+
+# -------------------------------------------------------------------------- privacy
+def _declared_in_protocols(tree: ast.Module) -> set[str]:
+    out = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
-            owner = node.value
-            if not (isinstance(owner, ast.Name) and owner.id in ("self", "cls")):
-                bad.append(f"{path.name}:{node.lineno}: .{node.attr}")
-        if isinstance(node, ast.ImportFrom) and (node.module == "shmq.core.layout" or (
-                node.module == "shmq" and any(a.name == "layout" for a in node.names))):
-            bad.append(f"{path.name}:{node.lineno}: imports the layout")
-    assert bad == []
+        if isinstance(node, ast.ClassDef) and any(ast.unparse(b).startswith(("Protocol", "typing.Protocol"))
+                                                  for b in node.bases):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    out.add(item.name)
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    out.add(item.target.id)
+    return out
+
+
+def _defined(tree: ast.Module) -> set[str]:
+    """The names a module gives a value or a body: functions, classes, globals, attributes it
+    assigns, ``__slots__`` entries; a ``Protocol``'s declarations do not count (they name what
+    another module's object must have)."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__"
+                                                  for t in node.targets):
+            names |= {c.value for c in ast.walk(node.value)
+                      if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+    # a name only declared by a Protocol is not defined here; one also given a body is
+    return names - (_declared_in_protocols(tree) - _bodies_outside_protocols(tree))
+
+
+def _bodies_outside_protocols(tree: ast.Module) -> set[str]:
+    inside = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and any(ast.unparse(b).startswith(("Protocol", "typing.Protocol"))
+                                                  for b in node.bases):
+            inside |= {id(n) for n in ast.walk(node)}
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in inside:
+            continue
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            out.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            out.add(node.attr)
+    return out
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _reaches(name: str, tree: ast.Module, own: set[str]) -> Iterator[str]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in own:
+            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+                    and node.attr in _defined(tree)):
+                yield f"{node.lineno}: .{node.attr}"
+        elif isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("shmq")):
+            yield from (f"{node.lineno}: imports {a.name}" for a in node.names
+                        if _private(a.name) and a.name != "_speedups")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) >= 2
+              and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str)
+              and _private(node.args[1].value) and node.args[1].value not in own):
+            yield f"{node.lineno}: {node.func.id}(..., {node.args[1].value!r})"
+
+
+TREES = {name: ast.parse(path.read_text()) for name, path in MODULES.items()}
+OWN: dict[str, set[str]] = {}
+for _m, _t in TREES.items():
+    OWN.setdefault(package(_m) if package(_m) != "leaf" else _m, set()).update(_defined(_t))
+
+
+@pytest.mark.parametrize("name", sorted(m for m in MODULES if package(m) != "core"), ids=str)
+def test_outside_the_core_no_module_reaches_a_private_name_of_another_package(name: str) -> None:
+    """Privacy at package level: a module touches ``x._name`` only when its own package
+    defines ``_name`` (the core's modules share theirs; each leaf module is a package of its
+    own).  Imports of ``_name``, and getattr/hasattr/setattr with one, count too."""
+    own = OWN[package(name) if package(name) != "leaf" else name]
+    assert list(_reaches(name, TREES[name], own)) == []
 
 
 @pytest.mark.parametrize("name", sorted(MODULES), ids=str)
 def test_no_module_outgrows_one_reading(name: str) -> None:
     n = len(MODULES[name].read_text().splitlines())
     assert n <= MAX_LINES, f"{MODULES[name].relative_to(ROOT)} has {n} lines (at most {MAX_LINES})"
+
+
+def test_mypy_sees_the_server_as_shmq_server_through_its_link() -> None:
+    """server/ installs as shmq.server; the link shmq/server -> ../server lets mypy check it
+    under that name (``make lint``: ``mypy shmq tests bench``), so its imports are typed."""
+    link = ROOT / "shmq" / "server"
+    assert link.is_symlink() and link.resolve() == (ROOT / "server").resolve()

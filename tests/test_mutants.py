@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from .conftest import leftovers
-from .mutants import MUTANTS
+from tests.mutants import MUTANTS
+from tests.support.instances import leftovers
 
 ROOT = Path(__file__).resolve().parent.parent
 SITE = ROOT / "tests" / "mutants" / "site"
@@ -46,7 +46,7 @@ def _clean_after(p: subprocess.Popen[str]) -> None:
     if p.poll() is None:
         p.kill()
         p.wait()
-    prefix = f"t{p.pid}x"  # (conftest.SESSION_PREFIX of that pytest)
+    prefix = f"t{p.pid}x"  # (tests.support.instances.SESSION_PREFIX of that pytest)
     for proc in psutil.process_iter(["cmdline"]):
         with contextlib.suppress(psutil.Error):
             if any(prefix in a for a in proc.info["cmdline"] or ()):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Server
+from tests.support.server import Server
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -23,7 +23,7 @@ def _blocks(lang: str) -> list[str]:
 
 
 def test_every_test_the_readme_names_exists() -> None:
-    named = re.findall(r"`(tests/test_\w+\.py)(?:::(\w+))?`", README)
+    named = re.findall(r"`(tests/(?:\w+/)?test_\w+\.py)(?:::(\w+))?`", README)
     assert len(named) >= 10, named
     for path, name in named:
         f = ROOT / path

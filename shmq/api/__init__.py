@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping, Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from operator import itemgetter
 from typing import Any
@@ -19,6 +20,7 @@ from shmq import options
 from shmq.api import reply as _reply
 from shmq.api.publisher import Publisher
 from shmq.errors import InvalidArgument
+from shmq.joined import Joined
 from shmq.seektime import Start, When
 from shmq.settle import Settle
 
@@ -149,8 +151,9 @@ class Message(tuple):  # type: ignore[type-arg]
 
     __slots__ = ()
 
-    _q = property(itemgetter(0))
-    _gi = property(itemgetter(1))
+    queue_handle = property(itemgetter(0), doc="the queue handle it was delivered (or read) through")
+    group_ref = property(itemgetter(1), doc="its group as the transport that leased it knows it "
+                                             "(negative: read, not leased)")
     group = property(itemgetter(2), doc="the group it was delivered to (None for read())")
     offset = property(itemgetter(3), doc="the message's 64-bit offset in its queue")
     deliveries = property(itemgetter(4), doc="1 on first delivery, +1 on each redelivery")
@@ -160,35 +163,35 @@ class Message(tuple):  # type: ignore[type-arg]
 
     @property
     def queue(self) -> str:
-        return str(self[0].name)
+        return str(self.queue_handle.name)
 
     @property
     def timestamp(self) -> float:
         """Producer's wall-clock time, seconds since the epoch."""
-        return self[7] / 1e9
+        return self.timestamp_ns / 1e9
 
     @property
     def redelivered(self) -> bool:
-        return self[4] > 1
+        return self.deliveries > 1
 
     @property
     def text(self) -> str:
-        return bytes(self[5]).decode()
+        return bytes(self.payload).decode()
 
     @property
     def headers(self) -> Mapping[str, bytes]:
         """The message's headers, read-only: ``str`` keys, ``bytes`` values (empty: none)."""
-        dec = _headers._decode_c  # headers.decode's compiled part, called here at once
+        dec = _headers.decode_c  # headers.decode's compiled part, called here at once
         if dec is not None:
-            h = dec(self[6], _headers.EMPTY)
+            h = dec(self.meta, _headers.EMPTY)
             if h is not None:
                 return h  # type: ignore[no-any-return]
-        return _headers.decode(self[6])
+        return _headers.decode(self.meta)
 
     @property
     def origin(self) -> Origin | None:
         """For a message in a dead-letter queue: where it came from."""
-        meta = self[6]
+        meta = self.meta
         if meta and meta[0] == _headers.TAG:
             meta = meta[len(_headers.block_of(meta)):]
         if not meta:
@@ -205,21 +208,21 @@ class Message(tuple):  # type: ignore[type-arg]
         ``broker.nowait_errors``), and an ack lost with the connection means the message
         is delivered again: at-least-once either way."""
         if wait:
-            self[0]._ack(self)
+            self[0]._ack(self)  # (self.queue_handle, indexed: the hot path of a co-located consumer)
         else:
             self[0]._ack_nowait(self)
 
     def nack(self, delay: float = 0.0) -> None:
         """Give the message back; it is delivered again after ``delay`` seconds."""
-        self[0]._settle(self, Settle.NACK, delay)
+        self.queue_handle._settle(self, Settle.NACK, delay)
 
     def touch(self, visibility_timeout: float | None = None) -> None:
         """Extend the lease by the visibility timeout (or the given seconds) from now."""
-        self[0]._settle(self, Settle.TOUCH, visibility_timeout)
+        self.queue_handle._settle(self, Settle.TOUCH, visibility_timeout)
 
     def dead_letter(self) -> None:
         """Send the message to the dead-letter queue now."""
-        self[0]._settle(self, Settle.DEAD, 0.0)
+        self.queue_handle._settle(self, Settle.DEAD, 0.0)
 
     def reply(self, payload: Payload, headers: Headers | None = None) -> bool:
         """Answer a request (``Broker.request``): put ``payload`` to its ``reply-to`` queue
@@ -227,12 +230,12 @@ class Message(tuple):  # type: ignore[type-arg]
         requester is gone, or its reply queue is full; counted in ``shmq.api.reply.stats()``).
         ``InvalidArgument`` (nothing sent) for a message that is no request.  This does not
         settle the request: ack it as any message."""
-        name, h = _reply.reply_target(self[6], headers)
-        return _reply.send_reply(self[0], name, payload, h)
+        name, h = _reply.reply_target(self.meta, headers)
+        return _reply.send_reply(self.queue_handle, name, payload, h)
 
     def __repr__(self) -> str:
-        return (f"Message(queue={self.queue!r}, offset={self[3]}, group={self[2]!r}, "
-                f"deliveries={self[4]}, payload={bytes(self[5][:32])!r})")
+        return (f"Message(queue={self.queue!r}, offset={self.offset}, group={self.group!r}, "
+                f"deliveries={self.deliveries}, payload={bytes(self.payload[:32])!r})")
 
     def __eq__(self, other: object) -> bool:
         return self is other
@@ -241,7 +244,7 @@ class Message(tuple):  # type: ignore[type-arg]
         return id(self)
 
 
-_handle_of = itemgetter(0)  # the queue handle a message was delivered through
+_handle_of = itemgetter(0)  # Message.queue_handle, at C speed
 
 
 def own_leases(q: Any, messages: Iterable[Message]) -> tuple[list[Message], list[int], int]:
@@ -249,17 +252,66 @@ def own_leases(q: Any, messages: Iterable[Message]) -> tuple[list[Message], list
     of the others (stale here, known at once and never applied: a lease is known by
     queue, group, offset and delivery count, so another queue's could match one of
     ``q``'s), and how many there were.  ``q`` settles what was delivered through it, or
-    through another handle of the same queue on the same connection (``_b``: a TCP client
-    makes a handle per ``broker.queue`` call; a shared-memory handle has no ``_b``, and
+    through another handle of the same queue on the same connection (``broker``: a TCP client
+    makes a handle per ``broker.queue`` call; a shared-memory handle has no ``broker``, and
     its attachment keeps one handle per queue, so there it is ``q`` alone)."""
     msgs = list(messages)
     handles = set(map(_handle_of, msgs))  # the usual case: one, q itself, checked at C speed
     if handles <= {q}:
         return msgs, [], len(msgs)
-    conn = getattr(q, "_b", None)
-    mine = {h for h in handles if h is q or (conn is not None and getattr(h, "_b", None) is conn
+    conn = getattr(q, "broker", None)
+    mine = {h for h in handles if h is q or (conn is not None and getattr(h, "broker", None) is conn
                                              and h.name == q.name)}
-    return [m for m in msgs if m[0] in mine], [m[3] for m in msgs if m[0] not in mine], len(msgs)
+    return ([m for m in msgs if m.queue_handle in mine],
+            [m.offset for m in msgs if m.queue_handle not in mine], len(msgs))
+
+
+@dataclass(frozen=True, slots=True)
+class RecordColumns:
+    """Retained records of one queue as columns (``Queue.read_columns``): no object per record.
+
+    ``offsets``: ascending, possibly with gaps (a ``range`` where they are consecutive, else
+    an ``array("Q")``); ``stamps``: each producer's wall clock, ns since the epoch
+    (``array("Q")``); ``meta_lens`` and ``payload_lens``: ``array("I")``; ``data``: each
+    record's metadata (``Message.meta``: its header block, then a dead letter's origin) and
+    then its payload, back to back.  The arrays are in native byte order, so numpy can see
+    them without a copy (``numpy.frombuffer``)."""
+
+    offsets: Sequence[int]
+    stamps: array[int]
+    meta_lens: array[int]
+    payload_lens: array[int]
+    data: bytes | bytearray | memoryview
+
+    def __len__(self) -> int:
+        return len(self.payload_lens)
+
+    @classmethod
+    def empty(cls, at: int = 0) -> RecordColumns:
+        """No records (a read from ``at`` found none)."""
+        return cls(range(at, at), array("Q"), array("I"), array("I"), b"")
+
+    @classmethod
+    def of(cls, msgs: Sequence[Message]) -> RecordColumns:
+        """The records of messages already read (one object each: the slow path)."""
+        metas = [m.meta or b"" for m in msgs]
+        payloads = [m.payload for m in msgs]
+        return cls(array("Q", [m.offset for m in msgs]), array("Q", [m.timestamp_ns for m in msgs]),
+                   array("I", map(len, metas)), array("I", map(len, payloads)),
+                   b"".join([x for pair in zip(metas, payloads, strict=True) for x in pair]))
+
+
+def check_read(offset: int, max_messages: int) -> None:
+    """A read's range: ``InvalidArgument`` unless ``offset >= 0`` and ``max_messages >= 1``."""
+    if max_messages < 1 or offset < 0:
+        raise InvalidArgument("offset must be >= 0 and max_messages >= 1")
+
+
+def check_joined(batch: Joined) -> None:
+    """A joined batch (``Queue.put_joined``): ``InvalidArgument`` when it is empty or its
+    lengths do not add up to its bytes."""
+    if not len(batch) or sum(batch.lens) != len(batch.data):
+        raise InvalidArgument(f"{len(batch.data)} bytes for {len(batch)} payloads of {sum(batch.lens)}")
 
 
 class Queue(ABC):
@@ -313,6 +365,37 @@ class Queue(ABC):
     @abstractmethod
     def read(self, offset: int, max_messages: int = 1) -> list[Message]: ...
 
+    def read_columns(self, offset: int, max_messages: int = 1) -> RecordColumns:
+        """``read`` as columns (:class:`RecordColumns`), with no object per record: the
+        retained records from ``max(offset, first retained)`` on, not leased.  At most
+        ``max_messages``, and fewer where one answer would grow too big (over TCP a frame and
+        ``options.MAX_BATCH``, co-located 64 MiB), but at least one when one is retained there.
+        This default makes them of ``read``'s messages; the transports read columns."""
+        check_read(offset, max_messages)
+        return RecordColumns.of(self.read(offset, min(max_messages, options.MAX_BATCH)))
+
+    def iter_columns(self, start: int, end: int) -> Iterator[RecordColumns]:
+        """The retained records of ``[start, end)``, as ``read_columns`` gives them one read
+        at a time (a gap shows as a first offset past where that read began; the last read
+        may go past ``end`` after one), until a read gives nothing, which is given too, or
+        reaches ``end``.  Over TCP the next read is asked before this one's answer is used."""
+        while start < end:
+            c = self.read_columns(start, end - start)
+            yield c
+            if not len(c):
+                return
+            start = c.offsets[-1] + 1
+
+    def put_joined(self, batch: Joined, block: bool = True, timeout: float | None = None, *,
+                   producer: str | None = None, seq: int | None = None) -> int:
+        """``put_many`` of payloads given back to back (``shmq.joined.Joined``: their lengths
+        and their bytes), atomically and, with ``producer`` and ``seq``, at most once per
+        (producer, seq); its first offset.  The errors of ``put_many``, and
+        ``InvalidArgument`` for an empty batch or lengths that do not add up to the bytes.
+        This default puts ``batch.payloads()``; the transports put the bytes as they are."""
+        check_joined(batch)
+        return self.put_many(batch.payloads(), block, timeout, producer=producer, seq=seq)[0]
+
     @abstractmethod
     def create_group(self, name: str, start: Start = "earliest") -> None:
         """A new group: at the earliest retained message, the latest, or the first produced
@@ -351,6 +434,10 @@ class Queue(ABC):
 
     def _ack_nowait(self, msg: Message) -> None:
         self._ack(msg)
+
+    def _reply_dropped(self, what: str) -> None:  # noqa: B027 (a hook: nothing to do by default)
+        """A reply dropped through this handle (``shmq.api.reply``): a co-located queue counts
+        it in its instance's registry; over TCP the worker counts its own."""
 
     def publisher(self, window: int = options.DEFAULT_PUBLISH_WINDOW, block: bool = True,
                   timeout: float | None = None) -> Publisher:
@@ -398,6 +485,9 @@ class Broker(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    def _reply_dropped(self, what: str) -> None:  # noqa: B027 (a hook: nothing to do by default)
+        """A reply dropped by this broker handle's requester: as ``Queue._reply_dropped``."""
 
     def request(self, queue: str, payload: Payload, timeout: float = options.DEFAULT_REQUEST_TIMEOUT, *,
                 headers: Headers | None = None) -> Message:

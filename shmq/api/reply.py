@@ -67,16 +67,15 @@ def _forked() -> None:
 os.register_at_fork(after_in_child=_forked)
 
 
-def _count(what: str, via: Any = None) -> None:
+def count_dropped(what: str, via: Any = None) -> None:
     """One more reply dropped, for ``what``: in this process (:func:`stats`) and, when
     ``via`` is a co-located handle (a queue or a broker), in its instance's registry
     (``broker.info().replies_dropped``, the metrics).  Over TCP the worker counts the
     replies it drops itself; a TCP requester's late ones are this process's alone."""
     with _counts_lock:
         _counts[what] += 1
-    att = getattr(via, "_att", None)
-    if att is not None:
-        att.registry.count_reply_dropped(what)
+    if via is not None:
+        via._reply_dropped(what)
 
 
 def stats() -> dict[str, int]:
@@ -155,10 +154,10 @@ def send_reply(handle: Any, name: str, payload: Any, headers: ReplyHeaders) -> b
     try:
         handle._reply_queue(name).put(payload, block=False, headers=headers)
     except QueueNotFound:
-        _count("gone", handle)
+        count_dropped("gone", handle)
         return False
     except Full:
-        _count("full", handle)
+        count_dropped("full", handle)
         return False
     return True
 
@@ -259,7 +258,7 @@ class Requester:
         ``mine``: the reader's own correlation id, looked for first at the end of the
         header block, where ``Message.reply`` puts it (no decoding in the usual case)."""
         self._unacked.append(msg)
-        meta = msg[6]
+        meta = msg.meta
         tail = _CID_KEY + _U16.pack(len(mine)) + mine
         if meta[-len(tail):] == tail:
             key: bytes | None = mine
@@ -267,8 +266,8 @@ class Requester:
             key = msg.headers.get(CORRELATION_ID)
         if key is not None and self._waiting.get(key, 0) is None:
             self._waiting[key] = msg
-        elif msg[4] == 1:  # deliveries
-            _count("late", self.broker)
+        elif msg.deliveries == 1:
+            count_dropped("late", self.broker)
 
     def close(self) -> None:
         """Delete the reply queue (a request waiting now times out)."""

@@ -8,7 +8,7 @@ Errors are one line on stderr and exit code 1; Ctrl-C is exit code 130
 Each call is a new process, so start-up counts: this module imports typer and what
 declares the commands, and each command imports the rest (the transports, rich for
 tables and bars) when it runs; ``cli_params`` keeps typer's pydantic out
-(``tests/test_cli_startup.py``).
+(``tests/cli/test_cli_startup.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 
 import typer
 
-from shmq import __version__, options
+from shmq import options
 from shmq.cli.messages import consume, dlq, peek, produce
 from shmq.cli.params import install as _plain_params
 from shmq.cli.session import (
@@ -43,6 +43,7 @@ from shmq.cli.top_command import register_top
 from shmq.errors import ShmqError
 from shmq.server import config as cfg
 from shmq.text import plural
+from shmq.version import __version__
 
 _plain_params()
 app = typer.Typer(no_args_is_help=True,

@@ -7,7 +7,7 @@ CLI call.  ``install`` gives parameters of those plain types a converter of thei
 with click's messages (``'x' is not a valid integer.``); any other parameter (a parser,
 bounds, choices, files, other types) keeps typer's coercion.  On a typer without that
 hook ``install`` changes nothing: the CLI works as before, only slower to start
-(``tests/test_cli_startup.py`` notices).
+(``tests/cli/test_cli_startup.py`` notices).
 """
 
 from __future__ import annotations

@@ -29,14 +29,15 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-from collections.abc import AsyncGenerator, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from typing import Any, TypeVar
 
 from shmq import options, tls
-from shmq.api import BrokerInfo, Headers, Message, Payload, QueueInfo
+from shmq.api import BrokerInfo, Headers, Message, Payload, QueueInfo, RecordColumns
 from shmq.api import reply as _reply
 from shmq.client.aio_reply import AsyncRequester, send_reply
 from shmq.errors import ConnectionLost, ProtocolError, ShmqError
+from shmq.joined import Joined
 from shmq.names import check_queue_name
 from shmq.protocol import commands as cmd
 from shmq.protocol import group_commands as gcmd
@@ -363,26 +364,26 @@ class AsyncMessage(Message):
         """Acknowledge.  ``wait=False``: without waiting for the broker's answer (as
         ``shmq.Message.ack``: a stale ack is then kept in ``broker.nowait_errors``)."""
         if wait:
-            await self[0]._settle(self, Settle.ACK, 0.0)
+            await self.queue_handle._settle(self, Settle.ACK, 0.0)
         else:
-            self[0]._ack_nowait(self)
+            self.queue_handle._ack_nowait(self)
 
     async def nack(self, delay: float = 0.0) -> None:  # type: ignore[override]
         """Give the message back; it is delivered again after ``delay`` seconds."""
-        await self[0]._settle(self, Settle.NACK, delay)
+        await self.queue_handle._settle(self, Settle.NACK, delay)
 
     async def touch(self, visibility_timeout: float | None = None) -> None:  # type: ignore[override]
         """Extend the lease by the visibility timeout (or the given seconds) from now."""
-        await self[0]._settle(self, Settle.TOUCH, visibility_timeout)
+        await self.queue_handle._settle(self, Settle.TOUCH, visibility_timeout)
 
     async def dead_letter(self) -> None:  # type: ignore[override]
         """Send the message to the dead-letter queue now."""
-        await self[0]._settle(self, Settle.DEAD, 0.0)
+        await self.queue_handle._settle(self, Settle.DEAD, 0.0)
 
     async def reply(self, payload: Payload, headers: Headers | None = None) -> bool:  # type: ignore[override]
         """``shmq.Message.reply``, awaitable."""
-        name, h = _reply.reply_target(self[6], headers)
-        return await send_reply(self[0]._b, name, payload, h)
+        name, h = _reply.reply_target(self.meta, headers)
+        return await send_reply(self.queue_handle.broker, name, payload, h)
 
     def __repr__(self) -> str:
         return "Async" + super().__repr__()
@@ -391,26 +392,26 @@ class AsyncMessage(Message):
 class AsyncQueue:
     """A queue of an :class:`AsyncBroker`: the methods of ``shmq.Queue``, awaitable."""
 
-    _message = AsyncMessage  # what its messages are made of (shmq.protocol.commands)
+    message_class = AsyncMessage  # what its messages are made of (shmq.protocol.commands)
 
     def __init__(self, broker: AsyncBroker, name: str) -> None:
-        self._b = broker
+        self.broker = broker
         self.name = name
-        self._qb = str.encode(name)  # the name on the wire, for the one-message frames
+        self.name_bytes = str.encode(name)  # the name on the wire, for the one-message frames
 
     def __repr__(self) -> str:
-        return f"AsyncQueue({self._b.url!r}, {self.name!r})"
+        return f"AsyncQueue({self.broker.url!r}, {self.name!r})"
 
     async def put(self, payload: Payload, block: bool = True, timeout: float | None = None, *,
                   headers: Headers | None = None, delay: float | None = None,
                   ttl: float | None = None) -> int:
-        return await self._b._execute(cmd.put(self, payload, block, timeout, headers, delay, ttl))
+        return await self.broker._execute(cmd.put(self, payload, block, timeout, headers, delay, ttl))
 
     async def put_many(self, payloads: Sequence[Payload], block: bool = True,
                        timeout: float | None = None, *, producer: str | None = None,
                        seq: int | None = None, headers: Sequence[Headers | None] | None = None,
                        delay: float | None = None, ttl: float | None = None) -> list[int]:
-        return await self._b._execute(cmd.put_many(self, payloads, block, timeout, producer, seq, headers,
+        return await self.broker._execute(cmd.put_many(self, payloads, block, timeout, producer, seq, headers,
                                                     delay, ttl))
 
     async def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
@@ -419,7 +420,7 @@ class AsyncQueue:
         if ack is not None and not rides(self, group, (ack,)):
             await self._settle(ack, Settle.ACK, 0.0)  # not a lease of this queue and group here
             ack = None
-        return await self._b._execute(cmd.get(self, group, block, timeout, visibility_timeout, ack))
+        return await self.broker._execute(cmd.get(self, group, block, timeout, visibility_timeout, ack))
 
     async def get_many(self, max_messages: int, group: str = options.DEFAULT_GROUP, block: bool = True,
                        timeout: float | None = None, visibility_timeout: float | None = None, *,
@@ -428,7 +429,7 @@ class AsyncQueue:
         if acks and not rides(self, group, acks):
             await self.ack_many(acks)  # not all leases of this queue and group here: acked apart
             acks = []
-        return await self._b._execute(cmd.get_many(self, max_messages, group, block, timeout,
+        return await self.broker._execute(cmd.get_many(self, max_messages, group, block, timeout,
                                                    visibility_timeout, acks))
 
     async def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:
@@ -437,38 +438,56 @@ class AsyncQueue:
         if some were stale; the others are applied.  ``wait=False``: the NO_REPLY kinds, not
         waited for (stale ones are reported in ``broker.nowait_errors``).  A message of
         another queue is stale here, raised at once (``shmq.api.own_leases``)."""
-        await self._b._execute(cmd.ack_many(self, messages, wait))
+        await self.broker._execute(cmd.ack_many(self, messages, wait))
 
     def _ack_nowait(self, msg: Message) -> None:
-        self._b._send_frame(cmd.ack_nowait_frame(self._qb, msg))
+        self.broker._send_frame(cmd.ack_nowait_frame(self.name_bytes, msg))
 
     async def _settle(self, msg: Message, action: Settle, arg: float | None) -> None:
-        await self._b._execute(cmd.settle(self, msg, action, arg))
+        await self.broker._execute(cmd.settle(self, msg, action, arg))
 
     async def read(self, offset: int, max_messages: int = 1) -> list[AsyncMessage]:
         """Messages from ``offset`` on, without leasing them (they cannot be settled)."""
-        return await self._b._execute(cmd.read(self, offset, max_messages))
+        return await self.broker._execute(cmd.read(self, offset, max_messages))
+
+    async def read_columns(self, offset: int, max_messages: int = 1) -> RecordColumns:
+        """``shmq.Queue.read_columns``: one READ, its answer as columns, no object per record."""
+        return await self.broker._execute(cmd.read_columns(self, offset, max_messages))
+
+    async def iter_columns(self, start: int, end: int) -> AsyncIterator[RecordColumns]:
+        """``shmq.Queue.iter_columns``, ``async for``: one ``read_columns`` after another."""
+        while start < end:
+            c = await self.read_columns(start, end - start)
+            yield c
+            if not len(c):
+                return
+            start = c.offsets[-1] + 1
+
+    async def put_joined(self, batch: Joined, block: bool = True, timeout: float | None = None, *,
+                         producer: str | None = None, seq: int | None = None) -> int:
+        """``shmq.Queue.put_joined``: one produce made of the lengths and the bytes as they are."""
+        return await self.broker._execute(cmd.put_joined(self, batch, block, timeout, producer, seq))
 
     async def create_group(self, name: str, start: Start = "earliest") -> None:
-        await self._b._execute(gcmd.create_group(self, name, start))
+        await self.broker._execute(gcmd.create_group(self, name, start))
 
     async def delete_group(self, name: str) -> None:
-        await self._b._execute(gcmd.delete_group(self, name))
+        await self.broker._execute(gcmd.delete_group(self, name))
 
     async def groups(self) -> list[str]:
-        return await self._b._execute(gcmd.groups(self))
+        return await self.broker._execute(gcmd.groups(self))
 
     async def commit(self, group: str, offset: int) -> None:
-        await self._b._execute(gcmd.commit(self, group, offset))
+        await self.broker._execute(gcmd.commit(self, group, offset))
 
     async def seek(self, group: str, when: When) -> int:
-        return await self._b._execute(gcmd.seek(self, group, when))
+        return await self.broker._execute(gcmd.seek(self, group, when))
 
     async def purge(self) -> int:
-        return await self._b._execute(cmd.purge(self))
+        return await self.broker._execute(cmd.purge(self))
 
     async def stats(self) -> dict[str, Any]:
-        return await self._b._execute(cmd.stats(self))
+        return await self.broker._execute(cmd.stats(self))
 
     def subscribe(self, group: str = options.DEFAULT_GROUP, credit: int = options.DEFAULT_CREDIT,
                   visibility_timeout: float | None = None) -> AsyncGenerator[AsyncMessage, None]:
@@ -479,4 +498,4 @@ class AsyncQueue:
         Closing the iterator (``aclose()``, or ``contextlib.aclosing``; leaving an
         ``async for`` closes it once it is garbage) unsubscribes, and gives the
         messages received but not handed out back to the queue."""
-        return self._b._subscription(self, group, credit, visibility_timeout)
+        return self.broker._subscription(self, group, credit, visibility_timeout)

@@ -87,7 +87,7 @@ class AsyncRequester:
                 if waiter is not None and not waiter[0].done():
                     waiter[0].set_result(msg)
                 elif msg.deliveries == 1:
-                    _reply._count("late")
+                    _reply.count_dropped("late")
 
     def close(self) -> None:
         if self._reader is not None:
@@ -98,9 +98,9 @@ async def send_reply(broker: Any, name: str, payload: Any, headers: _reply.Reply
     try:
         await broker.queue(name).put(payload, block=False, headers=headers)
     except QueueNotFound:
-        _reply._count("gone")
+        _reply.count_dropped("gone")
         return False
     except Full:
-        _reply._count("full")
+        _reply.count_dropped("full")
         return False
     return True

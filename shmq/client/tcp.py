@@ -18,13 +18,14 @@ import socket
 import threading
 import weakref
 from collections import deque
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from shmq import options
-from shmq.api import Broker, BrokerInfo, Headers, Message, Payload, Queue, QueueInfo
+from shmq.api import Broker, BrokerInfo, Headers, Message, Payload, Queue, QueueInfo, RecordColumns
 from shmq.api.reply import end_requests
 from shmq.errors import ConnectionLost, ProtocolError, ShmqError
+from shmq.joined import Joined
 from shmq.protocol import commands as cmd
 from shmq.protocol import group_commands as gcmd
 from shmq.protocol.codec import HEARTBEAT_FRAME
@@ -318,55 +319,55 @@ class TcpBroker(Broker):
 
 
 class TcpQueue(Queue):
-    _message = Message  # what its messages are made of (shmq.protocol.commands)
+    message_class = Message  # what its messages are made of (shmq.protocol.commands)
 
     def __init__(self, broker: TcpBroker, name: str) -> None:
-        self._b = broker
+        self.broker = broker
         self.name = name
-        self._qb = str.encode(name)  # the name on the wire, for the one-message frames
+        self.name_bytes = str.encode(name)  # the name on the wire, for the one-message frames
 
     def __reduce__(self):  # type: ignore[no-untyped-def]
-        b = self._b
+        b = self.broker
         return (_tcp_queue, (b.url, b._token, self.name, b.affinity, b._heartbeat, b.spin_us))
 
     def __repr__(self) -> str:
-        return f"TcpQueue({self._b.url!r}, {self.name!r})"
+        return f"TcpQueue({self.broker.url!r}, {self.name!r})"
 
     def put(self, payload: Payload, block: bool = True, timeout: float | None = None, *,
             headers: Headers | None = None, delay: float | None = None, ttl: float | None = None) -> int:
-        return self._b._execute(cmd.put(self, payload, block, timeout, headers, delay, ttl))
+        return self.broker._execute(cmd.put(self, payload, block, timeout, headers, delay, ttl))
 
     def put_many(self, payloads: Sequence[Payload], block: bool = True,
                  timeout: float | None = None, *, producer: str | None = None,
                  seq: int | None = None, headers: Sequence[Headers | None] | None = None,
                  delay: float | None = None, ttl: float | None = None) -> list[int]:
-        return self._b._execute(cmd.put_many(self, payloads, block, timeout, producer, seq, headers, delay,
-                                             ttl))
+        return self.broker._execute(cmd.put_many(self, payloads, block, timeout, producer, seq, headers,
+                                                 delay, ttl))
 
     def _publish(self, payload: Payload, block: bool, timeout: float | None, headers: Headers | None = None,
                  delay: float | None = None, ttl: float | None = None) -> tuple[Request[int], Box]:
         req = cmd.put(self, payload, block, timeout, headers, delay, ttl)
-        return req, self._b._begin(req)
+        return req, self.broker._begin(req)
 
     def _confirm(self, token: tuple[Request[int], Box]) -> int:
-        return self._b._finish(*token)
+        return self.broker._finish(*token)
 
     def _publish_many(self, payloads: Sequence[Payload], block: bool, timeout: float | None,
                       headers: Sequence[Headers | None] | None = None, delay: float | None = None,
                       ttl: float | None = None) -> tuple[Request[list[int]], Box]:
         req = cmd.put_many(self, payloads, block, timeout, None, None, headers, delay, ttl)
         assert isinstance(req, Request)  # (a batch that is not empty is one request)
-        return req, self._b._begin(req)
+        return req, self.broker._begin(req)
 
     def _confirm_many(self, token: tuple[Request[list[int]], Box]) -> list[int]:
-        return self._b._finish(*token)
+        return self.broker._finish(*token)
 
     def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
             visibility_timeout: float | None = None, *, ack: Message | None = None) -> Message:
         if ack is not None and not rides(self, group, (ack,)):
             ack.ack()  # not a lease of this queue and group here: acked apart
             ack = None
-        return self._b._execute(cmd.get(self, group, block, timeout, visibility_timeout, ack))
+        return self.broker._execute(cmd.get(self, group, block, timeout, visibility_timeout, ack))
 
     def get_many(self, max_messages: int, group: str = options.DEFAULT_GROUP, block: bool = True,
                  timeout: float | None = None, visibility_timeout: float | None = None, *,
@@ -375,44 +376,86 @@ class TcpQueue(Queue):
         if acks and not rides(self, group, acks):
             self.ack_many(acks)  # not all leases of this queue and group here: acked apart
             acks = []
-        return self._b._execute(cmd.get_many(self, max_messages, group, block, timeout, visibility_timeout,
-                                             acks))
+        return self.broker._execute(cmd.get_many(self, max_messages, group, block, timeout,
+                                                 visibility_timeout, acks))
 
     def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:
-        self._b._execute(cmd.ack_many(self, messages, wait))  # unwaited: they ride with the next request
+        self.broker._execute(cmd.ack_many(self, messages, wait))  # unwaited: they ride with the next request
 
     def _ack_nowait(self, msg: Message) -> None:
-        self._b._send_no_reply(cmd.ack_nowait_frame(self._qb, msg))
+        self.broker._send_no_reply(cmd.ack_nowait_frame(self.name_bytes, msg))
 
     def _settle(self, msg: Message, action: Settle, arg: float | None) -> None:
-        self._b._execute(cmd.settle(self, msg, action, arg))
+        self.broker._execute(cmd.settle(self, msg, action, arg))
 
     def read(self, offset: int, max_messages: int = 1) -> list[Message]:
-        return self._b._execute(cmd.read(self, offset, max_messages))
+        return self.broker._execute(cmd.read(self, offset, max_messages))
+
+    def read_columns(self, offset: int, max_messages: int = 1) -> RecordColumns:
+        """``Queue.read_columns``: one READ, its answer's columns seen as arrays and its
+        bytes as a view (``commands.read_columns``)."""
+        return self.broker._execute(cmd.read_columns(self, offset, max_messages))
+
+    def iter_columns(self, start: int, end: int) -> Iterator[RecordColumns]:
+        """``Queue.iter_columns`` one round trip ahead: the next READ is sent before this
+        one's answer is used, asking from where a full answer would stop, and is asked
+        again from the right offset when the answer stopped short (a frame's worth)."""
+        if start >= end:
+            return
+        b = self.broker
+
+        def ask(at: int) -> tuple[int, Request[RecordColumns], Box]:
+            req = cmd.read_columns(self, at, end - at)
+            return at + min(end - at, options.MAX_BATCH), req, b._begin(req)
+
+        asked, ahead = ask(start), None
+        while True:
+            full_end, req, box = asked
+            if ahead is None and full_end < end:
+                ahead = ask(full_end)
+            r = b._finish(req, box)
+            yield r
+            if not len(r) or (start := r.offsets[-1] + 1) >= end:
+                break
+            if ahead is not None and start == full_end:
+                asked, ahead = ahead, None
+                continue
+            if ahead is not None:  # this answer stopped short: the one asked ahead starts too far
+                b._wait(ahead[2])
+                ahead = None
+            asked = ask(start)
+        if ahead is not None:
+            b._wait(ahead[2])  # not needed, but the connection's next answer: read it off
+
+    def put_joined(self, batch: Joined, block: bool = True, timeout: float | None = None, *,
+                   producer: str | None = None, seq: int | None = None) -> int:
+        """``Queue.put_joined``: one PRODUCE_BATCH (PRODUCE_IDEMPOTENT with ``producer``) made
+        of the lengths and the bytes as they are, no object per payload."""
+        return self.broker._execute(cmd.put_joined(self, batch, block, timeout, producer, seq))
 
     def create_group(self, name: str, start: Start = "earliest") -> None:
-        self._b._execute(gcmd.create_group(self, name, start))
+        self.broker._execute(gcmd.create_group(self, name, start))
 
     def delete_group(self, name: str) -> None:
-        self._b._execute(gcmd.delete_group(self, name))
+        self.broker._execute(gcmd.delete_group(self, name))
 
     def groups(self) -> list[str]:
-        return self._b._execute(gcmd.groups(self))
+        return self.broker._execute(gcmd.groups(self))
 
     def commit(self, group: str, offset: int) -> None:
-        self._b._execute(gcmd.commit(self, group, offset))
+        self.broker._execute(gcmd.commit(self, group, offset))
 
     def seek(self, group: str, when: When) -> int:
-        return self._b._execute(gcmd.seek(self, group, when))
+        return self.broker._execute(gcmd.seek(self, group, when))
 
     def _reply_queue(self, name: str) -> TcpQueue:
-        return TcpQueue(self._b, name)
+        return TcpQueue(self.broker, name)
 
     def purge(self) -> int:
-        return self._b._execute(cmd.purge(self))
+        return self.broker._execute(cmd.purge(self))
 
     def stats(self) -> dict[str, Any]:
-        return self._b._execute(cmd.stats(self))
+        return self.broker._execute(cmd.stats(self))
 
     def subscribe(self, group: str = options.DEFAULT_GROUP, credit: int = options.DEFAULT_CREDIT,
                   visibility_timeout: float | None = None) -> Generator[Message, None, None]:
@@ -421,7 +464,7 @@ class TcpQueue(Queue):
         credit in steps of half the window.  Use a dedicated broker handle.  Closing
         the iterator unsubscribes, and gives the messages received but not handed out
         back to the queue."""
-        return self._b._subscription(self, group, credit, visibility_timeout)
+        return self.broker._subscription(self, group, credit, visibility_timeout)
 
 
 def _beating(ref: weakref.ref[TcpBroker], stop: threading.Event, interval: float) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import posix_ipc
 
-from shmq import __version__, crashpoints, options
+from shmq import crashpoints, options
 from shmq.api import Broker, BrokerInfo, QueueConfig, QueueInfo
 from shmq.api.limits import check_config
 from shmq.api.reply import end_requests
@@ -47,8 +47,7 @@ from shmq.core.segment import (
 from shmq.errors import InstanceError, InvalidArgument, QueueExists, QueueNotFound, StorageError, Timeout
 from shmq.journal.files import retire_journal
 from shmq.names import check_new_queue_name, check_queue_name, dlq_name, is_dlq_name
-
-_CRASH = crashpoints.watch(__name__)
+from shmq.version import __version__
 
 
 class Attachment:
@@ -168,7 +167,7 @@ class Attachment:
                 f"(shmq serve --instance {self.instance}); no journal writer is attached to this instance")
         with reg.lock:
             qid = reg.reserve_queue(name, is_dlq)
-        if _CRASH:
+        if crashpoints.active:
             crashpoints.hit("queue.create.segment")
         seg = queue_segment_name(self.instance, qid)
         sems = semaphore_names(self.instance, qid)
@@ -198,7 +197,7 @@ class Attachment:
             with reg.lock:
                 if not reg.publish_queue(qid):
                     raise InstanceError(f"the reservation of queue {name!r} was dropped")
-                if _CRASH:
+                if crashpoints.active:
                     crashpoints.hit("queue.create.published")
         except BaseException:
             with reg.lock:
@@ -233,13 +232,13 @@ class Attachment:
                 raise QueueNotFound(f"no queue named {name!r} in instance {self.instance!r}")
             q = self._open(entry)
             q.words[L.Q_STATE] = L.QS_DELETED  # other handles see this on their next call
-            if _CRASH:
+            if crashpoints.active:
                 crashpoints.hit("queue.delete.marked")
             for sem in (q._ne, q._nf, q._js, q._ds):  # wake sleepers so they notice at once
                 for _ in range(8):
                     sem.release()
             reg.remove_queue(entry.queue_id)
-            if _CRASH:
+            if crashpoints.active:
                 crashpoints.hit("queue.delete.unlisted")
             unlink_shm(queue_segment_name(self.instance, entry.queue_id))
             for s in semaphore_names(self.instance, entry.queue_id):
@@ -281,7 +280,7 @@ class Attachment:
                     n += self._open(entry)._reap_client(c.slot, now, (c.pid, c.start))
                 except QueueNotFound:
                     continue
-                if _CRASH:
+                if crashpoints.active:
                     crashpoints.hit("reap.queue")
             reg.free_client(c)
             reg.forget_dead(c)  # the slot is free: no need to remember that its process died
@@ -433,6 +432,15 @@ class ShmBroker(Broker):
     def delete_queue(self, name: str) -> None:
         check_queue_name(name) if not is_dlq_name(name) else None
         self._att.delete_queue(name)
+
+    @property
+    def registry(self) -> Registry:
+        """The instance's registry (``shmq.core.registry``): for the core's own tools (the
+        chaos storm's lock hog, ``shmq doctor``), not an API."""
+        return self._att.registry
+
+    def _reply_dropped(self, what: str) -> None:
+        self._att.registry.count_reply_dropped(what)
 
     def info(self) -> BrokerInfo:
         """The instance's owner and the processes attached (no worker pool over ``shm://``)."""

@@ -1,27 +1,37 @@
 """The consumer side of a queue handle: leases taken (``get``, ``get_many``) and settled.
 
-``_take_one`` is the hot path of one message (a known group, nothing changed,
-one lock hold); ``_take`` the general one, which sleeps while there is nothing
-to deliver.  Settling a lease is one store of its lease word under the consumer
-lock (``shmq.core.groups``); on an ``always`` queue the caller then waits for the
-journal (``shmq.core.durability``) unless it asked not to.
+``Consuming`` is a mixin of ``shmq.core.queue.ShmQueue``, declared there with its base
+``shmq.core.handle.QueueHandle``, whose state and machinery it uses (it is typed against
+that class).  ``_take_one`` is the hot path of one message (a known group, nothing
+changed, one lock hold); ``_take`` the general one, which waits while there is nothing to
+deliver: a look in one hold of the consumer lock (``_lease``), a short spin
+(``_spin_wait``), a look that announces the consumer, a sleep (``_sleep_for_messages``).
+Settling a lease is one store of its lease word under the consumer lock
+(``shmq.core.groups``); on an ``always`` queue the caller then waits for the journal
+(``shmq.core.durability``) unless it asked not to.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from shmq import crashpoints, options
 from shmq.accel import ext
 from shmq.api import Message, own_leases
-from shmq.core import layout as L
 from shmq.core.durability import Mark
 from shmq.core.groups import ACK, DEAD, FREED, NACK, OK, STALE, TO_DLQ, TOUCH, DeadItem
 from shmq.core.handle import QueueHandle, _ms, _sync
 from shmq.core.layout import (
     DC_SHIFT,
     G_CURSOR,
+    G_NEXT_EXPIRY,
+    G_NEXT_READY,
+    G_REDELIVER,
+    G_SERIAL,
+    G_WORDS,
+    GI_BITS,
     GI_MASK,
     LEASED,
     OWNER_SHIFT,
@@ -38,7 +48,6 @@ from shmq.settle import Settle
 
 # a semaphore sleep ends at its timeout, or early once a signal was handled (its handler
 # did not raise: a CLI's Ctrl-C, a SIGCHLD, ...): either way the waiter looks again
-_CRASH = crashpoints.watch(__name__)
 _monotonic_ns = time.monotonic_ns
 # the compiled twin of Groups.deliver_one (shmq.accel); _take_one falls back to the twin
 _deliver_c = None if ext is None else ext.deliver_one
@@ -47,9 +56,24 @@ _ack_run_c = None if ext is None else ext.ack_run  # ... and of ack_many's usual
 _RECOMPUTE = 4  # _ack_c: the floor moved; the free offset is recomputed here
 FIRST_LEASE = LEASED | (1 << DC_SHIFT)  # a first delivery's lease word, before its owner and deadline
 
+if TYPE_CHECKING:
+    _Handle = QueueHandle  # the state and machinery of ``ShmQueue`` this mixin uses
+else:
+    _Handle = object
 
-class Consuming(QueueHandle):
-    """get / get_many, and the settling of what they lease."""
+
+def _deadline(timeout: float | None) -> float | None:
+    """The monotonic time (s) a call given ``timeout`` (s; None: for ever) ends at."""
+    if timeout is None:
+        return None
+    if timeout >= 0:
+        return time.monotonic() + timeout
+    raise InvalidArgument("timeout must be >= 0")
+
+
+class Consuming(_Handle):
+    """get / get_many, and the settling of what they lease: a mixin of ``ShmQueue``, on its
+    ``QueueHandle``."""
 
     def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
             visibility_timeout: float | None = None, *, ack: Message | None = None) -> Message:
@@ -104,98 +128,124 @@ class Consuming(QueueHandle):
 
     def _take(self, group: str, max_n: int, block: bool, timeout: float | None,
               visibility_timeout: float | None, max_bytes: int = 0) -> list[Message]:
-        w = self.words
-        tw = self.consumer_groups.tail_word
-        if w[Q_STATE] != QS_ACTIVE:
+        """The general path of ``get`` and ``get_many``: up to ``max_n`` messages of
+        ``group`` leased (``max_bytes``: the byte budget, ``Groups.deliver``), waiting while
+        there is none to deliver as ``block`` and ``timeout`` say.  After an empty look, a
+        spin (a producer is likely mid-put), then a look that announces this consumer
+        (Q_CONSUMER_WAITERS, so that a put wakes it), then a sleep, and again."""
+        if self.words[Q_STATE] != QS_ACTIVE:
             self._alive()
         ref = self._group_ref(group)
-        gi = ref & L.GI_MASK
         att = self._att
         owner = att._slot
         if owner is None:
             owner = att.client_slot()
         vis = self.ring.visibility_ms if visibility_timeout is None else _ms(
             visibility_timeout, "visibility_timeout")
-        if timeout is None:
-            deadline = None
-        elif timeout >= 0:
-            deadline = time.monotonic() + timeout
-        else:
-            raise InvalidArgument("timeout must be >= 0")
-        clock = self.ring.clock
-        addr = clock.address
-        deliver = self.consumer_groups.deliver
-        waiting = False
+        deadline = _deadline(timeout)
         got: list[Message] = []
-        dead: list[DeadItem] = []
-        prefix = (self, ref, group)
-        g = self.ring.groups_w + gi * L.G_WORDS
-        announce = False
+        announce = counted = False  # counted: this call is one of Q_CONSUMER_WAITERS
         while True:
             now = self._now()
-            rc = trylock(addr)
-            if rc:
-                clock.acquire_slow(rc)
-            try:
-                if waiting:
-                    w[Q_CONSUMER_WAITERS] -= 1 if w[Q_CONSUMER_WAITERS] else 0
-                    waiting = False
-                if w[g + L.G_SERIAL] != ref >> L.GI_BITS:  # deleted (maybe created again) meanwhile
-                    ref = self.consumer_groups.ref(self.consumer_groups.require(group))
-                    gi = ref & L.GI_MASK
-                    prefix = (self, ref, group)
-                    g = self.ring.groups_w + gi * L.G_WORDS
-                deliver(gi, owner, now, max_n, vis, got, dead, Message, prefix, max_bytes)
-                if not got and announce:
-                    w[Q_CONSUMER_WAITERS] += 1  # announce a sleeper before letting go of the lock
-                    waiting = True
-                    if _CRASH:
-                        crashpoints.hit("wait.announced")
-            finally:
-                unlock(addr)
-            if dead:
-                self._dead_letter(dead)
-                dead = []
+            ref = self._lease(group, ref, owner, now, max_n, vis, max_bytes, got, counted, announce)
             if got:
                 return got
+            counted = announce
             att.reap(now)
             if not block:
                 raise Empty(f"queue {self.name!r} has no message for group {group!r}")
-            if not announce:
-                # A producer is likely mid-put: look again for a moment before sleeping.
-                for _ in range(self._spin):
-                    if w[tw] > w[g + G_CURSOR]:  # Q_NEXT_OFFSET (Q_DURABLE_OFFSET if `always`) > cursor
-                        break
+            if not announce:  # a spin, then a look that announces this consumer
+                self._spin_wait(ref)
                 announce = True
                 continue
             announce = False  # after the sleep, look again before announcing again
-            wait = options.WAIT_SLICE
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    with clock:
-                        w[Q_CONSUMER_WAITERS] -= 1 if w[Q_CONSUMER_WAITERS] else 0
-                    raise Empty(f"no message for group {group!r} of queue {self.name!r} "
-                                f"within {timeout} s")
-                wait = min(wait, remaining)
-            if w[tw] > w[g + L.G_CURSOR]:
-                continue  # published while we announced ourselves
-            if w[g + L.G_REDELIVER]:
-                wait = max(0.0, min(wait, (w[g + L.G_NEXT_READY] - now) / 1000))
-            if w[g + L.G_NEXT_EXPIRY]:
-                wait = max(0.0, min(wait, (w[g + L.G_NEXT_EXPIRY] - now) / 1000))
-            if w[L.Q_STATE] != L.QS_ACTIVE:
-                with clock:
-                    w[Q_CONSUMER_WAITERS] -= 1 if w[Q_CONSUMER_WAITERS] else 0
-                self._alive()
-            self._sem_sleep(self._ne, wait)
+            self._sleep_for_messages(group, ref, now, deadline, timeout)
+
+    def _lease(self, group: str, ref: int, owner: int, now: int, max_n: int, vis: int, max_bytes: int,
+               got: list[Message], counted: bool, announce: bool) -> int:
+        """One look of ``_take``, in one hold of the consumer lock: lease into ``got`` what
+        ``group`` has to deliver at ``now`` (``Groups.deliver``), then copy what it
+        dead-lettered.  ``counted``: this consumer announced itself at the last look and is
+        no waiter any more; ``announce``: it becomes one, before the lock is let go of (no
+        put can miss it), when nothing was leased.  Returns the group's reference: a new one
+        when the group was deleted (maybe created again) since ``ref``."""
+        w = self.words
+        groups = self.consumer_groups
+        addr = self._clock_addr
+        dead: list[DeadItem] = []
+        rc = trylock(addr)
+        if rc:
+            self.ring.clock.acquire_slow(rc)
+        try:
+            if counted:
+                w[Q_CONSUMER_WAITERS] -= 1 if w[Q_CONSUMER_WAITERS] else 0
+            if w[self.ring.groups_w + (ref & GI_MASK) * G_WORDS + G_SERIAL] != ref >> GI_BITS:
+                ref = groups.ref(groups.require(group))
+            groups.deliver(ref & GI_MASK, owner, now, max_n, vis, got, dead, Message, (self, ref, group),
+                           max_bytes)
+            if announce and not got:
+                w[Q_CONSUMER_WAITERS] += 1
+                if crashpoints.active:
+                    crashpoints.hit("wait.announced")
+        finally:
+            unlock(addr)
+        if dead:
+            self._dead_letter(dead)
+        return ref
+
+    def _spin_wait(self, ref: int) -> None:
+        """Re-read the header at most ``_spin`` times (``options.SPIN_CHECKS``), until the
+        group ``ref`` names has a message past its cursor: a look after a put in progress
+        costs less than a sleep and a wake-up."""
+        w = self.words
+        tw = self.consumer_groups.tail_word  # Q_NEXT_OFFSET (Q_DURABLE_OFFSET if `always`)
+        cursor = self.ring.groups_w + (ref & GI_MASK) * G_WORDS + G_CURSOR
+        for _ in range(self._spin):
+            if w[tw] > w[cursor]:
+                break
+
+    def _sleep_for_messages(self, group: str, ref: int, now: int, deadline: float | None,
+                            timeout: float | None) -> None:
+        """Sleep on the not-empty semaphore, this consumer announced (one of
+        Q_CONSUMER_WAITERS): at most ``WAIT_SLICE``, and no later than ``deadline`` or the
+        group's next redelivery or lease expiry (as of ``now``); not at all when a message
+        was published since the announcing look.  At ``deadline``, or once the queue is
+        deleted, the consumer stops being a waiter and the call raises (:class:`Empty`,
+        :class:`QueueNotFound`)."""
+        w = self.words
+        g = self.ring.groups_w + (ref & GI_MASK) * G_WORDS
+        wait = options.WAIT_SLICE
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._stop_waiting()
+                raise Empty(f"no message for group {group!r} of queue {self.name!r} within {timeout} s")
+            wait = min(wait, remaining)
+        if w[self.consumer_groups.tail_word] > w[g + G_CURSOR]:
+            return  # published while we announced ourselves
+        if w[g + G_REDELIVER]:
+            wait = max(0.0, min(wait, (w[g + G_NEXT_READY] - now) / 1000))
+        if w[g + G_NEXT_EXPIRY]:
+            wait = max(0.0, min(wait, (w[g + G_NEXT_EXPIRY] - now) / 1000))
+        if w[Q_STATE] != QS_ACTIVE:
+            self._stop_waiting()
+            self._alive()
+        self._sem_sleep(self._ne, wait)
+
+    def _stop_waiting(self) -> None:
+        """This consumer is no longer one of Q_CONSUMER_WAITERS (a hint: never below 0)."""
+        w = self.words
+        with self.ring.clock:
+            w[Q_CONSUMER_WAITERS] -= 1 if w[Q_CONSUMER_WAITERS] else 0
 
     # ------------------------------------------------------------ settle
     def _ack_nowait(self, msg: Message) -> None:
         self._ack(msg, wait_durable=False)
 
     def _ack(self, msg: Message, wait_durable: bool = True) -> None:
-        ref = msg[1]
+        # msg.group_ref, .queue_handle, .offset, .deliveries: indexed, as fast as a co-located
+        # consumer's ack can read them (a property, or unpacking the tuple subclass, costs more)
+        ref, offset, deliveries = msg[1], msg[3], msg[4]
         if ref < 0 or msg[0] is not self:
             raise self._not_ours(msg)
         addr = self._clock_addr
@@ -206,11 +256,11 @@ class Consuming(QueueHandle):
             a1 = _ack_c
             if a1 is not None and self._one is not None and not self._durable:
                 groups = self.consumer_groups
-                result = a1(self._one, ref, msg[3], msg[4], groups._gen if groups._lone else -1)
+                result = a1(self._one, ref, offset, deliveries, groups._gen if groups._lone else -1)
                 if result == _RECOMPUTE:
                     result = FREED if groups._recompute_free() else OK
             else:
-                result = self.consumer_groups.ack(ref, msg[3], msg[4])
+                result = self.consumer_groups.ack(ref, offset, deliveries)
         finally:
             unlock(addr)
         if result == FREED:
@@ -225,13 +275,13 @@ class Consuming(QueueHandle):
                 self.durability.poke()
 
     def _not_ours(self, msg: Message) -> StaleAck:
-        return StaleAck(f"message {msg[3]} is not a delivery of {self.name!r} (read() results "
+        return StaleAck(f"message {msg.offset} is not a delivery of {self.name!r} (read() results "
                         "cannot be settled)")
 
     def _stale(self, msg: Message) -> StaleAck:
         self._alive()  # a lease of a deleted queue: QueueNotFound says why
-        return StaleAck(f"the lease of message {msg[3]} (delivery {msg[4]}) on {self.name!r} is no "
-                        "longer held: it was settled already, or it expired and was given back")
+        return StaleAck(f"the lease of message {msg.offset} (delivery {msg.deliveries}) on {self.name!r} is "
+                        "no longer held: it was settled already, or it expired and was given back")
 
     def _settle(self, msg: Message, action: Settle, arg: float | None) -> None:
         """nack / touch / dead-letter (ack has its own path, ``_ack``)."""
@@ -242,8 +292,8 @@ class Consuming(QueueHandle):
     def _settle_unsynced(self, msg: Message, action: Settle, arg: float | None) -> Mark | None:
         """nack / touch / dead-letter, not waiting for the journal: the mark that confirms
         it on an ``always`` queue (``shmq.core.durability``)."""
-        ref = msg[1]
-        if ref < 0 or msg[0] is not self:
+        ref = msg.group_ref
+        if ref < 0 or msg.queue_handle is not self:
             raise self._not_ours(msg)
         if action == TOUCH:
             arg_ms = self.ring.visibility_ms if arg is None else _ms(arg, "visibility_timeout")
@@ -253,7 +303,8 @@ class Consuming(QueueHandle):
             arg_ms = _ms(arg or 0.0, "delay")
         owner = self._att.client_slot()
         with self.ring.clock:
-            result = self.consumer_groups.settle(ref, msg[3], msg[4], action, owner, self._now(), arg_ms)
+            result = self.consumer_groups.settle(ref, msg.offset, msg.deliveries, action, owner, self._now(),
+                                                 arg_ms)
         if result == STALE:
             raise self._stale(msg)
         mark = self.durability.settle_mark() if action != TOUCH else None
@@ -261,7 +312,7 @@ class Consuming(QueueHandle):
             self._wake_consumers(1)  # deliverable again now, wherever its consumers wait
         if result == TO_DLQ:
             reason = "nack" if action == NACK else "dead_letter"
-            self._dead_letter([(ref & L.GI_MASK, msg[3], msg[4], reason)], options.WAIT_SLICE * 20)
+            self._dead_letter([(ref & GI_MASK, msg.offset, msg.deliveries, reason)], options.WAIT_SLICE * 20)
         return mark
 
     def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:

@@ -1,13 +1,15 @@
 """Delivery: leasing a group's messages to a consumer, new ones and given-back ones.
 
-``Delivery`` is a base class of ``shmq.core.groups.Groups``: every method here is called with
-the consumer lock held and keeps the invariants in ``shmq.core.groups``'s docstring.  A
-delivery stores the lease words first (LEASED, the owner, the deadline) and moves the
-cursor and the expiry hint after them, so a deliverer killed in between leaves words
-that ``Groups.repair`` turns back into NEW.  ``deliver`` is the general path (expired
-leases first, then redeliveries, then new messages); ``deliver_one`` and
-``deliver_block`` are its hot paths for one new message and for a run of them.
-``sweep`` is the broker's maintenance: it expires what a delivery would, with no consumer.
+``Delivery`` is a mixin of ``shmq.core.groups.Groups``, declared there with ``Settlement``
+and their base ``GroupTable`` (it is typed against that class and ``Settlement.expire``,
+all it uses of them).  Every method here is called with the consumer lock held and keeps
+the invariants in ``shmq.core.groups``'s docstring.  A delivery stores the lease words
+first (LEASED, the owner, the deadline) and moves the cursor and the expiry hint after
+them, so a deliverer killed in between leaves words that ``Groups.repair`` turns back
+into NEW.  ``deliver`` is the general path (expired leases first, then redeliveries,
+then new messages); ``deliver_one`` and ``deliver_block`` are its hot paths for one new
+message and for a run of them.  ``sweep`` is the broker's maintenance: it expires what a
+delivery would, with no consumer.
 
 TTL: a message expires for a group when it would be delivered to it for the first time
 after the queue's TTL (``ttl_ns``, counted from S_TIMESTAMP) or its own (S_EXPIRES)
@@ -20,11 +22,11 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_right
 from itertools import accumulate
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from shmq import crashpoints
 from shmq.accel import ext
-from shmq.core.group_table import DeadItem
+from shmq.core.group_table import DeadItem, GroupTable
 from shmq.core.layout import (
     DC_MASK,
     DC_SHIFT,
@@ -61,11 +63,8 @@ from shmq.core.layout import (
     TIME_SHIFT,
     WORD,
 )
-from shmq.core.settlement import Settlement
 
 _unpack_slot = SLOT_HEAD.unpack_from
-
-_CRASH = crashpoints.watch(__name__)
 
 TTL_REASON = "ttl_expired"  # a dead letter's origin reason when its message's TTL passed
 
@@ -113,8 +112,20 @@ def _within(lens: list[int], used: int, max_bytes: int, got: int) -> tuple[int, 
     return k, cum[k]
 
 
-class Delivery(Settlement):
-    """Leasing messages to consumers (the base of ``Groups``)."""
+if TYPE_CHECKING:
+    class _Expiry(Protocol):
+        def expire(self, gi: int, now: int, owner: int, dead: list[DeadItem]) -> int:
+            """``Settlement.expire``: a delivery gives the group's expired leases back first."""
+            ...
+
+    class _Needs(GroupTable, _Expiry):
+        """What ``Delivery`` uses of ``Groups``: its ``GroupTable``, and ``Settlement.expire``."""
+else:
+    _Needs = object
+
+
+class Delivery(_Needs):
+    """Leasing messages to consumers: a mixin of ``Groups``, on its ``GroupTable``."""
 
     # ------------------------------------------------------------ delivery
     def deliver(self, gi: int, owner: int, now: int, max_n: int, vis_ms: int,
@@ -212,11 +223,11 @@ class Delivery(Settlement):
                 else:
                     append(new(cls, (*prefix, cur, 1, mm[start:start + lens], b"", ts)))
                 cur += 1
-        if _CRASH:
+        if crashpoints.active:
             crashpoints.hit("deliver.run.leased")
         w[g + G_CURSOR] = cur
         w[g + G_DELIVERED] += got - first
-        if _CRASH:
+        if crashpoints.active:
             crashpoints.hit("deliver.cursor")
         if not ne or deadline < ne:
             w[g + G_NEXT_EXPIRY] = deadline
@@ -239,7 +250,7 @@ class Delivery(Settlement):
         else:
             w[lw] = DEADING | (owner << OWNER_SHIFT)
             dead.append((gi, offset, 0, TTL_REASON))
-        if _CRASH:
+        if crashpoints.active:
             crashpoints.hit("ttl.expired")
         w[g + G_TTL_EXPIRED] += 1
 
@@ -262,7 +273,7 @@ class Delivery(Settlement):
         if w[base + S_EXPIRES] and w[base + S_EXPIRES] <= self.wall_ns():
             return None  # its own TTL ran out: ``deliver`` expires it
         w[base + S_GROUPS + gi] = word
-        if _CRASH:
+        if crashpoints.active:
             crashpoints.hit("deliver.one.leased")
         w[g + G_CURSOR] = cur + 1
         w[g + G_DELIVERED] += 1
@@ -332,7 +343,7 @@ class Delivery(Settlement):
             return None  # some outlived their own TTL: ``deliver`` expires them
         deadline = now + vis_ms
         w[lw:end:sw] = array("Q", [LEASED_ONCE | (owner << OWNER_SHIFT) | (deadline << TIME_SHIFT)]) * k
-        if _CRASH:
+        if crashpoints.active:
             crashpoints.hit("deliver.block.leased")
         w[g + G_CURSOR] = cur + k
         w[g + G_DELIVERED] += k
@@ -385,7 +396,7 @@ class Delivery(Settlement):
                             break  # o stays READY (see "stopped early" below)
                     dc = ((word >> DC_SHIFT) & DC_MASK) + 1  # at most DC_MASK: see give_up_at
                     w[base] = LEASED | (dc << DC_SHIFT) | (owner << OWNER_SHIFT) | (deadline << TIME_SHIFT)
-                    if _CRASH:
+                    if crashpoints.active:
                         crashpoints.hit("redeliver.leased")
                     payload, meta, ts = self.ring.record(o)
                     out.append(tuple.__new__(cls, (*prefix, o, dc, payload, meta, ts)))

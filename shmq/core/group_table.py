@@ -1,10 +1,11 @@
 """The group table of a queue: its entries, group references, floors and the free offset.
 
-``GroupTable`` is the first base class of ``shmq.core.groups.Groups``, whose docstring has
-the invariants every method keeps and the rules they all follow (the consumer lock is
-held, the time is ``now``).  Here: the queue's geometry, creating and deleting groups,
-the references deliveries carry, moving a group's floor past DONE words and the
-queue's free offset after it, and a group's counters.
+``GroupTable`` is the base class of ``shmq.core.groups.Groups`` (which adds the mixins
+``Delivery`` and ``Settlement``, typed against this class), whose docstring has the
+invariants every method keeps and the rules they all follow (the consumer lock is held,
+the time is ``now``).  Here: the queue's geometry, creating and deleting groups, the
+references deliveries carry, moving a group's floor past DONE words and the queue's free
+offset after it, the READY hints both mixins raise, and a group's counters.
 
 Deliveries name their group by reference (``layout.group_ref``: the index and the
 group's serial), and every settle checks the serial first: a group deleted and
@@ -15,6 +16,7 @@ delivery of the new one that happens to have the same offset and delivery count.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from shmq import crashpoints, options
 from shmq.core.layout import (
@@ -31,6 +33,9 @@ from shmq.core.layout import (
     G_NACKED,
     G_NAME,
     G_NAME_LEN,
+    G_NEXT_READY,
+    G_READY_LO,
+    G_REDELIVER,
     G_REDELIVERED,
     G_SERIAL,
     G_STATE,
@@ -58,7 +63,7 @@ from shmq.core.layout import (
     group_ref,
 )
 from shmq.core.ring import Ring
-from shmq.errors import GroupNotFound, InvalidArgument, LimitExceeded, QueueExists
+from shmq.errors import GroupExists, GroupNotFound, InvalidArgument, LimitExceeded
 from shmq.settle import Settle
 
 _ALWAYS = options.DURABILITY_MODES.index("always")
@@ -69,8 +74,6 @@ TO_DLQ = 2
 FREED = 3
 
 ACK, NACK, TOUCH, DEAD = Settle  # settle actions, as plain names for the hot paths
-
-_CRASH = crashpoints.watch(__name__)
 
 # dead-letter work item: (group index, offset, deliveries, reason)
 DeadItem = tuple[int, int, int, str]
@@ -103,9 +106,10 @@ def reopened(word: int, now: int) -> int:
 
 
 class GroupTable:
-    """The group table's entries and the queue's geometry (the base of ``Settlement``)."""
+    """The group table's entries and the queue's geometry: the state of ``Groups``, and
+    what its mixins (``Delivery``, ``Settlement``) are typed against."""
 
-    def __init__(self, ring: Ring) -> None:
+    def __init__(self, ring: Ring, wall_ns: Callable[[], int] = time.time_ns) -> None:
         self.ring = ring
         self.w = ring.w
         self.mm = ring.mm
@@ -131,10 +135,10 @@ class GroupTable:
         # count would saturate, so a stale lease can never match a newer delivery
         self.give_up_at = ring.max_deliveries or DC_MASK
         # TTL: a message whose S_TIMESTAMP (wall ns) is this old when first delivered to a
-        # group expires for it (0: never); dropped, or dead-lettered (``group_delivery``)
+        # group expires for it (0: never); dropped, or dead-lettered (``delivery``)
         self.ttl_ns = ring.message_ttl_ms * 1_000_000
         self.ttl_drop = bool(ring.flags & F_TTL_DROP)
-        self.wall_ns = time.time_ns  # the TTL's clock: the producers' (``Groups``)
+        self.wall_ns = wall_ns  # the clock of the producers' timestamps, which TTLs count from
 
     # ------------------------------------------------------------ group table
     def _name(self, gi: int) -> str:
@@ -163,7 +167,7 @@ class GroupTable:
         if start not in ("earliest", "latest") and type(start) is not int:
             raise InvalidArgument("start must be 'earliest' or 'latest'")
         if self.index(name) >= 0:
-            raise QueueExists(f"group {name!r} exists on queue {self.ring.name!r}")
+            raise GroupExists(f"group {name!r} exists on queue {self.ring.name!r}")
         w = self.w
         for gi in range(self.max_groups):
             g = self.gw + gi * G_WORDS
@@ -194,7 +198,7 @@ class GroupTable:
             gen = w[Q_GROUP_GEN] + 1
             w[g + G_SERIAL] = gen
             w[g + G_STATE] = GS_ACTIVE
-            if _CRASH:
+            if crashpoints.active:
                 crashpoints.hit("group.create.active")
             w[Q_GROUP_GEN] = gen
             return gi
@@ -206,7 +210,7 @@ class GroupTable:
             self.w[Q_SETTLE_SEQ] += 1
         self.w[self.gw + gi * G_WORDS + G_SERIAL] = 0  # its leases are stale from now on
         self.w[self.gw + gi * G_WORDS + G_STATE] = GS_FREE
-        if _CRASH:
+        if crashpoints.active:
             crashpoints.hit("group.delete.freed")
         self.w[Q_GROUP_GEN] += 1
         return self._recompute_free()
@@ -239,7 +243,7 @@ class GroupTable:
         if f == old:
             return False
         w[g + G_FLOOR] = f
-        if _CRASH:
+        if crashpoints.active:
             crashpoints.hit("floor.moved")
         if self.journaled:  # the journal writer's mark may hold the free offset back
             return self._recompute_free()
@@ -267,6 +271,19 @@ class GroupTable:
             w[Q_FREE_OFFSET] = low
             return True
         return False
+
+    # ------------------------------------------------------------ hints
+    def _ready_hint(self, g: int, offset: int, ready_at: int) -> None:
+        """The READY hints of group entry ``g`` take in one more READY word, at ``offset``,
+        deliverable at ``ready_at``: raised before the word is stored (too high a count is
+        allowed, a wasted scan; too low is not, a stranded message)."""
+        w = self.w
+        if not w[g + G_REDELIVER] or offset < w[g + G_READY_LO]:
+            w[g + G_READY_LO] = offset
+        nr = w[g + G_NEXT_READY]
+        if not w[g + G_REDELIVER] or ready_at < nr:
+            w[g + G_NEXT_READY] = ready_at
+        w[g + G_REDELIVER] += 1
 
     # ------------------------------------------------------------ reading
     def stats(self, gi: int, now: int = 0) -> dict[str, int]:

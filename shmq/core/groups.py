@@ -1,10 +1,11 @@
 """The consumer side of a queue: groups, leases, acknowledgements, redelivery.
 
-``Groups`` is one class written in four modules, each the base class of the next:
-``group_table`` (the group entries, their references, floors and the free offset),
-``group_settlement`` (acks, nacks, touches, dead-letters, commits, expiry, dead owners),
-``group_delivery`` (leasing messages to consumers) and, here, the journal's snapshot and
-its restore, and ``repair``.  Import them from here.
+``Groups`` is declared here, as ``class Groups(Delivery, Settlement, GroupTable)``: its
+state and the group table are ``GroupTable``'s (``group_table``: the group entries, their
+references, floors and the free offset), two mixins typed against that class hold the
+lease paths (``delivery``: leasing messages to consumers; ``settlement``: acks, nacks,
+touches, dead-letters, commits, expiry, dead owners), and this module adds the journal's
+snapshot and its restore, seeks, and ``repair``.  Import them from here.
 
 Every method of ``Groups`` is called with the queue's consumer lock held (``Ring.clock``)
 and takes the time as ``now`` (monotonic ms), so tests drive the clock.
@@ -50,6 +51,7 @@ from shmq.core.group_table import (
     TO_DLQ,
     TOUCH,
     DeadItem,
+    GroupTable,
     reopened,
     settled,
 )
@@ -102,18 +104,32 @@ from shmq.core.layout import (
     lease_word,
 )
 from shmq.core.ring import Ring
+from shmq.core.settlement import Settlement
 
 __all__ = ["ACK", "DEAD", "FREED", "NACK", "OK", "STALE", "TO_DLQ", "TOUCH", "DeadItem", "Groups"]
 
-_CRASH = crashpoints.watch(__name__)
 
+class Groups(Delivery, Settlement, GroupTable):
+    """The consumer side of one queue (see the module docstring), in three parts:
 
-class Groups(Delivery):
-    """The consumer side of one queue (see the module docstring)."""
+    * ``GroupTable`` (``group_table``), the base: the geometry and every field, the group
+      entries (create, delete, references), floors and the free offset, the READY hints,
+      stats;
+    * ``Delivery`` (``delivery``), a mixin: ``deliver`` and its hot paths ``deliver_one``
+      (and ``one_geom``, the compiled twin's geometry) and ``deliver_block``, redelivery,
+      TTL expiry, ``sweep``;
+    * ``Settlement`` (``settlement``), a mixin: ``ack`` and its batches, ``settle`` (nack,
+      touch, dead-letter), give-backs, ``finish_dead``, ``orphan_dead``, ``commit``,
+      ``expire``, ``reap_owner``;
+
+    and, here, the journal's ``snapshot`` and the ``restore`` family, ``offset_at`` and
+    ``seek``, and ``repair``.  The mixins hold no state of their own and neither inherits
+    from the other: each is typed against ``GroupTable`` (``Delivery`` also declares the
+    ``expire`` it calls), and every method is looked up on this one class, so the hot
+    paths pay nothing for the split."""
 
     def __init__(self, ring: Ring, wall_ns: Callable[[], int] = time.time_ns) -> None:
-        super().__init__(ring)
-        self.wall_ns = wall_ns  # the clock of the producers' timestamps, which TTLs count from
+        GroupTable.__init__(self, ring, wall_ns)
         # A consumer killed inside the consumer lock left the group table half-updated:
         # the next holder re-derives it from the lease words.
         ring.clock.on_recover = self.repair
@@ -318,7 +334,7 @@ class Groups(Delivery):
         start = w[g + G_FLOOR]
         if to < start:
             w[g + G_FLOOR] = start = to
-        if _CRASH:
+        if crashpoints.active:
             crashpoints.hit("seek.floor")
         for o in range(start, cur):
             slot = self.sl + (o % self.cap) * self.sw
@@ -332,9 +348,9 @@ class Groups(Delivery):
                 w[slot + lw] = reopened(word, now)
             else:
                 continue
-            if _CRASH:
+            if crashpoints.active:
                 crashpoints.hit("seek.word")
-        if _CRASH:
+        if crashpoints.active:
             crashpoints.hit("seek.words")
         self._exact_hints(gi)
         freed = self.advance_floor(gi)

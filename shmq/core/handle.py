@@ -1,11 +1,12 @@
 """The machinery every queue handle shares: its words and semaphores, sleeping and
 waking, groups by name, dead-letter copies and maintenance.
 
-A handle is built in three layers, one module each::
+A handle is one class in three modules, declared in ``shmq.core.queue``::
 
-    shmq.core.queue.ShmQueue        the public api.Queue: produce, groups, replay, stats
-      └─ shmq.core.consumer.Consuming    leases: get / get_many, and settling them
-           └─ shmq.core.handle.QueueHandle   this module
+    class ShmQueue(Consuming, QueueHandle, QueueABC)
+      shmq.core.queue      ShmQueue: the public api.Queue: produce, groups, replay, stats
+      shmq.core.consumer   Consuming, a mixin: get / get_many, and settling their leases
+      shmq.core.handle     QueueHandle, the base: this module (the state, and what both use)
 
 Blocking follows ``queue.Queue``: ``block=True, timeout=None`` waits for ever,
 ``timeout`` bounds the whole call on the monotonic clock, ``block=False``
@@ -53,7 +54,6 @@ _CLOSED = "closed"  # QueueHandle.release's reason when the broker handle was cl
 # a semaphore sleep ends at its timeout, or early once a signal was handled (its handler
 # did not raise: a CLI's Ctrl-C, a SIGCHLD, ...): either way the waiter looks again
 _BusyError = (posix_ipc.BusyError, posix_ipc.SignalError)
-_CRASH = crashpoints.watch(__name__)
 _monotonic_ns = time.monotonic_ns
 
 
@@ -84,7 +84,8 @@ def monotonic_ms() -> int:
 
 
 class QueueHandle:
-    """One queue of a co-located instance: what every part of the handle shares."""
+    """One queue of a co-located instance: what every part of the handle shares (the base
+    class of ``ShmQueue``, and what its mixin ``Consuming`` is typed against)."""
 
     def __init__(self, att: Host, ring: Ring, not_empty: posix_ipc.Semaphore,
                  not_full: posix_ipc.Semaphore, journal: posix_ipc.Semaphore,
@@ -368,7 +369,7 @@ class QueueHandle:
                 for gi, off, dc in copied:
                     self.consumer_groups.orphan_dead(gi, off, dc)
             return
-        if _CRASH:
+        if crashpoints.active:
             crashpoints.hit("dlq.copied")
         freed = False
         with ring.clock:

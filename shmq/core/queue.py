@@ -1,7 +1,10 @@
 """A co-located queue handle: the ``api.Queue`` interface straight on shared memory.
 
-``ShmQueue`` adds the producer side, groups, replay and stats to the consumer side
-(``shmq.core.consumer``) and the machinery every handle shares (``shmq.core.handle``).
+``ShmQueue`` is declared here, as ``class ShmQueue(Consuming, QueueHandle, QueueABC)``:
+its state and the machinery every handle shares are ``QueueHandle``'s
+(``shmq.core.handle``), the consumer side is the mixin ``Consuming``
+(``shmq.core.consumer``, typed against that class), and this module adds the producer
+side, groups, replay and stats.
 """
 
 from __future__ import annotations
@@ -13,9 +16,21 @@ from typing import Any
 
 from shmq import headers as _headers
 from shmq import options
-from shmq.api import Headers, Message, Payload, as_bytes, check_producer, delay_ms, ttl_ms
+from shmq.api import (
+    Headers,
+    Message,
+    Payload,
+    RecordColumns,
+    as_bytes,
+    check_joined,
+    check_producer,
+    check_read,
+    delay_ms,
+    ttl_ms,
+)
 from shmq.api import Queue as QueueABC
 from shmq.core import layout as L
+from shmq.core import rawread
 from shmq.core.consumer import Consuming
 from shmq.core.durability import Mark
 from shmq.core.handle import Host, QueueHandle, _sync, monotonic_ms
@@ -26,9 +41,16 @@ from shmq.joined import Joined
 from shmq.names import check_group_name as _check_group_name
 from shmq.seektime import Start, When, start_ns, to_ns
 
+READ_COLUMNS_BYTES = 64 << 20  # bytes of records one read_columns copies at most (but one record at least)
 
-class ShmQueue(Consuming, QueueABC):
-    """One queue of a co-located instance."""
+
+class ShmQueue(Consuming, QueueHandle, QueueABC):
+    """One queue of a co-located instance, in three parts: ``QueueHandle``
+    (``shmq.core.handle``), the base: the queue's words and semaphores, sleeping and
+    waking, groups by name, dead-letter copies, maintenance; ``Consuming``
+    (``shmq.core.consumer``), a mixin: ``get``, ``get_many`` and the settling of what they
+    lease; and, here, ``put`` and its batches, groups, seeks, commits, purge, replay and
+    stats."""
 
     # ------------------------------------------------------------ produce
     def put(self, payload: Payload, block: bool = True, timeout: float | None = None,
@@ -42,7 +64,7 @@ class ShmQueue(Consuming, QueueABC):
             return self._put_metas([payload], metas, block, timeout, 0, None, wait_durable, ms,
                                    ttl_ms(ttl, ms))[0]
         if headers is not None:
-            enc = _headers._encode_c  # the compiled encoder, called at once (shmq.accel)
+            enc = _headers.encode_c  # the compiled encoder, called at once (shmq.accel)
             meta = enc(headers, options.MAX_HEADERS, options.MAX_HEADERS_BYTES) if enc else None
             if meta is None:
                 meta = _headers.encode(headers)
@@ -89,14 +111,12 @@ class ShmQueue(Consuming, QueueABC):
 
     def put_joined(self, batch: Joined, block: bool = True, timeout: float | None = None, *,
                    producer: str | None = None, seq: int | None = None, wait_durable: bool = True) -> int:
-        """``put_many`` of payloads given back to back (``Joined``), as one idempotent
-        producer's with ``producer`` and ``seq``: the Spark sink's chunks and the broker's
-        PRODUCE_BATCH bodies, with no object per payload on a memory-only queue.  The first
-        offset; the errors of ``put_many``."""
-        lens = batch.lens
+        """``Queue.put_joined``: ``put_many`` of payloads given back to back (``Joined``), as
+        one idempotent producer's with ``producer`` and ``seq``: the Spark sink's chunks and
+        the broker's PRODUCE_BATCH bodies, with no object per payload on a memory-only queue
+        (the ring copies the bytes in one run).  The first offset; the errors of ``put_many``."""
         key = producer_key(producer) if check_producer(producer, seq) else 0  # type: ignore[arg-type]
-        if not lens or sum(lens) != len(batch.data):
-            raise InvalidArgument(f"{len(batch.data)} bytes for {len(lens)} payloads of {sum(lens)}")
+        check_joined(batch)
         items = batch.payloads() if self._durable else batch  # the journal writes each payload: one by one
         return self._put_first(items, None, block, timeout, key, seq, wait_durable)
 
@@ -255,6 +275,9 @@ class ShmQueue(Consuming, QueueABC):
         assert isinstance(q, ShmQueue)
         return q
 
+    def _reply_dropped(self, what: str) -> None:
+        self._att.registry.count_reply_dropped(what)
+
     def purge(self) -> int:
         """Drop every retained message for every group; the number dropped."""
         n, mark = self._purge_unsynced()
@@ -285,6 +308,14 @@ class ShmQueue(Consuming, QueueABC):
                 payload, meta, ts = ring.record(off)
                 out.append(Message((self, -1, None, off, 0, payload, meta, ts)))
         return out
+
+    def read_columns(self, offset: int, max_messages: int = 1) -> RecordColumns:
+        """``Queue.read_columns``: the slots and bytes copied out of the segment under the
+        consumer lock and split into arrays (``rawread``, compiled where the accelerator is
+        built), no object per record; at most ``READ_COLUMNS_BYTES`` of records, but one at least."""
+        check_read(offset, max_messages)
+        c = rawread.read_columns(self, offset, max_messages, READ_COLUMNS_BYTES)
+        return RecordColumns(range(c.first, c.first + len(c)), c.stamps, c.meta_lens, c.payload_lens, c.data)
 
     def offsets(self) -> tuple[int, int]:
         """(first retained offset, next offset to be delivered: on an ``always`` queue, the

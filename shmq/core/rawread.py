@@ -4,9 +4,9 @@
 slot table) and its bytes (one run per lap of the byte ring), under the consumer lock,
 which keeps them from being freed meanwhile, and splits the slots into ``array``
 columns with strided slices: no Python object per record.  The broker answers READ
-with it (a READ_OK body is these columns, ``codec.records_field``), and the Spark source
-wraps the same arrays in numpy (``spark_records``).  Like ``Queue.read`` it never leases:
-it gives the records from ``max(offset, first retained)`` on.
+with it (a READ_OK body is these columns, ``codec.records_field``), and
+``ShmQueue.read_columns`` with the same arrays (the Spark source's read).  Like
+``Queue.read`` it never leases: it gives the records from ``max(offset, first retained)`` on.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 from shmq.accel import ext
+from shmq.core.handle import QueueHandle
 from shmq.core.layout import Q_FREE_OFFSET, S_BYTEPOS, S_LENS, S_TIMESTAMP, WORD
-from shmq.core.queue import ShmQueue
 from shmq.errors import StorageError
 from shmq.protocol.bodies import records_field
 
@@ -48,13 +48,13 @@ class Columns:
         return len(self.payload_lens)
 
 
-def read_columns(q: ShmQueue, offset: int, max_messages: int, max_bytes: int) -> Columns:
+def read_columns(q: QueueHandle, offset: int, max_messages: int, max_bytes: int) -> Columns:
     """Up to ``max_messages`` retained records from ``offset`` on, fewer where their bytes would
     pass ``max_bytes`` (but at least one)."""
     return _read(q, offset, max_messages, max_bytes, False)  # type: ignore[return-value]
 
 
-def read_field(q: ShmQueue, offset: int, max_messages: int, max_bytes: int) -> bytes:
+def read_field(q: QueueHandle, offset: int, max_messages: int, max_bytes: int) -> bytes:
     """``read_columns``'s records as one ``records`` field (a READ_OK body,
     ``codec_bodies.records_field``): with the accelerator, built under the lock in one pass."""
     c = _read(q, offset, max_messages, max_bytes, True)
@@ -64,11 +64,11 @@ def read_field(q: ShmQueue, offset: int, max_messages: int, max_bytes: int) -> b
                          c.payload_lens, c.data)
 
 
-def _corrupt(q: ShmQueue, what: str) -> StorageError:
+def _corrupt(q: QueueHandle, what: str) -> StorageError:
     return StorageError(f"queue {q.name!r} is corrupt: {what} (shmq doctor --check)")
 
 
-def _read(q: ShmQueue, offset: int, max_messages: int, max_bytes: int, field: bool) -> Columns | bytes:
+def _read(q: QueueHandle, offset: int, max_messages: int, max_bytes: int, field: bool) -> Columns | bytes:
     """``read_columns``; with ``field``, where the accelerator is built, its records field instead."""
     q._alive()
     ring = q.ring

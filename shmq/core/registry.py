@@ -37,7 +37,6 @@ from shmq.errors import InstanceError, InstanceNotFound, InvalidArgument, LimitE
 from shmq.journal.files import retire_journal
 from shmq.names import is_reply_name
 
-_CRASH = crashpoints.watch(__name__)
 #: why a reply was dropped -> the registry word counting it (``shmq.api.reply``)
 REPLY_DROPS = {"late": L.R_REPLIES_LATE, "gone": L.R_REPLIES_GONE, "full": L.R_REPLIES_FULL}
 
@@ -233,7 +232,7 @@ class Registry:
                     w[c + L.C_PID] = pid
                     w[c + L.C_START] = start
                     w[c + L.C_STATE] = L.C_LIVE
-                    if _CRASH:
+                    if crashpoints.active:
                         crashpoints.hit("registry.slot.taken")
                     return slot
         raise LimitExceeded(f"instance {self.instance!r} has {self.max_clients} processes attached already")
@@ -241,7 +240,7 @@ class Registry:
     def unregister_client(self, slot: int) -> None:
         with self.lock:
             self.w[self.clients_w + slot * L.C_WORDS + L.C_STATE] = L.C_FREE
-            if _CRASH:
+            if crashpoints.active:
                 crashpoints.hit("registry.slot.freed")
 
     def holds(self, slot: int, pid: int, start: int) -> bool:

@@ -59,7 +59,6 @@ DUPLICATE = -2  # try_put_many: this producer already wrote that sequence
 # bound once: on 3.11 GLOBAL.method(...) is an attribute load and a bound method per call
 _pack_slot = SLOT_HEAD.pack
 
-_CRASH = crashpoints.watch(__name__)
 _put_c = None if ext is None else ext.put_one  # the compiled twin of try_put's body (shmq.accel)
 
 
@@ -240,10 +239,10 @@ class Ring:
             b = (base + S_EXPIRES) * WORD
             mm[b:b + len(self._zero_leases)] = self._zero_leases
             w[Q_TAIL_BYTES] = p + n
-            if _CRASH:
+            if crashpoints.active:
                 crashpoints.hit("put.written")
             w[Q_NEXT_OFFSET] = off + 1  # commit
-            if _CRASH:
+            if crashpoints.active:
                 crashpoints.hit("put.committed")
             return off
         finally:
@@ -358,7 +357,7 @@ class Ring:
                 w[L.Q_EXPIRES_MAX] = expires
             if producer:  # the order matters: see "Producer entry" in layout
                 w[Q_PENDING_PRODUCER] = (pe - self.producers_w) // P_WORDS + 1
-                if _CRASH:
+                if crashpoints.active:
                     crashpoints.hit("put_idem.pending")
                 if w[pe + P_KEY] == producer:
                     prev = w[pe + P_SEQ]
@@ -369,17 +368,17 @@ class Ring:
                 w[pe + P_COMMIT] = off + count
                 w[pe + P_SEQ] = seq
                 w[pe + P_KEY] = producer
-                if _CRASH:
+                if crashpoints.active:
                     crashpoints.hit("put_idem.entry")
                 w[Q_NEXT_OFFSET] = off + count  # commit
-                if _CRASH:
+                if crashpoints.active:
                     crashpoints.hit("put_idem.committed")
                 w[Q_PENDING_PRODUCER] = 0
             else:
-                if _CRASH:
+                if crashpoints.active:
                     crashpoints.hit("put_many.written")
                 w[Q_NEXT_OFFSET] = off + count  # commit
-                if _CRASH:
+                if crashpoints.active:
                     crashpoints.hit("put_many.committed")
             return off
         finally:

@@ -1,7 +1,10 @@
 """The queues as the broker's processes use them: never blocking, marks as values.
 
 ``shmq serve``'s workers and its journal writer call only what is here (and
-``shmq.core.durability``), never a private attribute of a ``shmq`` object.  Two
+``shmq.core.durability``, ``shmq.core.doorbell``, ``shmq.core.readings``: the server's
+interface to the core, held by ``tests/test_layering.py``), never a private attribute of a
+``shmq`` object.  The registry (for the broker lock, ``shmq.server.brokerlock``) and the
+journal's restore (``restore_fill``) are reached through here too.  Two
 differences from the public :class:`~shmq.core.queue.ShmQueue` API shape it:
 
 * **Nothing blocks.**  A worker runs an event loop: a put into a full queue
@@ -32,16 +35,19 @@ from shmq.core.durability import Durability, Mark
 from shmq.core.groups import NACK, OK, TO_DLQ, DeadItem
 from shmq.core.handle import _ms
 from shmq.core.queue import ShmQueue
+from shmq.core.rawread import read_field
 from shmq.core.readings import QueueReading, read_queue
 from shmq.core.registry import Registry
+from shmq.core.restore import restore_fill
 from shmq.core.ring import Ring, producer_key
+from shmq.core.segment import registry_name, shm_path
 from shmq.errors import Empty, GroupNotFound, QueueNotFound, ShmqError
 from shmq.headers import Block as HeaderBlock
 from shmq.joined import Joined
 from shmq.joined import nbytes as batch_bytes
 from shmq.settle import Settle
 
-_CRASH = crashpoints.watch(__name__)
+__all__ = ["Block", "Registry", "ServerBroker", "ServerQueue", "registry_path", "restore_fill"]
 
 Block = tuple[int, list[int], list[int], bytes]  # first offset, timestamps, payload lengths, payloads
 
@@ -50,6 +56,11 @@ def _lease(q: ShmQueue, ref: int, offset: int, deliveries: int) -> Message:
     """A lease as a Message to settle (settling needs no payload)."""
     return tuple.__new__(Message, (q, ref, None, offset, deliveries, b"", b"", 0))
 
+
+
+def registry_path(instance: str) -> str:
+    """The file of ``instance``'s registry segment in /dev/shm (the broker lock's file)."""
+    return shm_path(registry_name(instance))
 
 class ServerQueue:
     """One queue, for a broker process (one per ``ShmQueue`` handle: ``ServerBroker.queue``)."""
@@ -238,7 +249,7 @@ class ServerQueue:
                         n += 1
                     elif result == TO_DLQ:
                         dead.append((ref & L.GI_MASK, o, dc, "nack"))
-                    if _CRASH:
+                    if crashpoints.active:
                         crashpoints.hit("give_back.chunk")
                 self.words[L.Q_LEASES_RETURNED] += n + len(dead) - before
         if self._journaled and (n or dead):
@@ -280,6 +291,11 @@ class ServerQueue:
 
     def stats(self) -> dict[str, Any]:
         return self._q.stats()
+
+    def read_field(self, offset: int, max_messages: int, max_bytes: int) -> bytes:
+        """Up to ``max_messages`` records from ``offset`` (at most ``max_bytes`` of them) as one
+        READ_OK ``records`` field (``shmq.core.rawread.read_field``)."""
+        return read_field(self._q, offset, max_messages, max_bytes)
 
     def reading(self) -> QueueReading:
         """Its figures now, read without a lock (``shmq.core.readings``, for the broker's metrics)."""

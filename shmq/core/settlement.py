@@ -1,12 +1,14 @@
 """How a lease ends: acks, nacks, touches, dead-letters, commits, expiry, a dead owner's leases.
 
-``Settlement`` is a base class of ``shmq.core.groups.Groups``: every method here is called with
-the consumer lock held, keeps the invariants in ``shmq.core.groups``'s docstring, and changes a
-message's state with one store of its lease word (``layout``), writing the group fields
-that follow from it after that store.  A lease is settled only while it is held: the
-group is the one that delivered it (its serial matches) and the word is LEASED with the
-same delivery count; anything else is STALE.  A lease given back (nack, expiry, a dead
-owner) becomes READY again, or DEADING once it has had ``max_deliveries``.
+``Settlement`` is a mixin of ``shmq.core.groups.Groups``, declared there with ``Delivery``
+and their base ``GroupTable``, whose state and methods it uses (it is typed against that
+class).  Every method here is called with the consumer lock held, keeps the invariants in
+``shmq.core.groups``'s docstring, and changes a message's state with one store of its
+lease word (``layout``), writing the group fields that follow from it after that store.
+A lease is settled only while it is held: the group is the one that delivered it (its
+serial matches) and the word is LEASED with the same delivery count; anything else is
+STALE.  A lease given back (nack, expiry, a dead owner) becomes READY again, or DEADING
+once it has had ``max_deliveries``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 from operator import itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shmq import crashpoints
 from shmq.accel import ext
@@ -31,9 +33,6 @@ from shmq.core.layout import (
     G_FLOOR,
     G_NACKED,
     G_NEXT_EXPIRY,
-    G_NEXT_READY,
-    G_READY_LO,
-    G_REDELIVER,
     G_SERIAL,
     G_WORDS,
     GI_BITS,
@@ -53,7 +52,6 @@ from shmq.core.layout import (
     UNTIMED_MASK,
 )
 
-_CRASH = crashpoints.watch(__name__)
 _settle_c = None if ext is None else ext.settle_range  # settle_range's compiled twin (shmq.accel)
 
 
@@ -73,14 +71,19 @@ def settle_range(w: Any, sl: int, cap: int, sw: int, lw: int, start: int, end: i
         else:
             left += 1
             continue
-        if _CRASH:
+        if crashpoints.active:
             crashpoints.hit("commit.word")
     return left
 _ref_of, _offset_of, _deliveries_of = itemgetter(1), itemgetter(3), itemgetter(4)  # of a delivery
 
+if TYPE_CHECKING:
+    _Table = GroupTable  # the state and methods of ``Groups`` this mixin uses
+else:
+    _Table = object
 
-class Settlement(GroupTable):
-    """Settling leases and giving them back (the base of ``Delivery``)."""
+
+class Settlement(_Table):
+    """Settling leases and giving them back: a mixin of ``Groups``, on its ``GroupTable``."""
 
     # ------------------------------------------------------------ settling
     def settle(self, ref: int, offset: int, dc: int, action: int, owner: int, now: int,
@@ -109,7 +112,7 @@ class Settlement(GroupTable):
         if action == TOUCH:  # the new deadline may come before every other: lower the bound
             deadline = now + arg_ms
             w[lw] = (word & UNTIMED_MASK) | (deadline << TIME_SHIFT)
-            if _CRASH:
+            if crashpoints.active:
                 crashpoints.hit("touch.extended")
             if deadline < w[g + G_NEXT_EXPIRY]:
                 w[g + G_NEXT_EXPIRY] = deadline
@@ -118,7 +121,7 @@ class Settlement(GroupTable):
             w[g + G_NACKED] += 1
             return self._give_back(gi, lw, word, owner, now + arg_ms)
         w[lw] = DEADING | (dc << DC_SHIFT) | (owner << OWNER_SHIFT)  # DEAD
-        if _CRASH:
+        if crashpoints.active:
             crashpoints.hit("dead.marked")
         return TO_DLQ
 
@@ -139,7 +142,7 @@ class Settlement(GroupTable):
                 or offset >= w[Q_NEXT_OFFSET] or offset < w[g + G_FLOOR]):
             return STALE  # (below the floor: a word left by an old group at this index)
         w[base + lw] = DONE | (dc << DC_SHIFT)
-        if _CRASH:
+        if crashpoints.active:
             crashpoints.hit("ack.done")
         w[g + G_ACKED] += 1
         return FREED if self.advance_floor(gi) else OK
@@ -194,7 +197,7 @@ class Settlement(GroupTable):
                 if (dcs.count(dc) == n and w[b0:end:sw].tolist() == offsets
                         and all(x & STATE_DC_MASK == leased for x in set(w[lw:end:sw]))):
                     w[lw:end:sw] = array("Q", [leased | DONE]) * n  # LEASED (1) -> DONE (3)
-                    if _CRASH:
+                    if crashpoints.active:
                         crashpoints.hit("ack_range.done")
                     w[g + G_ACKED] += n
                     # the floor may jump over the whole run: every word of it is DONE now
@@ -209,24 +212,12 @@ class Settlement(GroupTable):
                 continue
             w[lw] = DONE | (dc << DC_SHIFT)
             acked += 1
-            if _CRASH:
+            if crashpoints.active:
                 crashpoints.hit("ack_batch.partial")
         if not acked:
             return False
         w[g + G_ACKED] += acked
         return self.advance_floor(gi)
-
-    def _ready_hint(self, g: int, offset: int, ready_at: int) -> None:
-        """The READY hints of group entry ``g`` take in one more READY word, at ``offset``,
-        deliverable at ``ready_at``: raised before the word is stored (too high a count is
-        allowed, a wasted scan; too low is not, a stranded message)."""
-        w = self.w
-        if not w[g + G_REDELIVER] or offset < w[g + G_READY_LO]:
-            w[g + G_READY_LO] = offset
-        nr = w[g + G_NEXT_READY]
-        if not w[g + G_REDELIVER] or ready_at < nr:
-            w[g + G_NEXT_READY] = ready_at
-        w[g + G_REDELIVER] += 1
 
     def _give_back(self, gi: int, lw: int, word: int, owner: int, ready_at: int) -> int:
         """A LEASED word returns to the group, or heads for the dead-letter queue.
@@ -240,7 +231,7 @@ class Settlement(GroupTable):
             w[lw] = DEADING | (dc << DC_SHIFT) | (owner << OWNER_SHIFT)
             return TO_DLQ
         self._ready_hint(self.gw + gi * G_WORDS, w[lw - S_GROUPS - gi], ready_at)  # (S_OFFSET of the slot)
-        if _CRASH:
+        if crashpoints.active:
             crashpoints.hit("nack.hints")
         w[lw] = READY | (dc << DC_SHIFT) | (ready_at << TIME_SHIFT)
         return OK
@@ -265,7 +256,7 @@ class Settlement(GroupTable):
         lw = base + S_GROUPS + gi
         if w[base] == offset and w[lw] & STATE_MASK == DEADING:
             w[Q_ORPHANS] = 1
-            if _CRASH:
+            if crashpoints.active:
                 crashpoints.hit("dlq.orphaned")
             w[lw] = DEADING | (dc << DC_SHIFT) | (NO_OWNER << OWNER_SHIFT)
 
@@ -283,7 +274,7 @@ class Settlement(GroupTable):
             left = _settle_c(self.mm, self.sl, self.cap, self.sw, lw, w[g + G_FLOOR], end)
         else:
             left = settle_range(w, self.sl, self.cap, self.sw, lw, w[g + G_FLOOR], end)
-        if _CRASH:
+        if crashpoints.active:
             crashpoints.hit("commit.words")
         if w[g + G_CURSOR] < end:
             w[g + G_CURSOR] = end
@@ -307,7 +298,7 @@ class Settlement(GroupTable):
                     if self._give_back(gi, base, word, owner, now) == TO_DLQ:
                         dead.append((gi, o, (word >> DC_SHIFT) & DC_MASK, "expired"))
                     n += 1
-                    if _CRASH:
+                    if crashpoints.active:
                         crashpoints.hit("expire.given_back")
                 elif not next_expiry or t < next_expiry:
                     next_expiry = t
@@ -337,7 +328,7 @@ class Settlement(GroupTable):
                     if self._give_back(gi, base, word, owner, now) == TO_DLQ:
                         dead.append((gi, o, (word >> DC_SHIFT) & DC_MASK, "owner died"))
                     n += 1
-                    if _CRASH:
+                    if crashpoints.active:
                         crashpoints.hit("reap.partial")
                 elif state == DEADING:
                     w[base] = (word & ~(OWNER_MASK << OWNER_SHIFT)) | (owner << OWNER_SHIFT)

@@ -26,7 +26,7 @@ from shmq.joined import Joined
 from shmq.protocol.schemas import SCHEMAS, TYPES, Schema, T
 
 __all__ = ["Columns", "body_parts", "decode_body", "decode_joined", "encode_body", "malformed",
-           "records_columns", "records_field"]
+           "records_arrays", "records_columns", "records_field"]
 
 
 def _count(value: Any) -> int:
@@ -61,7 +61,7 @@ def _column(code: str, values: Any) -> bytes:
     return col.tobytes()
 
 
-def _ints(code: str, raw: bytes) -> array[int]:
+def _ints(code: str, raw: bytes | memoryview) -> array[int]:
     col = array(code)
     col.frombytes(raw)
     if not _BIG:
@@ -199,6 +199,27 @@ def records_columns(type: int, body: bytes | bytearray | memoryview) -> Columns:
     if end != n:
         raise malformed(f"{n - end} bytes past the end of the {name} body")
     return columns
+
+
+def records_arrays(body: bytes) -> tuple[array[int], array[int], array[int], array[int], memoryview]:
+    """A READ_OK body (a ``records`` field alone) as its columns, with no object per record:
+    (offsets, timestamps, meta lengths, payload lengths) as arrays in native byte order
+    ("Q", "Q", "I", "I"; the deliveries, 0 in a read, are left out) and a view of ``body``'s
+    bytes, each record's meta then its payload.  Malformed: the ProtocolError of ``decode_body``."""
+    size = len(body)
+    if size < 4:
+        raise malformed("truncated records of the READ_OK body")
+    (n,) = _U32.unpack_from(body)
+    if n > options.MAX_BATCH:
+        raise malformed(f"{n} records in the READ_OK body (the limit is {options.MAX_BATCH})")
+    b, c, d, e = 4 + 10 * n, 4 + 18 * n, 4 + 22 * n, 4 + 26 * n  # deliveries from 4 + 8n
+    if e > size:
+        raise malformed("truncated records of the READ_OK body")
+    view = memoryview(body)
+    mlens, plens = _ints("I", view[c:d]), _ints("I", view[d:e])
+    if sum(mlens) + sum(plens) != size - e:
+        raise malformed("the records' lengths in the READ_OK body do not add up to its bytes")
+    return _ints("Q", view[4:4 + 8 * n]), _ints("Q", view[b:c]), mlens, plens, view[e:]
 
 
 def _json_dumps(value: Any) -> bytes:

@@ -11,17 +11,23 @@ one awaits it::
     TcpQueue.stats()    -> broker._execute(stats(q))        -> the dict
     AsyncQueue.stats()  -> await broker._execute(stats(q))  -> the dict
 
-A queue handle given to a command (``q``) has ``name``, ``_qb`` (the name in UTF-8),
-``_b`` (its broker) and ``_message`` (the Message class its messages are made of).  The
+A queue handle given to a command (``q``) has ``name``, ``name_bytes`` (the name in UTF-8),
+``broker`` (its broker) and ``message_class`` (the Message class its messages are made of).  The
 ``ctx`` of a request answered with leases (CONSUME, CONSUME_BATCH) is ``(q, group)``: it
 says whose leases an answer nobody took gives back (:func:`unclaimed`).
 
 The one-message requests -- put, get, ack -- use the codec's one-struct-call encoders
 (``produce_frame``, ``consume_frame``, ``settle_frame``) and build no dict.
+
+Every duration a command is given in seconds (a timeout, a visibility timeout, a nack's
+delay) becomes the wire's ms in one place, :func:`seconds_to_ms`: a bad one -- negative,
+NaN, infinite, too large, not a number -- is the same :class:`~shmq.errors.InvalidArgument`,
+with the same message, in either client.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from itertools import repeat
@@ -37,13 +43,17 @@ from shmq.api import (
     Payload,
     QueueConfig,
     QueueInfo,
+    RecordColumns,
     as_bytes,
+    check_read,
     delay_ms,
     own_leases,
     ttl_ms,
 )
 from shmq.errors import AuthError, InvalidArgument, ShmqError, StaleAck
+from shmq.joined import Joined
 from shmq.names import check_new_queue_name
+from shmq.protocol.bodies import records_arrays
 from shmq.protocol.codec import (
     NO_REPLY_ID,
     WAIT_FOREVER,
@@ -63,7 +73,7 @@ from shmq.protocol.codec import (
 )
 from shmq.protocol.connection import Request
 from shmq.protocol.consume_ack import ACK_FLAG, acking_batch_frame, lease_suffix, settles_suffix
-from shmq.protocol.produce import batch_payloads, prefixed, produce_request
+from shmq.protocol.produce import batch_payloads, joined_frame, joined_request, prefixed, produce_request
 from shmq.settle import Settle
 
 R = TypeVar("R")
@@ -77,13 +87,13 @@ class Handle(Protocol[M]):
     def name(self) -> str: ...
 
     @property
-    def _qb(self) -> bytes: ...  # the name in UTF-8
+    def name_bytes(self) -> bytes: ...  # the name in UTF-8
 
     @property
-    def _b(self) -> Any: ...  # the broker (shmq.api.own_leases tells connections apart by it)
+    def broker(self) -> Any: ...  # the broker (shmq.api.own_leases tells connections apart by it)
 
     @property
-    def _message(self) -> type[M]: ...
+    def message_class(self) -> type[M]: ...  # what its messages are made of
 
 
 class Batch(NamedTuple, Generic[R]):
@@ -100,32 +110,62 @@ Command = Request[R] | Batch[R]
 
 
 # ---------------------------------------------------------------- arguments
-def _timeout_ms(block: bool, timeout: float | None) -> int:
+def seconds_to_ms(seconds: float, what: str, most: float | None = None) -> int:
+    """``seconds`` in whole ms (truncated), for the argument ``what``: a number (not a bool, nor
+    a string) from 0 to ``most`` seconds; ``most`` None: any finite number, a wait longer than
+    the wire carries cut to the longest it does (``WAIT_FOREVER`` - 1 ms).  Anything else --
+    negative, NaN, infinite, past ``most``, not a number -- is :class:`InvalidArgument`.  The one
+    conversion of every client command (:func:`timeout_ms`, :func:`visibility_ms`,
+    :func:`nack_delay_ms`), so that both clients refuse a bad one alike."""
+    cls = seconds.__class__
+    if cls is not float and cls is not int:  # (the usual two skip this: the hot path)
+        number = None
+        if not isinstance(seconds, (bool, str, bytes, bytearray)):  # (float() would take a str)
+            try:
+                number = float(seconds)  # numpy's, Decimal, Fraction, ...
+            except (TypeError, ValueError):
+                pass
+        if number is None:
+            raise InvalidArgument(f"{what} must be a number of seconds, not {cls.__name__}")
+        seconds = number
+    if most is None:
+        if not 0 <= seconds < math.inf:
+            raise InvalidArgument(f"{what} must be a finite number of seconds >= 0, not {seconds!r}")
+        return min(int(seconds * 1000), WAIT_FOREVER - 1)
+    if not 0 <= seconds <= most:
+        raise InvalidArgument(f"{what} must be between 0 and {most:g} seconds, not {seconds!r}")
+    return int(seconds * 1000)
+
+
+def timeout_ms(block: bool, timeout: float | None) -> int:
+    """The ``timeout_ms`` of a request that may wait: 0 when it may not (``block`` False: the
+    timeout is not looked at), ``WAIT_FOREVER`` for no timeout (None)."""
     if not block:
         return 0
     if timeout is None:
         return WAIT_FOREVER
-    if timeout < 0:
-        raise InvalidArgument("timeout must be >= 0")
-    return min(int(timeout * 1000), WAIT_FOREVER - 1)
+    return seconds_to_ms(timeout, "timeout")
 
 
-def _ms(seconds: float) -> int:
-    if not 0 <= seconds <= options.MAX_VISIBILITY_TIMEOUT:
-        raise InvalidArgument(f"must be between 0 and {options.MAX_VISIBILITY_TIMEOUT} s")
-    return int(seconds * 1000)
+def visibility_ms(seconds: float | None) -> int:
+    """The ``visibility_ms`` of a lease: 0 for the queue's own (None), else at least 1, at most
+    ``options.MAX_VISIBILITY_TIMEOUT`` seconds."""
+    return 0 if seconds is None else max(1, seconds_to_ms(seconds, "visibility_timeout",
+                                                          options.MAX_VISIBILITY_TIMEOUT))
 
 
-def _vis(seconds: float | None) -> int:
-    return 0 if seconds is None else max(1, _ms(seconds))
+def nack_delay_ms(seconds: float) -> int:
+    """The ``delay_ms`` of a NACK: at most ``options.MAX_VISIBILITY_TIMEOUT`` seconds."""
+    return seconds_to_ms(seconds, "delay", options.MAX_VISIBILITY_TIMEOUT)
 
 
 # ---------------------------------------------------------------- acks
 def ack_nowait_frame(queue: bytes, msg: Message) -> bytes:
     """The ACK_NO_REPLY frame of ``msg.ack(wait=False)``; ``queue`` in UTF-8."""
-    if msg[2] is None:
-        raise StaleAck(f"message {msg[3]} was read, not leased: it cannot be settled")
-    return settle_frame(T.ACK_NO_REPLY, NO_REPLY_ID, queue, str.encode(msg[2]), msg[3], msg[4])
+    group = msg.group
+    if group is None:
+        raise StaleAck(f"message {msg.offset} was read, not leased: it cannot be settled")
+    return settle_frame(T.ACK_NO_REPLY, NO_REPLY_ID, queue, str.encode(group), msg.offset, msg.deliveries)
 
 
 def ack_batch_nowait_frames(queue: str, msgs: list[Message]) -> list[bytes]:
@@ -144,8 +184,8 @@ def batch_acks(msgs: list[Message]) -> list[tuple[T, dict[str, Any]]]:
     is the same few bytes however many they are; otherwise one ACK_BATCH per group."""
     n = len(msgs)
     if n > 1:
-        first, dc, group = msgs[0][3], msgs[0][4], msgs[0][2]
-        if (msgs[-1][3] == first + n - 1 and list(map(_offset_of, msgs)) == list(range(first, first + n))
+        first, dc, group = msgs[0].offset, msgs[0].deliveries, msgs[0].group
+        if (msgs[-1].offset == first + n - 1 and list(map(_offset_of, msgs)) == list(range(first, first + n))
                 and list(map(_dc_of, msgs)).count(dc) == n and list(map(_group_of, msgs)).count(group) == n):
             return [(T.ACK_RANGE, {"group": group or "", "first": first, "count": n, "deliveries": dc})]
     return [(T.ACK_BATCH, {"group": group, "settles": settles}) for group, settles in settles_by_group(msgs)]
@@ -158,13 +198,14 @@ def settles_by_group(msgs: list[Message]) -> list[tuple[str, list[tuple[int, int
         return [(groups.pop() or "", list(map(_settle_of, msgs)))]
     by_group: dict[str, list[tuple[int, int]]] = {}
     for m in msgs:
-        by_group.setdefault(m[2] or "", []).append((m[3], m[4]))
+        by_group.setdefault(m.group or "", []).append((m.offset, m.deliveries))
     return list(by_group.items())
 
 
-_group_of = itemgetter(2)
-_offset_of = itemgetter(3)
-_dc_of = itemgetter(4)
+# a Message's fields (its properties' getters), at C speed over many
+_group_of = itemgetter(2)  # Message.group
+_offset_of = itemgetter(3)  # Message.offset
+_dc_of = itemgetter(4)  # Message.deliveries
 _settle_of = itemgetter(3, 4)  # (offset, deliveries)
 
 
@@ -205,7 +246,7 @@ def _produce_frame(msg_id: int, type_: int, fields: dict[str, Any], status: int,
     return encode_frame(type_, msg_id, body, status)
 
 
-def _call(type_: T, reply: T, result: str | None = None, /, **fields: Any) -> Request[Any]:
+def call(type_: T, reply: T, result: str | None = None, /, **fields: Any) -> Request[Any]:
     """A request of ``type_`` with ``fields``, answered by ``reply``, whose field ``result``
     is the result (None: there is none)."""
     return Request(_fields_frame, (type_, fields), _pick, (reply, result))
@@ -217,7 +258,7 @@ def _messages(q: Handle[M], gi: int, group: str | None, columns: Columns) -> lis
     Made at C speed: a tuple per message, no Python call."""
     o, dc, ts, m, p = columns
     fields = zip(repeat(q), repeat(gi), repeat(group), o, dc, p, m, ts)
-    return list(map(tuple.__new__, repeat(q._message), fields))
+    return list(map(tuple.__new__, repeat(q.message_class), fields))
 
 
 _wire_records = accel.ext.wire_records if accel.ext is not None else None
@@ -229,7 +270,7 @@ def _answer_messages(q: Handle[M], gi: int, group: str | None, f: Frame, reply: 
     body and an ERROR)."""
     if f.type == reply and _wire_records is not None:
         out: list[M] = []
-        if _wire_records(out, q._message, (q, gi, group), f.body, options.MAX_BATCH) is not None:
+        if _wire_records(out, q.message_class, (q, gi, group), f.body, options.MAX_BATCH) is not None:
             return out
     return _messages(q, gi, group, _records(f, reply))
 
@@ -261,7 +302,7 @@ def pushed_records(f: Frame) -> Columns:
     raise ShmqError(f"unexpected frame type 0x{f.type:02x} on a subscription")
 
 
-_LEASES = (T.DELIVER, T.DELIVER_BATCH)
+LEASES = (T.DELIVER, T.DELIVER_BATCH)  # the answers that lease messages
 
 
 # ---------------------------------------------------------------- the broker's commands
@@ -285,12 +326,12 @@ def _handshaken(f: Frame, _: Any) -> tuple[int, str, float]:
 
 def disconnect() -> Request[None]:
     """The broker gives the connection's leases back, answers, and closes it."""
-    return _call(T.DISCONNECT, T.DISCONNECT_OK)
+    return call(T.DISCONNECT, T.DISCONNECT_OK)
 
 
 def create_queue(name: str, limits: dict[str, Any]) -> Request[None]:
     check_new_queue_name(name, dead_letter=bool(limits.get("dead_letter")))
-    return _call(T.CREATE_QUEUE, T.CREATE_QUEUE_OK, queue=name, config=limits)
+    return call(T.CREATE_QUEUE, T.CREATE_QUEUE_OK, queue=name, config=limits)
 
 
 def list_queues() -> Request[list[QueueInfo]]:
@@ -305,7 +346,7 @@ def _queue_infos(f: Frame, _: Any) -> list[QueueInfo]:
 
 
 def delete_queue(name: str) -> Request[None]:
-    return _call(T.DELETE_QUEUE, T.DELETE_QUEUE_OK, queue=name)
+    return call(T.DELETE_QUEUE, T.DELETE_QUEUE_OK, queue=name)
 
 
 def info() -> Request[BrokerInfo]:
@@ -335,8 +376,8 @@ def put(q: Handle[Any], payload: Payload, block: bool, timeout: float | None,
     ms = delay_ms(delay) if delay is not None else 0
     tms = ttl_ms(ttl, ms) if ttl is not None else 0
     if not (meta or ms or tms):
-        return Request(produce_frame, (q._qb, _timeout_ms(block, timeout), payload), _pick, _OFFSET)
-    fields = {"queue": q.name, "timeout_ms": _timeout_ms(block, timeout),
+        return Request(produce_frame, (q.name_bytes, timeout_ms(block, timeout), payload), _pick, _OFFSET)
+    fields = {"queue": q.name, "timeout_ms": timeout_ms(block, timeout),
               "payload": meta + payload if meta else payload}
     return Request(_produce_frame, (T.PRODUCE, fields, _headers.FLAG if meta else 0, ms, tms), _pick, _OFFSET)
 
@@ -347,7 +388,7 @@ def put_many(q: Handle[Any], payloads: Sequence[Payload], block: bool, timeout: 
     """A batch, atomically (at most once per (producer, seq)); the result is their offsets."""
     ms = delay_ms(delay)
     tms = ttl_ms(ttl, ms)
-    req = produce_request(q.name, payloads, _timeout_ms(block, timeout), producer, seq, headers)
+    req = produce_request(q.name, payloads, timeout_ms(block, timeout), producer, seq, headers)
     if req is None:
         return Batch([], [], _no_offsets)
     return Request(_produce_frame, (*req, ms, tms), _offsets)
@@ -366,9 +407,10 @@ def get(q: Handle[M], group: str, block: bool, timeout: float | None,
         visibility_timeout: float | None, ack: Message | None = None) -> Request[M]:
     """Lease one message; with ``ack`` (a lease that ``consuming.rides`` with it), ack that
     first, in the same request."""
-    args: tuple[Any, ...] = (q._qb, str.encode(group), _timeout_ms(block, timeout), _vis(visibility_timeout))
+    args: tuple[Any, ...] = (q.name_bytes, str.encode(group), timeout_ms(block, timeout),
+                             visibility_ms(visibility_timeout))
     if ack is not None:
-        args += (ACK_FLAG, lease_suffix(ack[3], ack[4]))
+        args += (ACK_FLAG, lease_suffix(ack.offset, ack.deliveries))
     return Request(consume_frame, args, _delivered, (q, group))
 
 
@@ -377,7 +419,7 @@ def _delivered(f: Frame, ctx: tuple[Handle[M], str]) -> M:
         _fields(f, T.DELIVER)  # raises
     q, group = ctx
     o, dc, ts, m, p = decode_deliver(f.body)
-    return tuple.__new__(q._message, (q, 0, group, o, dc, p, m, ts))  # type: ignore[no-any-return]
+    return tuple.__new__(q.message_class, (q, 0, group, o, dc, p, m, ts))  # type: ignore[no-any-return]
 
 
 def get_many(q: Handle[M], max_messages: int, group: str, block: bool, timeout: float | None,
@@ -387,7 +429,7 @@ def get_many(q: Handle[M], max_messages: int, group: str, block: bool, timeout: 
     if max_messages < 1:
         raise InvalidArgument("max_messages must be >= 1")
     fields = {"queue": q.name, "group": group, "max": min(max_messages, options.MAX_BATCH),
-              "timeout_ms": _timeout_ms(block, timeout), "visibility_ms": _vis(visibility_timeout)}
+              "timeout_ms": timeout_ms(block, timeout), "visibility_ms": visibility_ms(visibility_timeout)}
     if acks:
         return Request(acking_batch_frame, (fields, settles_suffix(list(map(_settle_of, acks)))),
                        _delivered_batch, (q, group))
@@ -408,6 +450,28 @@ def _read(f: Frame, q: Handle[M]) -> list[M]:
     return _answer_messages(q, -1, None, f, T.READ_OK)
 
 
+def read_columns(q: Handle[Any], offset: int, max_messages: int) -> Request[RecordColumns]:
+    """``read`` as columns (``Queue.read_columns``): a READ (at most ``options.MAX_BATCH``)
+    whose READ_OK's columns become arrays and its bytes a view, with no object per record."""
+    check_read(offset, max_messages)
+    return Request(_fields_frame, (T.READ, {"queue": q.name, "offset": offset,
+                                            "max": min(max_messages, options.MAX_BATCH)}), _read_columns)
+
+
+def _read_columns(f: Frame, _: Any) -> RecordColumns:
+    if f.type != T.READ_OK:
+        _fields(f, T.READ_OK)  # raises
+    return RecordColumns(*records_arrays(f.body))
+
+
+def put_joined(q: Handle[Any], batch: Joined, block: bool, timeout: float | None, producer: str | None,
+               seq: int | None) -> Request[int]:
+    """``Queue.put_joined``: one PRODUCE_BATCH (PRODUCE_IDEMPOTENT with ``producer``) made of
+    the lengths and the bytes (``produce.joined_request``); the result is the first offset."""
+    return Request(joined_frame, joined_request(q.name, batch, timeout_ms(block, timeout), producer, seq),
+                   _pick, (T.PRODUCE_BATCH_OK, "first"))
+
+
 def _ack_frame(msg_id: int, queue: bytes, group: bytes, offset: int, deliveries: int) -> bytes:
     return settle_frame(T.ACK, msg_id, queue, group, offset, deliveries)
 
@@ -415,17 +479,18 @@ def _ack_frame(msg_id: int, queue: bytes, group: bytes, offset: int, deliveries:
 def settle(q: Handle[Any], msg: Message, action: Settle, arg: float | None) -> Request[None]:
     """Settle one lease: ack, nack (``arg``: the delay), touch (``arg``: the visibility
     timeout) or dead-letter."""
-    group = msg[2]
+    group = msg.group
     if group is None:
-        raise StaleAck(f"message {msg[3]} was read, not leased: it cannot be settled")
+        raise StaleAck(f"message {msg.offset} was read, not leased: it cannot be settled")
     if action == Settle.ACK:
-        return Request(_ack_frame, (q._qb, str.encode(group), msg[3], msg[4]), _pick, _ACKED)
-    lease = {"queue": q.name, "group": group, "offset": msg[3], "deliveries": msg[4]}
+        return Request(_ack_frame, (q.name_bytes, str.encode(group), msg.offset, msg.deliveries), _pick,
+                       _ACKED)
+    lease = {"queue": q.name, "group": group, "offset": msg.offset, "deliveries": msg.deliveries}
     if action == Settle.NACK:
-        return _call(T.NACK, T.NACK_OK, delay_ms=_ms(arg or 0.0), **lease)
+        return call(T.NACK, T.NACK_OK, delay_ms=nack_delay_ms(arg or 0.0), **lease)
     if action == Settle.TOUCH:
-        return _call(T.TOUCH, T.TOUCH_OK, visibility_ms=_vis(arg), **lease)
-    return _call(T.DEAD_LETTER, T.DEAD_LETTER_OK, **lease)
+        return call(T.TOUCH, T.TOUCH_OK, visibility_ms=visibility_ms(arg), **lease)
+    return call(T.DEAD_LETTER, T.DEAD_LETTER_OK, **lease)
 
 
 def ack_many(q: Handle[Any], messages: Iterable[Message], wait: bool) -> Batch[None]:
@@ -437,7 +502,7 @@ def ack_many(q: Handle[Any], messages: Iterable[Message], wait: bool) -> Batch[N
     combine = partial(_raise_stale, stale, total)
     if not wait:
         return Batch(ack_batch_nowait_frames(q.name, msgs), [], combine)
-    return Batch([], [_call(kind, T.ACK_BATCH_OK, "stale", queue=q.name, **fields)
+    return Batch([], [call(kind, T.ACK_BATCH_OK, "stale", queue=q.name, **fields)
                       for kind, fields in batch_acks(msgs)], combine)
 
 
@@ -448,16 +513,16 @@ def _raise_stale(stale: list[int], total: int, results: list[list[int]]) -> None
 
 
 def purge(q: Handle[Any]) -> Request[int]:
-    return _call(T.PURGE, T.PURGE_OK, "purged", queue=q.name)
+    return call(T.PURGE, T.PURGE_OK, "purged", queue=q.name)
 
 
 def stats(q: Handle[Any]) -> Request[dict[str, Any]]:
-    return _call(T.STATS, T.STATS_OK, "stats", queue=q.name)
+    return call(T.STATS, T.STATS_OK, "stats", queue=q.name)
 
 
 # ---------------------------------------------------------------- push mode
 def unsubscribe(sub_id: int) -> Request[None]:
-    return _call(T.UNSUBSCRIBE, T.UNSUBSCRIBE_OK, subscription=sub_id)
+    return call(T.UNSUBSCRIBE, T.UNSUBSCRIBE_OK, subscription=sub_id)
 
 
 def give_back(queue: str, group: str, leases: Iterable[Sequence[int]]) -> Batch[None]:
@@ -475,14 +540,16 @@ def _no_result(results: list[Any]) -> None:
 def unclaimed(request: Request[Any], f: Frame) -> Batch[None]:
     """What gives back the leases of ``f``, the answer to ``request`` that nobody took (its
     caller was cancelled): nothing unless it leased messages."""
-    if f.type not in _LEASES:
+    if f.type not in LEASES:
         return Batch([], [], _no_result)
     q, group = request.ctx
     return give_back(q.name, group, zip(*pushed_records(f)[:2], strict=True))
 
 
-__all__ = ["Batch", "Command", "Handle", "ack_batch_nowait_frames", "ack_many", "ack_nowait_frame",
-           "batch_acks", "batch_payloads", "create_queue",
+__all__ = ["LEASES", "Batch", "Command", "Handle", "ack_batch_nowait_frames", "ack_many", "ack_nowait_frame",
+           "batch_acks", "batch_payloads", "call", "create_queue", "nack_delay_ms",
            "delete_queue", "disconnect", "get", "get_many", "give_back", "handshake", "info",
-           "list_queues", "produce_request", "purge", "pushed_records", "put", "put_many",
-           "read", "settle", "settles_by_group", "stats", "unclaimed", "unsubscribe"]
+           "list_queues", "produce_request", "purge", "pushed_messages", "pushed_records", "put",
+           "put_joined", "put_many", "read", "read_columns", "seconds_to_ms", "settle",
+           "settles_by_group", "stats", "timeout_ms", "unclaimed",
+           "unsubscribe", "visibility_ms"]

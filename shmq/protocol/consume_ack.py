@@ -26,7 +26,7 @@ _LEASE = struct.Struct(">QH")  # CONSUME's suffix: offset, deliveries
 _NAMES = b"\x00\x00\x00\x00"  # an empty queue and group: ACK_BATCH's body before its settles
 
 
-_handle_of, _group_of = itemgetter(0), itemgetter(2)  # of a Message
+_handle_of, _group_of = itemgetter(0), itemgetter(2)  # Message.queue_handle, Message.group, at C speed
 
 
 def lease_suffix(offset: int, deliveries: int) -> bytes:
@@ -56,10 +56,10 @@ def rides(q: Any, group: str, acks: Sequence[Any]) -> bool:
         return False
     if set(map(_handle_of, acks)) == {q} and set(map(_group_of, acks)) == {group}:
         return True  # the usual case (what a get of this handle got), checked at C speed
-    conn = q._b
+    conn = q.broker
     for m in acks:
-        h = m[0]  # (a Message: queue handle, group index, group, offset, deliveries, ...)
-        if m[2] != group or (h is not q and (getattr(h, "_b", None) is not conn or h.name != q.name)):
+        h = m.queue_handle
+        if m.group != group or (h is not q and (getattr(h, "broker", None) is not conn or h.name != q.name)):
             return False
     return True
 

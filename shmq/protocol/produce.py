@@ -12,14 +12,17 @@ that message has none); a batch without headers is sent exactly as before.
 from __future__ import annotations
 
 import struct
+import sys
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
 from shmq import headers as _headers
 from shmq import options
-from shmq.api import Headers, Payload, as_bytes, check_producer
+from shmq.api import Headers, Payload, as_bytes, check_joined, check_producer
 from shmq.errors import InvalidArgument, LimitExceeded
-from shmq.protocol.codec import T
+from shmq.joined import Joined
+from shmq.protocol.codec import T, encode_body, encode_frame
 
 DELAY_FLAG = 0x0002  # the status field of a PRODUCE* request: the body starts with delay_ms u32
 TTL_FLAG = 0x0004  # ... then (after delay_ms, if any) with ttl_ms u64
@@ -92,3 +95,37 @@ def produce_request(queue: str, payloads: Sequence[Payload], timeout_ms: int, pr
         return T.PRODUCE_BATCH, fields, status
     check_producer(producer, seq)
     return T.PRODUCE_IDEMPOTENT, {**fields, "producer": producer, "seq": seq}, status
+
+
+_COUNT = struct.Struct(">I")
+
+
+def joined_request(queue: str, batch: Joined, timeout_ms: int, producer: str | None,
+                   seq: int | None) -> tuple[T, bytes]:
+    """The frame type and body of a batch produce of payloads given back to back
+    (``Queue.put_joined``): the ``payloads`` field made of the lengths, as one column, and
+    the bytes as they are, with no object per payload; the frame a ``produce_request`` of
+    the same payloads makes, checked as that is and as ``check_joined``."""
+    check_joined(batch)
+    n = len(batch)
+    if n > options.MAX_BATCH:
+        raise LimitExceeded(f"{n} messages in one batch; the limit over TCP is {options.MAX_BATCH}")
+    fields: dict[str, Any] = {"queue": queue, "timeout_ms": timeout_ms, "payloads": []}
+    type_ = T.PRODUCE_BATCH
+    if producer is not None or seq is not None:
+        check_producer(producer, seq)
+        type_, fields = T.PRODUCE_IDEMPOTENT, {**fields, "producer": producer, "seq": seq}
+    head = encode_body(type_, **fields)
+    assert head.endswith(bytes(4)), "the payloads are the body's last field"  # their count, 0
+    try:
+        lens = array("I", batch.lens)
+    except OverflowError:
+        raise InvalidArgument("a payload length is negative or too large") from None
+    if sys.byteorder == "little":
+        lens.byteswap()
+    return type_, b"".join((head[:-4], _COUNT.pack(n), lens, batch.data))
+
+
+def joined_frame(msg_id: int, type_: int, body: bytes) -> bytes:
+    """The frame of a ``joined_request`` (a request's encoder: the message id first)."""
+    return encode_frame(type_, msg_id, body)

@@ -14,15 +14,15 @@ from typing import Generic
 
 from shmq.protocol.codec import Frame, T
 from shmq.protocol.commands import (
-    _LEASES,
+    LEASES,
     Batch,
     Handle,
     M,
-    _call,
-    _vis,
+    call,
     give_back,
     pushed_messages,
     pushed_records,
+    visibility_ms,
 )
 
 
@@ -41,8 +41,8 @@ class Feed(Generic[M]):
         self.q = q
         self.group = group
         self.credit = credit
-        self.request = _call(T.SUBSCRIBE, T.SUBSCRIBE_OK, queue=q.name, group=group, credit=credit,
-                             visibility_ms=_vis(visibility_timeout))
+        self.request = call(T.SUBSCRIBE, T.SUBSCRIBE_OK, queue=q.name, group=group, credit=credit,
+                            visibility_ms=visibility_ms(visibility_timeout))
         self.ready: deque[M] = deque()
         self.subscribed = False
         self.refused = False
@@ -63,10 +63,10 @@ class Feed(Generic[M]):
     def leftovers(self, frames: Iterable[Frame | BaseException]) -> Batch[None]:
         """What gives back the leases received and not handed out: those ``ready``, and
         those of ``frames`` (what was still waiting once the broker answered UNSUBSCRIBE)."""
-        leases = [(m[3], m[4]) for m in self.ready]
+        leases = [(m.offset, m.deliveries) for m in self.ready]
         self.ready.clear()
         for f in frames:
-            if isinstance(f, Frame) and f.type in _LEASES:
+            if isinstance(f, Frame) and f.type in LEASES:
                 leases += zip(*pushed_records(f)[:2], strict=True)
         return give_back(self.q.name, self.group, leases)
 

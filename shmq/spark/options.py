@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shmq import connect, options
 from shmq.api import Broker
-from shmq.core.segment import registry_name, shm_path
-from shmq.errors import InstanceError, InvalidArgument, ShmqError
+from shmq.errors import InstanceError, InstanceNotFound, InvalidArgument, ShmqError
 
 DEFAULT_URL = options.DEFAULT_URL
 DEFAULT_GROUP = "spark"  # the consumer group a streaming query owns, unless option "group" names one
@@ -171,10 +169,13 @@ def write_options(opts: Mapping[str, str]) -> WriteOptions:
 
 def broker_for(url: str, token: str | None) -> Broker:
     """A broker handle.  ``shm://`` must name an instance that exists on this host (attaching
-    would otherwise create an empty one, here, on an executor that is not the broker's host)."""
-    if url.startswith("shm://"):
+    with ``create=False``: it would otherwise create an empty one, here, on an executor that
+    is not the broker's host)."""
+    if not url.startswith("shm://"):
+        return connect(url, token=token)
+    try:
+        return connect(url, create=False)
+    except InstanceNotFound:
         instance = url[len("shm://"):] or options.DEFAULT_INSTANCE
-        if not os.path.exists(shm_path(registry_name(instance))):
-            raise InstanceError(f"no shmq instance {instance!r} on this host ({socket.gethostname()}): "
-                                "shm:// works where the broker runs; use tcp://HOST:PORT elsewhere")
-    return connect(url, token=token)
+        raise InstanceError(f"no shmq instance {instance!r} on this host ({socket.gethostname()}): "
+                            "shm:// works where the broker runs; use tcp://HOST:PORT elsewhere") from None

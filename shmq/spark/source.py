@@ -35,7 +35,7 @@ from pyspark.sql.types import (
 )
 
 from shmq.api import Broker, Message, Queue
-from shmq.errors import ConnectionLost, GroupNotFound, InvalidArgument, QueueExists
+from shmq.errors import ConnectionLost, GroupExists, GroupNotFound, InvalidArgument
 from shmq.seektime import to_ns
 from shmq.spark.arrow import to_batch
 from shmq.spark.options import DataLost, ReadOptions, broker_for
@@ -226,7 +226,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Re-create the query's group (someone deleted it) so that it retains ``at`` onward."""
         try:
             q.create_group(self.o.group, "earliest")
-        except QueueExists:
+        except GroupExists:
             pass
         q.commit(self.o.group, at)
 
@@ -253,13 +253,13 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if o.starting_timestamp is not None:
             try:
                 q.create_group(o.group, start=timestamp_start(o.starting_timestamp))
-            except QueueExists:
+            except GroupExists:
                 pass
             return
         if o.starting in ("earliest", "latest"):
             try:
                 q.create_group(o.group, str(o.starting))
-            except QueueExists:
+            except GroupExists:
                 pass
             return
         at = int(o.starting)

@@ -44,7 +44,7 @@ loop racing the deliveries.  A share of the children is started with a crash poi
 hardly ever land.  With ``journal=True`` a ``shmq serve`` runs for the journal writer and
 one queue is ``durability="interval"``.
 
-``python bench/chaos.py --kills 1000`` is the command line; ``tests/test_crash.py`` runs a
+``python bench/chaos.py --kills 1000`` is the command line; ``tests/crash/test_crash.py`` runs a
 short storm.
 """
 

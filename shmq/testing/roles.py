@@ -342,7 +342,7 @@ def _lock_hog(role: Role, env: Env) -> None:
     """Holds a queue's producer or consumer lock (now and then the registry's) much of the
     time, so that kills land inside locks and the next holder must recover."""
     b = connect(env.url)
-    reg = b._att.registry  # type: ignore[attr-defined]
+    reg = b.registry  # type: ignore[attr-defined]
     names = [s.name for s in env.specs.values()] + [f"{s.name}.dlq" for s in env.specs.values() if s.dlq]
     rings = [b.queue(n).ring for n in names]  # type: ignore[attr-defined]
     rnd = _rnd(role, env)

@@ -48,7 +48,7 @@ def _wrap(owner: Any, attr: str, make: Callable[[Callable[..., Any]], Callable[.
     setattr(owner, attr, make(getattr(owner, attr)))
 
 
-Q = "tests/test_queue.py::"
+Q = "tests/core/test_queue.py::"
 
 
 # ---------------------------------------------------------------- settling
@@ -74,7 +74,7 @@ def _expiry_never_gives_back() -> None:
 
 
 @mutant("recovery_forgets_a_nacks_delay", "on a journaled queue a nack's delay holds through recovery",
-        "tests/test_durability.py::test_a_nack_with_a_delay_keeps_its_due_time_through_recovery")
+        "tests/journal/test_durability.py::test_a_nack_with_a_delay_keeps_its_due_time_through_recovery")
 def _recovery_forgets_a_nacks_delay() -> None:
     from shmq.core.groups import Groups
     Groups.restore_backoffs = lambda self, groups, due: None  # type: ignore[method-assign]
@@ -134,20 +134,20 @@ def _full_drops_the_oldest() -> None:
 
 # ---------------------------------------------------------------- leases of the dead
 @mutant("tcp_leases_kept", "a TCP client that disconnects or is SIGKILLed gives its leases back at once",
-        "tests/test_server.py::test_killed_clients_leases_come_back_at_once")
+        "tests/server/test_server.py::test_killed_clients_leases_come_back_at_once")
 def _tcp_leases_kept() -> None:
     from shmq.server.core import Core
     Core.give_back = lambda self, conn: set()  # type: ignore[method-assign]
 
 
 @mutant("reap_marks_done", "a co-located process that dies gives its leases back",
-        "tests/test_crash.py::test_dead_consumers_leases_come_back_within_the_reap_interval")
+        "tests/crash/test_crash.py::test_dead_consumers_leases_come_back_within_the_reap_interval")
 def _reap_marks_done() -> None:
     _reaper_drops_leases()
 
 
 @mutant("storm_reap_marks_done", "producers and consumers SIGKILLed at random: nothing confirmed is lost",
-        "tests/test_crash.py::test_sigkill_storm_loses_nothing_and_invents_nothing", slow=True)
+        "tests/crash/test_crash.py::test_sigkill_storm_loses_nothing_and_invents_nothing", slow=True)
 def _storm_reap_marks_done() -> None:
     _reaper_drops_leases()
 
@@ -174,15 +174,15 @@ def _reaper_drops_leases() -> None:
 
 
 @mutant("frozen_peers_live_for_ever", "a client that freezes loses its leases within 3 heartbeats",
-        "tests/test_heartbeat.py::test_a_frozen_client_loses_its_leases_to_others_at_once",
-        "tests/test_heartbeat.py::test_a_frozen_broker_ends_a_waiting_get_and_an_idle_handle")
+        "tests/protocol/test_heartbeat.py::test_a_frozen_client_loses_its_leases_to_others_at_once",
+        "tests/protocol/test_heartbeat.py::test_a_frozen_broker_ends_a_waiting_get_and_an_idle_handle")
 def _frozen_peers_live_for_ever() -> None:
     from shmq import options
     options.HEARTBEAT_MISSES = 1_000_000  # type: ignore[misc]
 
 
 @mutant("dead_worker_not_reaped", "a worker SIGKILLed mid-request is restarted; nothing it confirmed is lost",
-        "tests/test_server.py::test_sigkilled_worker_is_restarted_and_nothing_is_lost")
+        "tests/server/test_server.py::test_sigkilled_worker_is_restarted_and_nothing_is_lost")
 def _dead_worker_not_reaped() -> None:
     from shmq.core.serverqueue import ServerBroker
     ServerBroker.reap = lambda self: 0  # type: ignore[method-assign]
@@ -192,14 +192,15 @@ def _dead_worker_not_reaped() -> None:
 # ---------------------------------------------------------------- durability, input, resources
 @mutant("journal_marks_what_it_never_wrote", "always: a confirmed message survives SIGKILL of the broker "
         "and the loss of its shared memory",
-        "tests/test_durability.py::test_kill9_the_whole_broker_while_producing[always-True]", slow=True)
+        "tests/journal/test_durability.py::test_kill9_the_whole_broker_while_producing[always-True]",
+        slow=True)
 def _journal_marks_what_it_never_wrote() -> None:
     from shmq.journal import Journal
     _wrap(Journal, "append", lambda f: lambda self, items, state: f(self, [], state))
 
 
 @mutant("a_malformed_body_is_internal", "bad input gets a typed error; the connection keeps serving",
-        "tests/test_server.py::test_bad_request_bodies_and_unknown_queues_keep_the_connection")
+        "tests/server/test_server.py::test_bad_request_bodies_and_unknown_queues_keep_the_connection")
 def _a_malformed_body_is_internal() -> None:
     from shmq.errors import ProtocolError
     from shmq.server import handlers
@@ -211,13 +212,15 @@ def _a_malformed_body_is_internal() -> None:
             except ProtocolError as e:
                 raise RuntimeError(str(e)) from None
         return decode_produce
-    _wrap(handlers, "decode_produce", make)
+    for t, decode in handlers.DECODERS.items():  # the table the handlers' dispatch reads
+        if decode is handlers.decode_produce:
+            handlers.DECODERS[t] = make(decode)
 
 
 @mutant("a_full_disk_keeps_what_is_settled", "a full disk is left by itself once there is room",
-        "tests/test_exhaustion.py::test_a_full_disk_frees_what_is_settled_takes_puts_again_and_restarts",
-        "tests/test_exhaustion.py::test_running_out_of_descriptors_is_a_typed_error_and_a_log_line",
-        "tests/test_exhaustion.py::test_a_full_dev_shm_is_a_typed_error_naming_it", slow=True)
+        "tests/server/test_exhaustion.py::test_a_full_disk_frees_what_is_settled_takes_puts_again_and_restarts",
+        "tests/server/test_exhaustion.py::test_running_out_of_descriptors_is_a_typed_error_and_a_log_line",
+        "tests/server/test_exhaustion.py::test_a_full_dev_shm_is_a_typed_error_naming_it", slow=True)
 def _a_full_disk_keeps_what_is_settled() -> None:
     from shmq.server.journaler import QueueWriter
 
@@ -230,7 +233,7 @@ def _a_full_disk_keeps_what_is_settled() -> None:
 
 
 @mutant("dev_shm_full_is_untyped", "a full /dev/shm is a LimitExceeded naming it",
-        "tests/test_exhaustion.py::test_a_full_dev_shm_is_a_typed_error_naming_it")
+        "tests/server/test_exhaustion.py::test_a_full_dev_shm_is_a_typed_error_naming_it")
 def _dev_shm_full_is_untyped() -> None:
     from shmq import resources
     resources.SPACE_ERRNOS = frozenset()  # type: ignore[misc]
@@ -238,24 +241,24 @@ def _dev_shm_full_is_untyped() -> None:
 
 # ---------------------------------------------------------------- headers, seek, delay, TTL
 @mutant("dead_letters_lose_headers", "a message's headers stay with it through the dead-letter queue",
-        "tests/test_headers.py::test_dead_letter_keeps_headers_adds_origin_and_redrive_takes_them_back",
-        "tests/test_headers.py::test_headers_and_origins_survive_kill9_and_recovery")
+        "tests/client/test_headers.py::test_dead_letter_keeps_headers_adds_origin_and_redrive_takes_them_back",
+        "tests/client/test_headers.py::test_headers_and_origins_survive_kill9_and_recovery")
 def _dead_letters_lose_headers() -> None:
     from shmq.core import handle
     handle.block_of = lambda meta: b""  # type: ignore[assignment]
 
 
 @mutant("seek_one_too_far", "a seek moves its group to the first message produced at or after the time",
-        "tests/test_seek.py::test_seek_forward_skips_the_older_messages_for_that_group_only",
-        "tests/test_seek.py::test_a_journaled_seek_survives_kill9_and_recovery")
+        "tests/core/test_seek.py::test_seek_forward_skips_the_older_messages_for_that_group_only",
+        "tests/core/test_seek.py::test_a_journaled_seek_survives_kill9_and_recovery")
 def _seek_one_too_far() -> None:
     from shmq.core.groups import Groups
     _wrap(Groups, "offset_at", lambda f: lambda self, ts_ns: f(self, ts_ns) + 1)
 
 
 @mutant("delay_dropped", "a delayed message goes to no group before it is due",
-        "tests/test_delay.py::test_delayed_message_waits_then_goes_to_every_group",
-        "tests/test_durability.py::test_recovery_keeps_a_delayed_message_due_time")
+        "tests/core/test_delay.py::test_delayed_message_waits_then_goes_to_every_group",
+        "tests/journal/test_durability.py::test_recovery_keeps_a_delayed_message_due_time")
 def _delay_dropped() -> None:
     from shmq.core.queue import ShmQueue
 
@@ -269,8 +272,8 @@ def _delay_dropped() -> None:
 
 @mutant("a_new_group_forgets_a_settled_delay", "a delayed message settled early still waits in a group "
         "made later at that index",
-        "tests/test_delay.py::test_a_group_made_at_an_index_that_settled_a_delayed_message_waits",
-        "tests/test_delay.py::test_a_delayed_message_settled_early_keeps_its_due_time_through_recovery")
+        "tests/core/test_delay.py::test_a_group_made_at_an_index_that_settled_a_delayed_message_waits",
+        "tests/core/test_delay.py::test_a_delayed_message_settled_early_keeps_its_due_time_through_recovery")
 def _a_new_group_forgets_a_settled_delay() -> None:
     from shmq.core import layout as L
     from shmq.core.group_table import GroupTable
@@ -289,8 +292,8 @@ def _a_new_group_forgets_a_settled_delay() -> None:
 
 
 @mutant("ttl_takes_a_leased_message", "a leased message is never taken from its consumer by a TTL",
-        "tests/test_ttl.py::test_a_leased_message_is_not_taken_and_a_nacked_one_does_not_expire",
-        "tests/test_ttl.py::test_expired_message_is_dead_lettered_with_its_headers")
+        "tests/core/test_ttl.py::test_a_leased_message_is_not_taken_and_a_nacked_one_does_not_expire",
+        "tests/core/test_ttl.py::test_expired_message_is_dead_lettered_with_its_headers")
 def _ttl_takes_a_leased_message() -> None:
     from shmq.core import layout as L
     from shmq.core.settlement import STALE, Settlement
@@ -306,8 +309,8 @@ def _ttl_takes_a_leased_message() -> None:
 
 
 @mutant("own_ttl_dropped", "a message's own ttl expires it for each group that did not get it in time",
-        "tests/test_ttl_message.py::test_every_message_meets_its_own_fate_in_each_group",
-        "tests/test_ttl_sweep.py::test_own_ttls_survive_kill9_and_the_loss_of_shared_memory")
+        "tests/core/test_ttl_message.py::test_every_message_meets_its_own_fate_in_each_group",
+        "tests/core/test_ttl_sweep.py::test_own_ttls_survive_kill9_and_the_loss_of_shared_memory")
 def _own_ttl_dropped() -> None:
     from shmq.core.queue import ShmQueue
 
@@ -320,8 +323,8 @@ def _own_ttl_dropped() -> None:
 
 
 @mutant("nobody_sweeps", "with nobody consuming, the broker expires what a delivery would, within a tick",
-        "tests/test_ttl_sweep.py::test_maintenance_expires_up_to_the_first_live_message",
-        "tests/test_ttl_sweep.py::test_the_broker_expires_with_nobody_consuming")
+        "tests/core/test_ttl_sweep.py::test_maintenance_expires_up_to_the_first_live_message",
+        "tests/core/test_ttl_sweep.py::test_the_broker_expires_with_nobody_consuming")
 def _nobody_sweeps() -> None:
     from shmq.core.handle import QueueHandle
     QueueHandle.sweep_ttl = lambda self, budget=0: 0  # type: ignore[method-assign]
@@ -329,9 +332,9 @@ def _nobody_sweeps() -> None:
 
 # ---------------------------------------------------------------- request/reply, seeks, memory, cleanup
 @mutant("replies_to_whoever_reads", "a request gets its own answer; a late one is dropped",
-        "tests/test_request_reply.py::test_concurrent_requests_each_get_their_own_answer",
-        "tests/test_request_reply.py::test_timeout_and_late_reply_dropped",
-        "tests/test_request_reply.py::test_killed_requester_reply_queue_reaped")
+        "tests/client/test_request_reply.py::test_concurrent_requests_each_get_their_own_answer",
+        "tests/client/test_request_reply.py::test_timeout_and_late_reply_dropped",
+        "tests/client/test_request_reply.py::test_killed_requester_reply_queue_reaped")
 def _replies_to_whoever_reads() -> None:
     from shmq.api.reply import Requester
 
@@ -343,7 +346,7 @@ def _replies_to_whoever_reads() -> None:
 
 
 @mutant("repair_forgets_a_seek", "a seek SIGKILLed at any point is finished whole by the next holder",
-        "tests/test_seek_crash.py::test_a_seek_killed_anywhere_is_finished_whole")
+        "tests/crash/test_seek_crash.py::test_a_seek_killed_anywhere_is_finished_whole")
 def _repair_forgets_a_seek() -> None:
     from shmq.core import layout as L
     from shmq.core.groups import Groups
@@ -358,8 +361,8 @@ def _repair_forgets_a_seek() -> None:
 
 
 @mutant("a_deleted_queue_stays_mapped", "a deleted queue's memory goes back to the system",
-        "tests/test_memory.py::test_fifty_deleted_queues_leave_no_memory_in_the_deleting_process",
-        "tests/test_memory.py::test_fifty_deleted_queues_leave_no_memory_in_any_broker_process")
+        "tests/server/test_memory.py::test_fifty_deleted_queues_leave_no_memory_in_the_deleting_process",
+        "tests/server/test_memory.py::test_fifty_deleted_queues_leave_no_memory_in_any_broker_process")
 def _a_deleted_queue_stays_mapped() -> None:
     from shmq.core.handle import QueueHandle
     QueueHandle.release = lambda self, why="deleted": True  # type: ignore[method-assign]
@@ -367,8 +370,8 @@ def _a_deleted_queue_stays_mapped() -> None:
 
 @mutant("reclaim_takes_live_instances",
         "shmq doctor --clean removes the shared memory of dead instances only",
-        "tests/test_crash.py::test_reclaim_takes_dead_instances_and_never_live_ones",
-        "tests/test_ownership.py")
+        "tests/crash/test_crash.py::test_reclaim_takes_dead_instances_and_never_live_ones",
+        "tests/core/test_ownership.py")
 def _reclaim_takes_live_instances() -> None:
     import contextlib
 

@@ -1,0 +1,110 @@
+"""Every client speaks the interface: ``shmq.api.Queue``'s and ``shmq.api.Broker``'s public
+methods have, on each implementation (``tcp://``, asyncio and ``shm://``), the same parameters:
+the same names, in the same order, of the same kinds, with the same defaults.  The asyncio
+client's are coroutines.
+
+What an implementation adds or leaves out is listed below, each with its reason, so a new
+difference fails here until it is listed; and an entry that no longer differs fails too,
+so the lists stay true."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from shmq import api
+from shmq.client.aio import AsyncBroker, AsyncQueue
+from shmq.client.tcp import TcpBroker, TcpQueue
+from shmq.core.colocated import ShmBroker
+from shmq.core.queue import ShmQueue
+
+QUEUES = [TcpQueue, AsyncQueue, ShmQueue]
+BROKERS = [TcpBroker, AsyncBroker, ShmBroker]
+
+# optional parameters an implementation adds to an interface method (none may be required)
+EXTRAS: dict[tuple[type, str], set[str]] = {
+    # the broker's worker puts without waiting for the journal, and holds its answer instead
+    (ShmQueue, "put"): {"wait_durable"},
+    (ShmQueue, "put_many"): {"wait_durable"},
+    (ShmQueue, "put_joined"): {"wait_durable"},
+    # the time a broker that does not answer the DISCONNECT is waited for
+    (TcpBroker, "close"): {"timeout"},
+    (AsyncBroker, "close"): {"timeout"},
+    # makes ``<queue>.dlq`` at once (only in shared memory: a broker makes it at the first dead letter)
+    (ShmBroker, "create_queue"): {"dead_letter"},
+}
+# interface methods an implementation does not have
+ABSENT: set[tuple[type, str]] = {
+    (AsyncQueue, "publisher"),  # asyncio pipelines by itself: ``await q.put`` in tasks, or put_many
+}
+# the asyncio client's methods that are not coroutines, and what they are instead
+NOT_COROUTINES: dict[tuple[type, str], Callable[[Any], bool]] = {
+    (AsyncQueue, "iter_columns"): inspect.isasyncgenfunction,  # ``async for``
+    (AsyncBroker, "queue"): inspect.isfunction,  # a handle, made without a round trip
+}
+
+
+def public(iface: type) -> list[str]:
+    """The interface's public methods (its underscore methods are the clients' own business)."""
+    return sorted(n for n, v in vars(iface).items() if not n.startswith("_") and inspect.isfunction(v))
+
+
+def cases(iface: type, impls: list[type]) -> list[Any]:
+    return [pytest.param(iface, impl, name, id=f"{impl.__name__}.{name}")
+            for impl in impls for name in public(iface)]
+
+
+def parameters(f: Callable[..., Any]) -> list[inspect.Parameter]:
+    return list(inspect.signature(f).parameters.values())
+
+
+def shape(p: inspect.Parameter) -> tuple[str, inspect._ParameterKind, Any]:
+    return p.name, p.kind, p.default
+
+
+@pytest.mark.parametrize(("iface", "impl", "name"), cases(api.Queue, QUEUES) + cases(api.Broker, BROKERS))
+def test_each_implementation_takes_the_interfaces_parameters(iface: type, impl: type, name: str) -> None:
+    if (impl, name) in ABSENT:
+        assert not hasattr(impl, name), f"{impl.__name__}.{name} exists now: take it off ABSENT"
+        return
+    assert hasattr(impl, name), f"{impl.__name__} has no {name} of {iface.__name__}'s"
+    want = parameters(getattr(iface, name))
+    got = parameters(getattr(impl, name))
+    extra = [p for p in got if p.name not in {w.name for w in want}]
+    assert {p.name for p in extra} == EXTRAS.get((impl, name), set()), (
+        f"{impl.__name__}.{name} adds {[p.name for p in extra]}: {inspect.signature(getattr(impl, name))}")
+    for p in extra:
+        assert p.default is not p.empty or p.kind == p.VAR_KEYWORD, f"{impl.__name__}.{name} needs {p.name}"
+        assert p.kind == p.KEYWORD_ONLY or got.index(p) >= len(want), (
+            f"{impl.__name__}.{name}'s {p.name} moves the interface's positional parameters")
+    assert [shape(p) for p in got if p not in extra] == [shape(p) for p in want], (
+        f"{impl.__name__}.{name}{inspect.signature(getattr(impl, name))} is not "
+        f"{iface.__name__}.{name}{inspect.signature(getattr(iface, name))}")
+
+
+ASYNC_CASES = cases(api.Queue, [AsyncQueue]) + cases(api.Broker, [AsyncBroker])
+
+
+@pytest.mark.parametrize(("iface", "impl", "name"), ASYNC_CASES)
+def test_the_asyncio_clients_methods_are_coroutines(iface: type, impl: type, name: str) -> None:
+    f = getattr(impl, name, None)
+    if f is None:
+        assert (impl, name) in ABSENT
+        return
+    if (impl, name) in NOT_COROUTINES:
+        assert not inspect.iscoroutinefunction(f), f"{impl.__name__}.{name} is a coroutine now: take it off"
+        assert NOT_COROUTINES[impl, name](f), f"{impl.__name__}.{name} is not what NOT_COROUTINES says"
+    else:
+        assert inspect.iscoroutinefunction(f), f"{impl.__name__}.{name} is not a coroutine function"
+
+
+def test_each_listed_difference_is_still_there() -> None:
+    """An entry of EXTRAS names only parameters the implementation has and the interface has not."""
+    for (impl, name), extra in EXTRAS.items():
+        iface = api.Queue if impl in QUEUES else api.Broker
+        mine = {p.name for p in parameters(getattr(impl, name))}
+        theirs = {p.name for p in parameters(getattr(iface, name))}
+        assert extra <= mine - theirs, f"{impl.__name__}.{name}: {extra - (mine - theirs)} no longer differ"
