@@ -5,17 +5,18 @@
 Each commit is checked out in a temporary git worktree (NEW defaults to the
 working tree as it is) and imported through ``PYTHONPATH`` by this same Python,
 so only the code differs (each side's ``shmq/_speedups*.c`` compiled in place with
-``cc -O2``, the working tree's too).  The rounds alternate OLD, NEW, OLD, NEW, ...; each
+``cc -O2``, the working tree's too).  The rounds alternate OLD, NEW, NEW, OLD, OLD, NEW, ... (neither side
+always runs first); each
 round runs, in a fresh process:
 
 * **per op**: ``put``, ``get`` and ``ack`` of 100 B in one process, 4,000 each,
   best of 7 (ns per call);
-* **ping-pong**: two processes, a put and a blocking get each way, 3,000 timed
+* **ping-pong**: two processes, a put and a blocking get each way, 10,000 timed
   round trips (p50, µs);
-* **one way**: a producer process puts 40,000 messages of 100 B while this one
-  gets and acks them (msgs/s);
-* **TCP batches**: a ``shmq serve`` of the same tree (one worker); 200 rounds of
-  ``put_many`` of 100 × 100 B, then ``get_many(100)`` and ``ack_many`` (msgs/s).
+* **one way**: a producer process puts 100,000 messages of 100 B while this one
+  gets and acks them, best of 3 (msgs/s);
+* **TCP batches**: a ``shmq serve`` of the same tree (one worker); 400 rounds of
+  ``put_many`` of 100 × 100 B, then ``get_many(100)`` and ``ack_many``, best of 5 (msgs/s).
 
 It prints each side's median over the rounds (and the spread) and NEW / OLD.
 The machine is shared and noisy: read a ratio within the spread as parity.
@@ -60,7 +61,7 @@ try:
             m.ack()
         best["ack"] = min(best["ack"], (time.perf_counter_ns() - t) / n)
     a2b, b2a = b.create_queue("a2b"), b.create_queue("b2a")
-    pings, warm = 3000, 200
+    pings, warm = 10000, 500
     pid = os.fork()
     if pid == 0:
         c = ShmBroker(inst)
@@ -76,18 +77,19 @@ try:
         if k >= warm:
             lat.append(time.perf_counter_ns() - t)
     os.waitpid(pid, 0)
-    total = 40000
-    pid = os.fork()
-    if pid == 0:
-        o = ShmBroker(inst).queue("a2b")
+    total, rate = 100000, 0.0
+    for _ in range(3):  # best of 3
+        pid = os.fork()
+        if pid == 0:
+            o = ShmBroker(inst).queue("a2b")
+            for _ in range(total):
+                o.put(payload)
+            os._exit(0)
+        t = time.perf_counter()
         for _ in range(total):
-            o.put(payload)
-        os._exit(0)
-    t = time.perf_counter()
-    for _ in range(total):
-        a2b.get().ack()
-    rate = total / (time.perf_counter() - t)
-    os.waitpid(pid, 0)
+            a2b.get().ack()
+        rate = max(rate, total / (time.perf_counter() - t))
+        os.waitpid(pid, 0)
     lat.sort()
 finally:
     b.destroy()
@@ -109,13 +111,14 @@ with tempfile.TemporaryDirectory() as data:
         port = int(m.group(1))
         t = shmq.connect(f"tcp://127.0.0.1:{port}")
         tq = t.create_queue("tb", capacity=8192, max_bytes=1 << 24)
-        batch, rounds = [payload] * 100, 200
-        start = time.perf_counter()
-        for _ in range(rounds):
-            tq.put_many(batch)
-            ms = tq.get_many(100, timeout=5)
-            tq.ack_many(ms)
-        tcp_rate = rounds * 100 / (time.perf_counter() - start)
+        batch, rounds, tcp_rate = [payload] * 100, 400, 0.0
+        for _ in range(5):  # best of 5
+            start = time.perf_counter()
+            for _ in range(rounds):
+                tq.put_many(batch)
+                ms = tq.get_many(100, timeout=5)
+                tq.ack_many(ms)
+            tcp_rate = max(tcp_rate, rounds * 100 / (time.perf_counter() - start))
         t.close()
     finally:
         srv.terminate()
@@ -174,7 +177,7 @@ def main() -> None:
         try:
             runs: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
             for i in range(args.rounds):
-                for side in ("old", "new"):
+                for side in (("old", "new") if i % 2 == 0 else ("new", "old")):  # ABBA: no side always first
                     runs[side].append(_round(trees[side]))
                 print(f"round {i + 1}/{args.rounds} done", file=sys.stderr)
         finally:

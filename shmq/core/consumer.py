@@ -143,11 +143,37 @@ class Consuming(_Handle):
         vis = self.ring.visibility_ms if visibility_timeout is None else _ms(
             visibility_timeout, "visibility_timeout")
         deadline = _deadline(timeout)
+        w = self.words
+        groups = self.consumer_groups
+        addr = self._clock_addr
         got: list[Message] = []
+        dead: list[DeadItem] = []
         announce = counted = False  # counted: this call is one of Q_CONSUMER_WAITERS
         while True:
+            # one look, in one hold of the consumer lock (inline: it runs on every pass, and a
+            # call per look cost a co-located ping-pong 4%, bench/ab.py): lease what the group
+            # has to deliver; announce this consumer (Q_CONSUMER_WAITERS) before the lock is let
+            # go of, so that no put can miss it, when nothing was leased
             now = self._now()
-            ref = self._lease(group, ref, owner, now, max_n, vis, max_bytes, got, counted, announce)
+            rc = trylock(addr)
+            if rc:
+                self.ring.clock.acquire_slow(rc)
+            try:
+                if counted:
+                    w[Q_CONSUMER_WAITERS] -= 1 if w[Q_CONSUMER_WAITERS] else 0
+                if w[self.ring.groups_w + (ref & GI_MASK) * G_WORDS + G_SERIAL] != ref >> GI_BITS:
+                    ref = groups.ref(groups.require(group))  # deleted (maybe made again) since
+                groups.deliver(ref & GI_MASK, owner, now, max_n, vis, got, dead, Message, (self, ref, group),
+                               max_bytes)
+                if announce and not got:
+                    w[Q_CONSUMER_WAITERS] += 1
+                    if crashpoints.active:
+                        crashpoints.hit("wait.announced")
+            finally:
+                unlock(addr)
+            if dead:
+                self._dead_letter(dead)
+                dead = []
             if got:
                 return got
             counted = announce
@@ -160,38 +186,6 @@ class Consuming(_Handle):
                 continue
             announce = False  # after the sleep, look again before announcing again
             self._sleep_for_messages(group, ref, now, deadline, timeout)
-
-    def _lease(self, group: str, ref: int, owner: int, now: int, max_n: int, vis: int, max_bytes: int,
-               got: list[Message], counted: bool, announce: bool) -> int:
-        """One look of ``_take``, in one hold of the consumer lock: lease into ``got`` what
-        ``group`` has to deliver at ``now`` (``Groups.deliver``), then copy what it
-        dead-lettered.  ``counted``: this consumer announced itself at the last look and is
-        no waiter any more; ``announce``: it becomes one, before the lock is let go of (no
-        put can miss it), when nothing was leased.  Returns the group's reference: a new one
-        when the group was deleted (maybe created again) since ``ref``."""
-        w = self.words
-        groups = self.consumer_groups
-        addr = self._clock_addr
-        dead: list[DeadItem] = []
-        rc = trylock(addr)
-        if rc:
-            self.ring.clock.acquire_slow(rc)
-        try:
-            if counted:
-                w[Q_CONSUMER_WAITERS] -= 1 if w[Q_CONSUMER_WAITERS] else 0
-            if w[self.ring.groups_w + (ref & GI_MASK) * G_WORDS + G_SERIAL] != ref >> GI_BITS:
-                ref = groups.ref(groups.require(group))
-            groups.deliver(ref & GI_MASK, owner, now, max_n, vis, got, dead, Message, (self, ref, group),
-                           max_bytes)
-            if announce and not got:
-                w[Q_CONSUMER_WAITERS] += 1
-                if crashpoints.active:
-                    crashpoints.hit("wait.announced")
-        finally:
-            unlock(addr)
-        if dead:
-            self._dead_letter(dead)
-        return ref
 
     def _spin_wait(self, ref: int) -> None:
         """Re-read the header at most ``_spin`` times (``options.SPIN_CHECKS``), until the
