@@ -33,7 +33,7 @@
 #define OWNER_SHIFT 11
 #define TIME_SHIFT 24
 
-/* A queue's geometry, as its callers bind it once (group_delivery.Delivery.one_geom,
+/* A queue's geometry, as its callers bind it once (core.delivery.Delivery.one_geom,
  * ring.Ring._put_geom): (mm, groups_w, slots_w, capacity, slot_words, tail_word, data_off,
  * size, ...), with the mapping's buffer held writable until geom_close. */
 typedef struct {
@@ -92,7 +92,7 @@ geom_close(Geom *g)
 /* ------------------------------------------------------------------ one delivery
  * deliver_one(geom, gi, word, now, ref, group) -> Message | None | False
  * geom = (mm, gw, sl, cap, sw, tail_word, data_off, size, cls, q), bound once per handle.
- * The compiled twin of group_delivery.Groups.deliver_one, for a queue without a queue TTL
+ * The compiled twin of core.delivery.Delivery.deliver_one, for a queue without a queue TTL
  * (the caller checks): None where the twin
  * returns None (the general path is needed); False where the twin must decide (the
  * message has a TTL of its own: the twin reads the wall clock).  The caller holds the
@@ -222,7 +222,7 @@ floor_after_ack(const Geom *G, Py_ssize_t g, Py_ssize_t lw, uint64_t done_to, lo
 }
 
 /* ack_one(geom, ref, offset, dc, lone_gen) -> int
- * The compiled twin of group_settlement.Settlement.ack followed by its advance_floor, for
+ * The compiled twin of core.settlement.Settlement.ack followed by its advance_floor, for
  * a memory-only queue (no settle sequence to bump; the caller checks), under the consumer
  * lock the caller holds.  ``lone_gen``: the
  * Q_GROUP_GEN for which the caller's group table knows this is the queue's only group, or
@@ -370,7 +370,7 @@ done:
 }
 
 /* settle_range(mm, sl, cap, sw, lw, start, end) -> int
- * The compiled twin of the loop of group_settlement.Settlement.commit (settle_range), under
+ * The compiled twin of the loop of core.settlement.Settlement.commit (settle_range), under
  * the consumer lock the caller holds:
  * every lease word ``lw`` of the slots of offsets start .. end - 1 becomes DONE (a NEW
  * one plain DONE; a delayed one never delivered keeps its due time; any other keeps its

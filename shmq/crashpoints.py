@@ -44,9 +44,9 @@ POINTS: dict[str, str] = {
     "put_idem.pending": "an idempotent put named its producer entry (Q_PENDING_PRODUCER) only",
     "put_idem.entry": "an idempotent put rewrote its producer entry, not the commit",
     "put_idem.committed": "an idempotent put committed, Q_PENDING_PRODUCER still set",
-    # consume.py: sleepers
+    # core/consumer.py: sleepers
     "wait.announced": "a blocked put or get counted itself as a waiter and died asleep",
-    # group_delivery.py: deliveries, under the consumer lock
+    # core/delivery.py: deliveries, under the consumer lock
     "deliver.one.leased": "the single-message hot path stored a lease word, not the cursor",
     "deliver.run.leased": "the general path leased a run of new messages, not the cursor",
     "deliver.block.leased": "the batch hot path leased a run, not the cursor",
@@ -54,7 +54,7 @@ POINTS: dict[str, str] = {
     "redeliver.leased": "a redelivery leased a READY word, not the hints",
     "ttl.expired": "a TTL expiry stored the word (DONE or DEADING), not the cursor or counter",
     "expire.given_back": "an expiry scan gave a lease back, not the expiry hint",
-    # group_settlement.py, group_table.py: settling, floors, groups
+    # core/settlement.py, core/group_table.py: settling, floors, groups
     "ack.done": "an ack stored DONE, not the counters or the floor",
     "ack_range.done": "a run ack stored DONE for the run, not the floor",
     "ack_batch.partial": "a batch ack stored DONE for part of its offsets",
@@ -67,11 +67,11 @@ POINTS: dict[str, str] = {
     "group.create.active": "a group create stored ACTIVE, not the generation",
     "group.delete.freed": "a group delete stored FREE, not the generation",
     "reap.partial": "a reaper gave back part of a dead client's leases in one queue",
-    # group.py: seeks, under the consumer lock (G_SEEK_TO stored first)
+    # core/groups.py: seeks, under the consumer lock (G_SEEK_TO stored first)
     "seek.floor": "a seek back stored its target and lowered the floor (if it had to), no word changed",
     "seek.word": "a seek back rewrote some of its words (DONE below the target, READY from it), not the rest",
     "seek.words": "a seek back rewrote every word, not the hints, the floor or the free offset",
-    # handle.py, serverqueue.py, shm.py: copies, give-backs, reaping, queues
+    # core/handle.py, core/serverqueue.py, core/colocated.py: copies, give-backs, reaping, queues
     "dlq.copied": "a dead-letter copy is in the DLQ, the original is still DEADING",
     "dlq.orphaned": "a failed dead-letter copy was orphaned, Q_ORPHANS not set",
     "give_back.chunk": "a closed connection's leases were given back in part",
