@@ -42,15 +42,6 @@ def test_no_other_public_name_is_in_the_namespace() -> None:
     assert extra == {"Any", "TYPE_CHECKING", "annotations"}
 
 
-def test_an_unknown_name_is_an_attribute_error() -> None:
-    try:
-        shmq.no_such_name  # type: ignore[attr-defined]  # noqa: B018
-    except AttributeError as e:
-        assert "no_such_name" in str(e)
-    else:
-        raise AssertionError("shmq.no_such_name resolved")
-
-
 def test_from_shmq_import_aio_does_not_load_the_shared_memory_core() -> None:
     code = "import sys\nfrom shmq import aio\nassert aio.connect\nassert 'posix_ipc' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
