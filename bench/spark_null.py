@@ -2,7 +2,7 @@
 source or sink written with PySpark's Python Data Source API.
 
 ``shmq-null`` (read) has the shmq source's schema and answers every range with the same
-prebuilt Arrow batches (100-byte payloads, made once per Python worker by ``spark_arrow``):
+prebuilt Arrow batches (100-byte payloads, made once per Python worker by ``spark.arrow``):
 what Spark spends per row of that schema when reading costs nothing.  ``shmq-null``
 (write) counts the rows of its Arrow batches and writes them nowhere.  The benchmark
 ships this module to Spark's Python workers by value (``cloudpickle``), as it is not

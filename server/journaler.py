@@ -305,7 +305,7 @@ def _published() -> None:
 
 
 def remove_retired(root: Path) -> None:
-    """Remove the journals of deleted queues (see ``journal_files.retire_journal``)."""
+    """Remove the journals of deleted queues (see ``journal.files.retire_journal``)."""
     try:
         names = os.listdir(root)
     except FileNotFoundError:

@@ -1,6 +1,6 @@
 """A batch's payloads given back to back: their lengths and their bytes, with no object per
 payload.  The Spark sink's chunks come this way (``ShmQueue.put_joined``), and so does a
-PRODUCE_BATCH body without headers, as the broker reads it (``codec_bodies.decode_joined``);
+PRODUCE_BATCH body without headers, as the broker reads it (``protocol.bodies.decode_joined``);
 ``Ring.try_put_many`` copies such a batch's bytes in one run."""
 
 from __future__ import annotations

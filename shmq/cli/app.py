@@ -7,7 +7,7 @@ Errors are one line on stderr and exit code 1; Ctrl-C is exit code 130
 
 Each call is a new process, so start-up counts: this module imports typer and what
 declares the commands, and each command imports the rest (the transports, rich for
-tables and bars) when it runs; ``cli_params`` keeps typer's pydantic out
+tables and bars) when it runs; ``cli.params`` keeps typer's pydantic out
 (``tests/cli/test_cli_startup.py``).
 """
 

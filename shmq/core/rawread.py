@@ -56,7 +56,7 @@ def read_columns(q: QueueHandle, offset: int, max_messages: int, max_bytes: int)
 
 def read_field(q: QueueHandle, offset: int, max_messages: int, max_bytes: int) -> bytes:
     """``read_columns``'s records as one ``records`` field (a READ_OK body,
-    ``codec_bodies.records_field``): with the accelerator, built under the lock in one pass."""
+    ``protocol.bodies.records_field``): with the accelerator, built under the lock in one pass."""
     c = _read(q, offset, max_messages, max_bytes, True)
     if isinstance(c, bytes):
         return c

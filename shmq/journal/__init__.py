@@ -28,7 +28,7 @@ One Journal per queue directory at a time (an flock on ``lock`` enforces it);
 a Journal is not thread-safe: one writer thread owns it.
 
 The journal is three modules: the files (names, record encoding, errors) in
-``journal_files``, reading them back in ``journal_recovery``, and the Journal object
+``journal.files``, reading them back in ``journal.recovery``, and the Journal object
 here, which re-exports the public names of both.
 """
 

@@ -5,7 +5,7 @@ files named by their first offset; a segment is a run of records (drawn in ``jou
 docstring and in ``docs/architecture.md``, "Journal file format").  Here: the names, the
 record encoders (:func:`encode_messages`, :func:`encode_state`), the journal's error and
 the small write helpers.  No state: the :class:`~shmq.journal.Journal` object is in
-``journal``, reading records back in ``journal_recovery``.
+``journal``, reading records back in ``journal.recovery``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Message bodies: the fields of each type (``codec_schemas``) to bytes and back.
+"""Message bodies: the fields of each type (``protocol.schemas``) to bytes and back.
 
 Body encoders and decoders are generated once, at import, from the schemas: runs of
 fixed-width integers (and the length prefix that follows them) become one precompiled

@@ -21,8 +21,8 @@ missing field, an int out of range, a batch over ``options.MAX_BATCH``) raise
 ``ValueError``: they are the caller's bug, not the peer's.
 
 The codec is three modules, each importing only the ones before it: the message
-catalogue (:class:`T`, :data:`SCHEMAS`) in ``codec_schemas``, the body encoders and
-decoders generated from it in ``codec_bodies``, and the frames (the header, the decoder,
+catalogue (:class:`T`, :data:`SCHEMAS`) in ``protocol.schemas``, the body encoders and
+decoders generated from it in ``protocol.bodies``, and the frames (the header, the decoder,
 the hot single-message builders) here.  Import every name from here.
 """
 

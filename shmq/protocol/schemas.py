@@ -3,7 +3,7 @@
 :class:`T` names the types (the ``type`` byte of a frame header) and :data:`SCHEMAS` lists
 each type's body fields in wire order, with their kinds; ``docs/protocol.md`` draws the
 same table, and ``tests/protocol/test_codec.py`` checks the two against each other.  Nothing here
-encodes anything: ``codec_bodies`` compiles these schemas into body encoders and decoders,
+encodes anything: ``protocol.bodies`` compiles these schemas into body encoders and decoders,
 and ``codec`` puts bodies into frames.  Import the names from ``shmq.protocol.codec``.
 """
 

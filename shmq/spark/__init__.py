@@ -17,7 +17,7 @@ sink writes through shmq's idempotent producers, one per (query, partition), wit
 numbers from (batch id, chunk), so a replayed batch or a retried task writes nothing twice.
 
 Only this module imports pyspark (``import shmq`` does not), with the two it is split into:
-``spark_source`` (the readers) and ``spark_sink`` (the writers); ``spark_options`` holds
+``spark.source`` (the readers) and ``spark.sink`` (the writers); ``spark.options`` holds
 the options both check.  Every name is importable from here.  Every option is documented
 in ``docs/spark.md``.
 """

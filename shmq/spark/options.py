@@ -3,8 +3,8 @@
 A read's and a write's options (names case-insensitive, as Spark passes them; every one
 is documented in ``docs/spark.md``) become a frozen :class:`ReadOptions` /
 :class:`WriteOptions`; a name close to one of ours but wrong is an error, other unknown
-names are Spark's own and ignored.  Nothing here imports pyspark: ``spark_source`` and
-``spark_sink`` use these, and ``spark`` re-exports them.
+names are Spark's own and ignored.  Nothing here imports pyspark: ``spark.source`` and
+``spark.sink`` use these, and ``spark`` re-exports them.
 """
 
 from __future__ import annotations

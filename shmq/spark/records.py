@@ -5,7 +5,7 @@ timestamps, metadata and payload lengths) and one byte buffer with every record'
 metadata and payload back to back.  It is made from what a queue's ``read_columns`` and
 ``iter_columns`` give (``shmq.api.RecordColumns``: arrays numpy sees without a copy), which
 every transport reads its own fast way: a co-located queue copies its segment's slots and
-bytes out, a TCP one sees a READ_OK frame's columns.  ``spark_arrow`` turns one into an Arrow
+bytes out, a TCP one sees a READ_OK frame's columns.  ``spark.arrow`` turns one into an Arrow
 batch.  Like ``Queue.read`` it never leases: a read gives the records from
 ``max(offset, first retained)`` on.  The sink puts its chunks with ``Queue.put_joined``.
 """

@@ -148,7 +148,7 @@ def write_partition(q: Queue, batches: Iterable[pa.RecordBatch], column: int, pr
     ``seq0 + chunk + 1``; ``headers``: the index of the headers column (None: none).  A chunk an
     earlier attempt wrote raises Duplicate and is skipped, so a retried task resumes after the last
     chunk its predecessor wrote: exactly once as long as the partition's rows come in the same
-    order.  A chunk without headers goes as its Arrow buffers (``spark_records.put_records``).
+    order.  A chunk without headers goes as its Arrow buffers (``spark.records.put_records``).
     Returns (written, skipped)."""
     config = q.stats()["config"]
     chunks = _Chunks(q, producer, seq0, timeout, max(1, min(batch_size, config["capacity"] // 2)),

@@ -4,7 +4,7 @@ and the event log each one writes.
 A role is one kind of child process (``fork``-ed by the storm): a plain or idempotent
 producer, a consumer of one group, a dead-letter queue consumer, a lock hog or a reaper.
 Each logs one line per event, before and after each call (the line format is in
-``shmq.testing.chaos``'s docstring), which ``chaos_fates`` reads back to judge every message's
+``shmq.testing.chaos``'s docstring), which ``testing.fates`` reads back to judge every message's
 fate.  A payload is its message's id repeated (:func:`payload`), so a torn or misplaced
 record shows (:func:`parse_payload`).
 """
