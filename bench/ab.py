@@ -39,12 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 CHILD = r"""
 import json, os, re, subprocess, sys, tempfile, time
 import shmq
-try:
-    from shmq.core.colocated import ShmBroker
-except ImportError:  # a commit from before the packages (shmq/shm.py)
-    from shmq.shm import ShmBroker
 inst = f"ab{os.getpid()}"
-b = ShmBroker(inst)
+url = f"shm://{inst}"  # shmq.connect: the same call on either side of the package move
+b = shmq.connect(url)
 try:
     q = b.create_queue("p", capacity=8192, max_bytes=1 << 24)
     payload, n, best = b"x" * 100, 4000, {"put": 1e12, "get": 1e12, "ack": 1e12}
@@ -64,7 +61,7 @@ try:
     pings, warm = 10000, 500
     pid = os.fork()
     if pid == 0:
-        c = ShmBroker(inst)
+        c = shmq.connect(url)
         i, o = c.queue("a2b"), c.queue("b2a")
         for _ in range(pings + warm):
             m = i.get(); m.ack(); o.put(m.payload)
@@ -81,7 +78,7 @@ try:
     for _ in range(3):  # best of 3
         pid = os.fork()
         if pid == 0:
-            o = ShmBroker(inst).queue("a2b")
+            o = shmq.connect(url).queue("a2b")
             for _ in range(total):
                 o.put(payload)
             os._exit(0)

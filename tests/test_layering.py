@@ -73,13 +73,16 @@ def package(name: str) -> str:
     return parts[1]
 
 
+TREES = {name: ast.parse(path.read_text(), str(path)) for name, path in MODULES.items()}
+
+
 def _imports(name: str, path: Path) -> set[str]:
     """The modules of ours that ``name`` imports.  ``from P import x`` imports the module
     ``P.x`` when there is one, else ``P`` itself; the parents Python runs on the way to a
     module are not counted."""
     pkg = name if path.stem == "__init__" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(TREES[name]):
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
@@ -156,25 +159,25 @@ def test_the_layer_contract_in_the_architecture_document_is_this_one() -> None:
 
 
 # -------------------------------------------------------------------------- privacy
-def _declared_in_protocols(tree: ast.Module) -> set[str]:
-    out = set()
+def _inside_protocols(tree: ast.Module) -> set[int]:
+    """The nodes in the bodies of the module's ``Protocol`` classes (by ``id``)."""
+    inside: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ClassDef) and any(ast.unparse(b).startswith(("Protocol", "typing.Protocol"))
                                                   for b in node.bases):
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
-                    out.add(item.name)
-                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
-                    out.add(item.target.id)
-    return out
+            inside |= {id(n) for item in node.body for n in ast.walk(item)}
+    return inside
 
 
 def _defined(tree: ast.Module) -> set[str]:
     """The names a module gives a value or a body: functions, classes, globals, attributes it
     assigns, ``__slots__`` entries; a ``Protocol``'s declarations do not count (they name what
     another module's object must have)."""
+    skip = _inside_protocols(tree)
     names = set()
     for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             names.add(node.name)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
@@ -185,37 +188,17 @@ def _defined(tree: ast.Module) -> set[str]:
                                                   for t in node.targets):
             names |= {c.value for c in ast.walk(node.value)
                       if isinstance(c, ast.Constant) and isinstance(c.value, str)}
-    # a name only declared by a Protocol is not defined here; one also given a body is
-    return names - (_declared_in_protocols(tree) - _bodies_outside_protocols(tree))
-
-
-def _bodies_outside_protocols(tree: ast.Module) -> set[str]:
-    inside = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef) and any(ast.unparse(b).startswith(("Protocol", "typing.Protocol"))
-                                                  for b in node.bases):
-            inside |= {id(n) for n in ast.walk(node)}
-    out = set()
-    for node in ast.walk(tree):
-        if id(node) in inside:
-            continue
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            out.add(node.name)
-        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
-            out.add(node.attr)
-    return out
+    return names
 
 
 def _private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
 
 
-def _reaches(name: str, tree: ast.Module, own: set[str]) -> Iterator[str]:
+def _reaches(tree: ast.Module, own: set[str]) -> Iterator[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and _private(node.attr) and node.attr not in own:
-            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
-                    and node.attr in _defined(tree)):
-                yield f"{node.lineno}: .{node.attr}"
+            yield f"{node.lineno}: .{node.attr}"
         elif isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("shmq")):
             yield from (f"{node.lineno}: imports {a.name}" for a in node.names
                         if _private(a.name) and a.name != "_speedups")
@@ -226,7 +209,6 @@ def _reaches(name: str, tree: ast.Module, own: set[str]) -> Iterator[str]:
             yield f"{node.lineno}: {node.func.id}(..., {node.args[1].value!r})"
 
 
-TREES = {name: ast.parse(path.read_text()) for name, path in MODULES.items()}
 OWN: dict[str, set[str]] = {}
 for _m, _t in TREES.items():
     OWN.setdefault(package(_m) if package(_m) != "leaf" else _m, set()).update(_defined(_t))
@@ -238,7 +220,7 @@ def test_outside_the_core_no_module_reaches_a_private_name_of_another_package(na
     defines ``_name`` (the core's modules share theirs; each leaf module is a package of its
     own).  Imports of ``_name``, and getattr/hasattr/setattr with one, count too."""
     own = OWN[package(name) if package(name) != "leaf" else name]
-    assert list(_reaches(name, TREES[name], own)) == []
+    assert list(_reaches(TREES[name], own)) == []
 
 
 @pytest.mark.parametrize("name", sorted(MODULES), ids=str)

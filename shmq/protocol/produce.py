@@ -90,11 +90,18 @@ def produce_request(queue: str, payloads: Sequence[Payload], timeout_ms: int, pr
     if metas is not None:
         items = [_headers.flagged(m, p) for m, p in zip(metas, items, strict=True)]
         status = _headers.FLAG
-    fields: dict[str, Any] = {"queue": queue, "timeout_ms": timeout_ms, "payloads": items}
+    return (*_batch(queue, timeout_ms, items, producer, seq), status)
+
+
+def _batch(queue: str, timeout_ms: int, payloads: list[Any], producer: str | None, seq: int | None
+           ) -> tuple[T, dict[str, Any]]:
+    """A batch produce's frame type and fields: PRODUCE_IDEMPOTENT with a producer (checked),
+    else PRODUCE_BATCH."""
+    fields: dict[str, Any] = {"queue": queue, "timeout_ms": timeout_ms, "payloads": payloads}
     if producer is None and seq is None:
-        return T.PRODUCE_BATCH, fields, status
+        return T.PRODUCE_BATCH, fields
     check_producer(producer, seq)
-    return T.PRODUCE_IDEMPOTENT, {**fields, "producer": producer, "seq": seq}, status
+    return T.PRODUCE_IDEMPOTENT, {**fields, "producer": producer, "seq": seq}
 
 
 _COUNT = struct.Struct(">I")
@@ -110,11 +117,7 @@ def joined_request(queue: str, batch: Joined, timeout_ms: int, producer: str | N
     n = len(batch)
     if n > options.MAX_BATCH:
         raise LimitExceeded(f"{n} messages in one batch; the limit over TCP is {options.MAX_BATCH}")
-    fields: dict[str, Any] = {"queue": queue, "timeout_ms": timeout_ms, "payloads": []}
-    type_ = T.PRODUCE_BATCH
-    if producer is not None or seq is not None:
-        check_producer(producer, seq)
-        type_, fields = T.PRODUCE_IDEMPOTENT, {**fields, "producer": producer, "seq": seq}
+    type_, fields = _batch(queue, timeout_ms, [], producer, seq)
     head = encode_body(type_, **fields)
     assert head.endswith(bytes(4)), "the payloads are the body's last field"  # their count, 0
     try:
