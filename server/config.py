@@ -109,6 +109,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("log_format", str, options.DEFAULT_LOG_FORMAT,
             "text (one line each, naming process role and pid) or json (one object a line)",
             choices=options.LOG_FORMATS),
+    Setting("replica_of", str, "", "run as a standby of this primary (tcp://HOST:PORT or tcps://): copy its "
+            "journaled queues, serve reads only, until `shmq promote`", shown="none: a primary"),
+    Setting("replication", str, options.DEFAULT_REPLICATION, "a queue's replication to a standby when it "
+            "names none: async, or sync (an `always` put waits for a standby's fsync too)",
+            choices=("async", "sync")),
+    Setting("replication_port", int, 0, "TCP port (on --host) where standbys connect (0: any free port, "
+            "announced in INFO)"),
+    Setting("sync_timeout", float, options.DEFAULT_SYNC_TIMEOUT, "seconds a `sync` round waits for a "
+            "standby's fsync before its puts fail with StorageError (until a standby confirms)"),
     Setting("metrics", str, "", "serve Prometheus metrics on HOST:PORT (:PORT = loopback; off loopback "
             "the broker's token is required, and TLS is used with --tls-cert)", shown="off"),
 )
@@ -120,7 +129,7 @@ assert SETTING["token"].env == options.TOKEN_ENV and SETTING["data_dir"].env == 
 QUEUE_KEYS: dict[str, type] = {
     "capacity": int, "max_bytes": int, "max_message_size": int, "visibility_timeout": float,
     "max_deliveries": int, "max_groups": int, "durability": str, "message_ttl": float,
-    "expired_to_dlq": bool, "groups": list}
+    "expired_to_dlq": bool, "replication": str, "groups": list}
 _KINDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
           list: "a list of group names", dict: "a table"}
 

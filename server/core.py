@@ -67,8 +67,10 @@ class Core:
                  post: Post | None = None, flag: Callable[[str], None] = _noop,
                  place: Callable[[ServerConnection, Frame, str], bool] | None = None,
                  clock: Callable[[], float] = time.monotonic, heartbeat: float = options.HEARTBEAT,
-                 meter: WorkerMeter | None = None, counts: Counts | None = None) -> None:
+                 meter: WorkerMeter | None = None, counts: Counts | None = None,
+                 replication: Callable[[], dict[str, Any]] | None = None) -> None:
         self.broker = broker
+        self.replication = replication  # what INFO says of replication (server.replication.Board)
         self.meter = meter  # --metrics: requests and their time, counted per operation (server.scoreboard)
         self.counts = counts  # every worker's connections (INFO)
         self.heartbeat = heartbeat  # s: the longest heartbeat interval this worker agrees to (0: none)

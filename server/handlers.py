@@ -396,8 +396,16 @@ def info(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> Non
     connection counts (``placement.Counts``: every worker's, as this one sees them now)."""
     counts = core.counts.snapshot() if core.counts is not None else None
     about = replace(core.broker.info(), worker=core.worker_id, connections=counts,
-                    workers=None if counts is None else len(counts))
+                    workers=None if counts is None else len(counts),
+                    replication=None if core.replication is None else core.replication())
     conn.reply(f, T.INFO_OK, info=asdict(about))
+
+
+def promote(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
+    """PROMOTE on a primary: refused (it is for a standby: ``server.standby``)."""
+    epoch = (core.replication() if core.replication is not None else {}).get("epoch", 1)
+    raise InvalidArgument(f"this broker is a primary already (epoch {epoch}): shmq promote is for a standby "
+                          "(shmq serve --replica-of)")
 
 
 def disconnect(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None:
@@ -450,7 +458,7 @@ HANDLERS: dict[int, Handler] = {
     T.GROUP_JOIN: group_join, T.GROUP_COMMIT: group_commit, T.GROUP_DELETE: group_delete,
     T.GROUP_LIST: group_list, T.READ: read, T.STATS: stats, T.PURGE: purge, T.INFO: info,
     T.DISCONNECT: disconnect, T.SUBSCRIBE: subscribe, T.CREDIT: credit, T.UNSUBSCRIBE: unsubscribe,
-    T.HEARTBEAT: heartbeat, T.GROUP_SEEK: group_seek,
+    T.HEARTBEAT: heartbeat, T.GROUP_SEEK: group_seek, T.PROMOTE: promote,
 }
 
 

@@ -54,6 +54,8 @@ from shmq.progress import Progress
 from shmq.resources import SPACE_ERRNOS, disk_full
 from shmq.text import plural
 
+from . import replication
+from .replication import Hub
 from .scoreboard import JournalMeter, Scoreboard
 
 log = logging.getLogger("shmq.journal")
@@ -77,7 +79,8 @@ class QueueWriter(threading.Thread):
 
     def __init__(self, q: ServerQueue, root: Path, interval: float,
                  segment_bytes: int = options.JOURNAL_SEGMENT_BYTES,
-                 meter: JournalMeter | None = None) -> None:
+                 meter: JournalMeter | None = None, hub: Hub | None = None,
+                 replication: str = options.DEFAULT_REPLICATION) -> None:
         super().__init__(name=f"journal-{q.name}", daemon=True)
         self.q = q
         self.meter = meter  # --metrics: fsync times and failures (server.scoreboard)
@@ -85,6 +88,12 @@ class QueueWriter(threading.Thread):
         self.root = root
         self.interval = interval
         self.always = self.d.always
+        self.hub = hub  # the standbys (server.replication), None: replication is off
+        mode = q.config.replication or replication
+        self.sync_replicated = hub is not None and self.always and mode == "sync"
+        self.lock = threading.Lock()  # held over a round and a drop: a standby's copy is made under it
+        # sync rounds journaled here but not yet confirmed by a standby: (seq, next, settle, new, since)
+        self.unconfirmed: list[tuple[int, int, int, int, float]] = []
         self.stopping = threading.Event()
         self.segment_bytes = segment_bytes
         self.journal = Journal(root, q.name, log=log, segment_bytes=segment_bytes)
@@ -118,8 +127,11 @@ class QueueWriter(threading.Thread):
                     break
                 if self.d.error:  # room first: what every group settled goes even now
                     self.drop()
-                self.round(force=stopping)
-                self.drop()
+                with self.lock:
+                    self.round(force=stopping)
+                    self.drop()
+                if self.unconfirmed:
+                    self.confirm()
             except (JournalError, OSError) as e:
                 self._failed(e)
             except Exception:  # noqa: BLE001 - report, then keep the queue's journal going
@@ -137,6 +149,8 @@ class QueueWriter(threading.Thread):
             timeout = options.WAIT_SLICE
         else:
             timeout = min(options.WAIT_SLICE, max(0.0, self.last_sync + self.interval - time.monotonic()))
+        if self.unconfirmed:  # a standby's ACK posts .j too
+            timeout = min(timeout, options.WAIT_SLICE)
         if self._pending() or self.stopping.is_set():
             return
         self.d.sleep(timeout, self._pending)
@@ -144,6 +158,9 @@ class QueueWriter(threading.Thread):
     def _pending(self) -> bool:
         """Is a round due now?"""
         d = self.d
+        if self.unconfirmed and self.hub is not None and self.hub.confirmed(self.q.name,
+                                                                            self.unconfirmed[0][0]):
+            return True
         if d.error:
             return time.monotonic() - self.error_at >= options.JOURNAL_RETRY_INTERVAL
         if not d.changed(self.next, self.settled):
@@ -159,26 +176,50 @@ class QueueWriter(threading.Thread):
         d = self.d
         snap = d.snapshot()
         settle, nxt = snap.settle_seq, snap.next_offset
-        if nxt == self.next and settle == self.settled and not d.error:
+        if nxt == self.next and settle == self.settled and (not d.error or self.unconfirmed):
             return False
         items = d.records(self.next, nxt)  # published and not yet freed (free <= durable <= next)
         state = json.dumps({"groups": snap.groups, "producers": snap.producers, "next": nxt,
                             "delays": snap.delays},
                            separators=(",", ":")).encode()
-        self.journal.append(items, state)  # both or neither
+        records = self.journal.append(items, state)  # both or neither
+        seq = self.hub.publish(self, records, nxt) if self.hub is not None else 0
         t0 = time.perf_counter_ns()
         self.journal.sync()
         if self.meter is not None:
             self.meter.fsync(time.perf_counter_ns() - t0)
         if crashpoints.active and items:  # (rounds of new messages only: a test can count them)
             crashpoints.hit("journal.round.appended")
+        first = self.settled < 0  # (taking the queue on: confirmed here, standby or not)
         self.next = nxt
         self.settled = settle
         self.last_sync = time.monotonic()
+        if self.sync_replicated and (items or not first):  # the marks move once a standby has it too
+            self.unconfirmed.append((seq, nxt, settle, len(items), self.last_sync))
+            return True
         crash = _published if crashpoints.active and items else None
         if d.publish(nxt, settle, len(items), crash):
             log.warning("journal of %r is writable again", self.q.name)
         return True
+
+    def confirm(self) -> None:
+        """Publish the marks of the sync rounds a standby confirmed; past ``--sync-timeout``
+        without, fail the queue (``ENOLINK``: produces get StorageError) until one does."""
+        assert self.hub is not None
+        done = [u for u in self.unconfirmed if self.hub.confirmed(self.q.name, u[0])]
+        if done:
+            seq, nxt, settle = done[-1][:3]
+            new = sum(u[3] for u in self.unconfirmed if u[0] <= seq)
+            self.unconfirmed = [u for u in self.unconfirmed if u[0] > seq]
+            if self.d.publish(nxt, settle, new):
+                log.warning("queue %r: a standby confirms its rounds again", self.q.name)
+        if self.unconfirmed and not self.d.error and (
+                time.monotonic() - self.unconfirmed[0][4] > self.hub.sync_timeout):
+            if self.d.fail(errno.ENOLINK):
+                log.error("queue %r (replication=\"sync\"): no standby confirmed its rounds within %g s; "
+                          "its produces fail (StorageError) until one does", self.q.name,
+                          self.hub.sync_timeout)
+            self.error_at = time.monotonic()
 
     def drop(self) -> None:
         """Now and then: delete the segment files every group has passed -- also while the
@@ -213,8 +254,11 @@ class JournalService:
     """Every journaled queue of an instance, each with its writer thread."""
 
     def __init__(self, instance: str, root: Path, interval: float,
-                 segment_bytes: int = options.JOURNAL_SEGMENT_BYTES, board: Scoreboard | None = None) -> None:
+                 segment_bytes: int = options.JOURNAL_SEGMENT_BYTES, board: Scoreboard | None = None,
+                 hub: Hub | None = None, replication: str = options.DEFAULT_REPLICATION) -> None:
         self.segment_bytes = segment_bytes
+        self.hub = hub
+        self.replication = replication
         self.meter = None if board is None else board.journal()
         self.broker = ServerBroker(instance)
         self.root = root
@@ -231,6 +275,8 @@ class JournalService:
             wr = self.writers.pop(qid)
             wr.stopping.set()
             wr.join()
+            if self.hub is not None:
+                self.hub.remove_writer(wr, deleted=qid not in queues)
         if gone:
             remove_retired(self.root)
             self.broker.prune()
@@ -239,7 +285,8 @@ class JournalService:
             if qid in self.writers or not q.durability.journaled:
                 continue
             try:
-                wr = QueueWriter(q, self.root, self.interval, self.segment_bytes, self.meter)
+                wr = QueueWriter(q, self.root, self.interval, self.segment_bytes, self.meter, self.hub,
+                                 self.replication)
             except (JournalError, OSError) as e:  # (a full disk, descriptors run out: tried again)
                 if q.durability.fail(getattr(e, "errno", None) or 5):  # (logged once, not per retry)
                     log.error("cannot open the journal of %r: %s; produce is refused until it can", q.name, e)
@@ -247,6 +294,11 @@ class JournalService:
                 continue
             wr.start()
             self.writers[qid] = wr
+            if self.hub is not None:
+                self.hub.add_writer(wr)
+        if self.hub is not None:  # memory-only queues: their definitions only
+            self.hub.set_definitions({q.name: q.meta() for q in queues.values()
+                                      if not q.durability.journaled})
 
     def run(self, ready: Any = None) -> None:
         self.broker.set_journal(str(self.root))
@@ -284,9 +336,16 @@ class JournalService:
 
 
 def journal_main(instance: str, root: str, interval: float, segment_bytes: int, ready: Any,
-                 board: Scoreboard | None = None) -> None:
-    """The journal process (forked by the supervisor)."""
-    svc = JournalService(instance, Path(root), interval, segment_bytes, board)
+                 board: Scoreboard | None = None, replicate: Any = None) -> None:
+    """The journal process (forked by the supervisor).  ``replicate``: the primary's side of
+    replication (``server.replication``): (listening socket, Hub, TLS context or None), or None."""
+    hub = None
+    if replicate is not None:
+        listener, hub, tls, mode = replicate
+        threading.Thread(target=replication.serve, args=(hub, listener, tls, threading.Event()),
+                         name="replication", daemon=True).start()
+    svc = JournalService(instance, Path(root), interval, segment_bytes, board, hub,
+                         mode if replicate is not None else options.DEFAULT_REPLICATION)
     signal.signal(signal.SIGTERM, lambda *_: svc.stop.set())
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
     try:

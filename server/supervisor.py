@@ -55,6 +55,7 @@ from shmq.text import plural
 from shmq.tls import ServerTls, server_context
 
 from . import declarations, logs
+from . import replication as replication_mod
 from .brokerlock import AlreadyServed, claim
 from .journaler import data_dir_for, journal_main, recover
 from .metrics import is_loopback, listen, metrics_main, parse_address
@@ -125,7 +126,9 @@ class Supervisor:
                  log_format: str = logs.DEFAULT_FORMAT, unix: str | None = None,
                  no_auth: bool = False, tls: ServerTls | None = None, *,
                  heartbeat: float = options.HEARTBEAT, queues: Sequence[QueueDecl] = (),
-                 metrics: str | None = None, spin_us: float = options.WORKER_SPIN_US) -> None:
+                 metrics: str | None = None, spin_us: float = options.WORKER_SPIN_US,
+                 replication: str = options.DEFAULT_REPLICATION, replication_port: int = 0,
+                 sync_timeout: float = options.DEFAULT_SYNC_TIMEOUT) -> None:
         if tls is not None:
             server_context(tls)  # a file that cannot be used is named now, before any worker starts
         self.tls = tls
@@ -175,6 +178,20 @@ class Supervisor:
         self.journal: Any = None
         self.counts = Counts(self.n)  # connections per worker, shared with the workers we fork
         self.board = Scoreboard(self.n) if self.metrics else None  # what only one process knows
+        if replication not in ("async", "sync"):
+            raise InvalidArgument("--replication must be async or sync")
+        if not 0 <= replication_port <= 65535:
+            raise InvalidArgument("--replication-port must be 0..65535 (0: any free port)")
+        if not 0 < sync_timeout <= 3600:
+            raise InvalidArgument("--sync-timeout must be in (0, 3600] seconds")
+        self.replication = replication
+        self.replication_port = replication_port
+        self.sync_timeout = sync_timeout
+        self.repl_board = replication_mod.Board()  # what the journal process tells the workers' INFO
+        self.repl_sock: socket.socket | None = None
+        self.repl: tuple[Any, ...] | None = None
+        self.epoch = 1  # read from the data dir at start (server.replication.read_state)
+        self.forks: dict[str, int] = {}
         self.ctx = mp.get_context("fork")
         self.procs: dict[int, Any] = {}
         self._stop = False
@@ -191,14 +208,21 @@ class Supervisor:
                    v["data_dir"] or None, v["sync_interval"], v["journal_segment_bytes"], v["log_level"],
                    v["log_format"], None if v["unix"] in ("", "off") else v["unix"], v["no_auth"], tls,
                    heartbeat=v["heartbeat"], queues=eff.queues, metrics=v["metrics"] or None,
-                   spin_us=v["spin_us"])
+                   spin_us=v["spin_us"], replication=v["replication"], replication_port=v["replication_port"],
+                   sync_timeout=v["sync_timeout"])
 
     def worker_settings(self, i: int) -> WorkerSettings:
         """What worker ``i`` is started with."""
         return WorkerSettings(instance=self.instance, host=self.host, port=self.port, worker_id=i,
                               token=self.token, max_connections=self.max_connections, counts=self.counts,
                               unix_sock=self.unix_sock, tls=self.tls, heartbeat=self.heartbeat,
-                              board=self.board, spin_us=self.spin_us)
+                              board=self.board, spin_us=self.spin_us, replication=self._replication_info)
+
+    def _replication_info(self) -> dict[str, Any]:
+        """INFO's ``replication`` (read in a worker: the journal process writes the board)."""
+        port = self.repl_sock.getsockname()[1] if self.repl_sock is not None else None
+        return {"role": "primary", "epoch": self.epoch, "standbys": [], **self.repl_board.read(),
+                "port": port}
 
     def _start(self, i: int) -> None:
         ready = self.ctx.Event()
@@ -211,11 +235,20 @@ class Supervisor:
         ready = self.ctx.Event()
         p = self.ctx.Process(target=_child, name="shmq-journal", daemon=False,
                              args=("journal", self.log, journal_main, self.instance, str(self.data_dir),
-                                   self.sync_interval, self.segment_bytes, ready, self.board))
+                                   self.sync_interval, self.segment_bytes, ready, self.board, self.repl))
         p.start()
         if not ready.wait(30):
             raise ShmqError("the journal process did not start")
         self.journal = p
+
+    def _open_replication(self) -> None:
+        """The replication listener (``server.replication``), served by the journal process."""
+        self.repl_sock = replication_mod.listen(self.host, self.replication_port)
+        tls = None if self.tls is None else server_context(self.tls)
+        node = f"{socket.gethostname()}:{self.port}"
+        hub = replication_mod.Hub(self.epoch, node, self.token, self.forks, self.repl_board,
+                                  self.sync_timeout)
+        self.repl = (self.repl_sock, hub, tls, self.replication)
 
     def _start_metrics(self) -> None:
         """The metrics process (``server.metrics``): serves the socket bound at start.  Off
@@ -281,10 +314,20 @@ class Supervisor:
                 self.unix = str(runtime.socket_path(self.port))
             if self.unix:  # one listening socket, inherited by every worker: each accepts on it
                 self.unix_sock = unix_listener(self.unix)
+            state = replication_mod.read_state(self.data_dir)
+            if state.get("role") == "standby":
+                raise InvalidArgument(f"{self.data_dir} is a standby's (of {state.get('primary') or '?'}, "
+                                      "epoch "
+                                      f"{state['epoch']}): start it with --replica-of, or promote it "
+                                      "(shmq promote) before it serves as a primary")
+            self.epoch = int(state["epoch"])
+            self.forks = {str(k): int(v) for k, v in state.get("forks", {}).items()}
             # queues whose shared memory is gone (a reboot, a stop) come back from their journals
             for line in recover(broker, self.data_dir):
                 log.info("%s", line)
+            replication_mod.create_definitions(broker, self.data_dir)  # a promoted standby's memory queues
             declarations.check(broker, self.queues, self.data_dir)  # the recovered ones too
+            self._open_replication()
             self._start_journal()
             declarations.create(broker, self.queues)  # before any worker accepts a client
             for i in range(self.n):
@@ -299,6 +342,7 @@ class Supervisor:
         except BaseException:
             self._shutdown()
             self._close_unix()
+            self._close_replication()
             self._close_metrics()
             self._remove_token()
             if probe is not None:
@@ -316,9 +360,11 @@ class Supervisor:
                 else "" if self.token else "; NO AUTHENTICATION (--no-auth)")
         metrics = (f"; metrics on {self._metrics_url()} (pid {self.metrics_proc.pid})"
                    if self.metrics_proc is not None else "")
+        repl = f"; standbys connect to port {self.repl_sock.getsockname()[1]} (epoch {self.epoch})" \
+            if self.repl_sock is not None else ""
         announce(f"shmq: instance {self.instance!r} listening on {scheme}://{self.host}:{self.port}{mtls}"
                  f"{unix} with {plural(self.n, 'worker')}; journal in {self.data_dir} "
-                 f"(writer pid {self.journal.pid}){metrics}{auth}; supervisor pid {os.getpid()} "
+                 f"(writer pid {self.journal.pid}){repl}{metrics}{auth}; supervisor pid {os.getpid()} "
                  "(SIGTERM stops it)")
         sys.stdout.flush()
         try:
@@ -326,6 +372,7 @@ class Supervisor:
         finally:
             self._shutdown()
             self._close_unix()
+            self._close_replication()
             self._close_metrics()
             self._remove_token()
             probe.close()
@@ -367,6 +414,11 @@ class Supervisor:
             self.unix_sock = None
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.unix)  # type: ignore[arg-type]
+
+    def _close_replication(self) -> None:
+        if self.repl_sock is not None:
+            self.repl_sock.close()
+            self.repl_sock = None
 
     def _close_metrics(self) -> None:
         if self.metrics_sock is not None:

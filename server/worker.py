@@ -83,6 +83,7 @@ class WorkerSettings:
     heartbeat: float = options.HEARTBEAT  # --heartbeat: seconds between heartbeats (0: none)
     board: Scoreboard | None = None  # --metrics: this worker's requests are counted in its row
     spin_us: float = options.WORKER_SPIN_US  # --spin-us: polling for the next request after a read
+    replication: Callable[[], dict[str, Any]] | None = None  # INFO's replication (server.replication.Board)
 
 
 class Worker:
@@ -133,7 +134,8 @@ class Worker:
         self.spinner = Spinner(Spin(st.spin_us), self.loop.call_soon)
         self.core = Core(self.broker, self.worker_id, st.token, post=self.loop.call_soon_threadsafe,
                          flag=self._flag, place=self.place, heartbeat=st.heartbeat, counts=self.counts,
-                         meter=None if st.board is None else st.board.worker(self.worker_id))
+                         meter=None if st.board is None else st.board.worker(self.worker_id),
+                         replication=st.replication)
         await self._open_bell()
         await self._open_handoff()
         sock = reuseport_socket(st.host, st.port)

@@ -27,6 +27,7 @@ from shmq.errors import (
     InvalidName,
     LimitExceeded,
     MessageTooLarge,
+    NotPrimary,
     ProtocolError,
     QueueExists,
     QueueNotFound,
@@ -47,7 +48,8 @@ from shmq.version import __version__ as __version__
 __all__ = [
     "AuthError", "Broker", "BrokerInfo", "ConnectionLost", "Duplicate", "Empty", "Full", "GroupExists",
     "GroupNotFound", "InstanceError", "InstanceNotFound", "InstanceReport", "InvalidArgument",
-    "InvalidName", "LimitExceeded", "Message", "MessageTooLarge", "Origin", "ProtocolError", "Queue",
+    "InvalidName", "LimitExceeded", "Message", "MessageTooLarge", "NotPrimary", "Origin", "ProtocolError",
+    "Queue",
     "QueueConfig", "QueueExists", "QueueInfo", "QueueNotFound", "ShmqError", "StaleAck", "Status",
     "StorageError", "Timeout", "aio", "connect", "reclaim", "scan",
 ]

@@ -34,6 +34,7 @@ class Status(IntEnum):
     DUPLICATE = 40
     STORAGE = 41
     UNAVAILABLE = 42  # the broker cannot be reached, the connection was lost, or its other end went silent
+    NOT_PRIMARY = 43  # a standby (``shmq serve --replica-of``) takes no writes; the message names the primary
 
 
 class ShmqError(Exception):
@@ -180,6 +181,26 @@ class StorageError(ShmqError, OSError):
     code = Status.STORAGE
 
 
+class NotPrimary(ShmqError):
+    """This broker is a standby (``shmq serve --replica-of``), or a primary fenced by a higher
+    epoch: it takes no puts, gets or acks.  ``primary`` is the URL it follows ("" if unknown)."""
+
+    code = Status.NOT_PRIMARY
+
+    def __init__(self, message: str = "", primary: str = "") -> None:
+        super().__init__(message)
+        self.primary = primary or _primary_in(message)
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (self.__class__, (str(self), self.primary))
+
+
+def _primary_in(message: str) -> str:
+    """The primary's URL in a NOT_PRIMARY error's text ("... primary: tcp://h:p ..."), or ""."""
+    at = message.find("primary: ")
+    return message[at + 9:].split()[0].rstrip(";,.)") if at >= 0 else ""
+
+
 class ConnectionLost(ShmqError, ConnectionError):
     """The broker cannot be reached, or the connection to it was lost."""
 
@@ -189,7 +210,7 @@ class ConnectionLost(ShmqError, ConnectionError):
 _BY_CODE: dict[int, type[ShmqError]] = {}
 for _cls in (Full, Empty, Timeout, QueueNotFound, QueueExists, MessageTooLarge, StaleAck,
              InvalidName, InvalidArgument, LimitExceeded, GroupNotFound, InstanceError,
-             ProtocolError, AuthError, Duplicate, StorageError):
+             ProtocolError, AuthError, Duplicate, StorageError, NotPrimary):
     _BY_CODE.setdefault(int(_cls.code), _cls)
 
 

@@ -45,10 +45,23 @@ PRODUCER_ID_MAX = 256  # chars of an idempotent producer's id
 # --- durability (see docs/operations.md "Durability") -------------------------
 DURABILITY_MODES = ("memory", "interval", "always")
 DEFAULT_DURABILITY = "memory"
+REPLICATION_MODES = ("", "async", "sync")  # a queue's replication= ("": the broker's --replication)
 DEFAULT_SYNC_INTERVAL = 1.0  # s: the longest an `interval` queue's journal goes without fsync
 DATA_DIR_ENV = "SHMQ_DATA_DIR"
 DEFAULT_DATA_DIR = "~/.local/share/shmq"  # $XDG_DATA_HOME/shmq when set; one sub-folder per instance
 JOURNAL_ADOPT_TIMEOUT = 10.0  # s creating a journaled queue waits for the journal writer to take it on
+
+# --- replication (see docs/operations.md "Replication") ----------------------
+DEFAULT_REPLICATION = "async"  # --replication: a queue's mode when it names none
+DEFAULT_SYNC_TIMEOUT = 5.0  # s a `sync` round waits for a standby's fsync before its puts fail (StorageError)
+REPLICATION_HEARTBEAT = 1.0  # s between the stream's heartbeats (each end), when nothing else is sent
+REPLICATION_DEAD_AFTER = 5.0  # s without a byte from the other end of a replication link: it is closed
+REPLICATION_CHUNK = 16 << 20  # bytes of messages in one frame of the stream: a bigger round is split
+REPLICATION_MAX_FRAME = (64 << 20) + 65536  # one frame of the stream; larger is refused before reading it
+REPLICATION_SEND_BUFFER = 256 * 1024 * 1024  # bytes queued for one standby; more and it is cut (it resumes)
+REPLICATION_MAX_STANDBYS = 8  # standbys one primary streams to at once
+REPLICATION_RETRY = 0.5  # s a standby waits before it connects to its primary again
+REPLICATION_STATE_FILE = "replication.json"  # in the data dir: the node's epoch and role (fsynced)
 
 # --- timing -------------------------------------------------------------------
 SPIN_CHECKS = 200  # header re-reads (about 20-60 us) before a consumer sleeps

@@ -12,9 +12,9 @@ import shmq
 PUBLIC = [
     "AuthError", "Broker", "BrokerInfo", "ConnectionLost", "Duplicate", "Empty", "Full", "GroupExists",
     "GroupNotFound", "InstanceError", "InstanceNotFound", "InstanceReport", "InvalidArgument", "InvalidName",
-    "LimitExceeded", "Message", "MessageTooLarge", "Origin", "ProtocolError", "Queue", "QueueConfig",
-    "QueueExists", "QueueInfo", "QueueNotFound", "ShmqError", "StaleAck", "Status", "StorageError", "Timeout",
-    "aio", "connect", "reclaim", "scan",
+    "LimitExceeded", "Message", "MessageTooLarge", "NotPrimary", "Origin", "ProtocolError", "Queue",
+    "QueueConfig", "QueueExists", "QueueInfo", "QueueNotFound", "ShmqError", "StaleAck", "Status",
+    "StorageError", "Timeout", "aio", "connect", "reclaim", "scan",
 ]
 
 

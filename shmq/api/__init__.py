@@ -87,6 +87,7 @@ class QueueConfig:
     durability: str = options.DEFAULT_DURABILITY
     message_ttl: float = 0.0  # seconds a message may wait for its first delivery to a group (0: forever)
     expired_to_dlq: bool = True  # an expired message is dead-lettered (reason "ttl_expired"); False: dropped
+    replication: str = ""  # to a standby: "sync", "async", or "": the broker's --replication
 
 
 @dataclass(frozen=True)
@@ -119,6 +120,10 @@ class BrokerInfo:
     connections: list[int] | None = None
     worker: int | None = None
     replies_dropped: dict[str, int] | None = None  # by reason, the instance's (``shmq.api.reply``)
+    # replication (``shmq serve --replica-of``): ``role`` ("primary"/"standby"), ``epoch``, ``port``
+    # (the primary's replication port), ``standbys`` (each with its lag) or ``primary`` (a
+    # standby's, with ``lag_*`` and ``caught_up``); None over shm://
+    replication: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, d: dict[str, Any]) -> BrokerInfo:

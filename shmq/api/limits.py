@@ -43,6 +43,9 @@ def check_config(limits: dict[str, Any]) -> QueueConfig:
          and 0 <= c.message_ttl <= options.MAX_MESSAGE_TTL,
          f"message_ttl must be a number of seconds in [0, {options.MAX_MESSAGE_TTL:g}] (0: none)")
     need(isinstance(c.expired_to_dlq, bool), "expired_to_dlq must be true or false")
+    need(c.replication in options.REPLICATION_MODES,
+         f"replication must be one of {', '.join(m for m in options.REPLICATION_MODES if m)}, or \"\" "
+         "(the broker's --replication)")
     need(c.durability in options.DURABILITY_MODES,
          f"durability must be one of {', '.join(options.DURABILITY_MODES)}")
     return c

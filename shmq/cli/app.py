@@ -40,7 +40,7 @@ from shmq.cli.session import fail as _fail
 from shmq.cli.session import token as _token
 from shmq.cli.session import warn_argv_token as _warn_argv_token
 from shmq.cli.top_command import register_top
-from shmq.errors import ShmqError
+from shmq.errors import InvalidArgument, ShmqError
 from shmq.server import config as cfg
 from shmq.text import plural
 from shmq.version import __version__
@@ -103,9 +103,38 @@ def serve(
         return
     from shmq.server.supervisor import Supervisor
     try:
-        raise typer.Exit(Supervisor.from_settings(eff, _token(eff["token"], eff["token_file"]) or "").serve())
+        sup = Supervisor.from_settings(eff, _token(eff["token"], eff["token_file"]) or "")
+        if eff["replica_of"]:
+            from shmq.server.standby import StandbyNode
+            node = StandbyNode(eff["replica_of"], instance=sup.instance, host=sup.host, port=sup.port,
+                               token=sup.token, data_dir=sup.data_dir, tls=sup.tls,
+                               leave_token=sup.generated)
+            if node.run() is None:
+                raise typer.Exit(0)
+            sup.port = node.port  # promoted: the primary serves where the standby did
+        raise typer.Exit(sup.serve())
     except (ShmqError, OSError) as e:
         _fail(e)
+
+
+@app.command()
+def promote(url: str | None = UrlOpt, token: str | None = TokenOpt, token_file: str | None = TokenFileOpt,
+            force: bool = typer.Option(False, "--force", help="promote even while the primary still streams "
+                                       "to this standby (two primaries then take writes: fence the old one)"),
+            ) -> None:
+    """Make a standby (shmq serve --replica-of) the primary: it raises its epoch, rebuilds its
+    queues from the journals it received, and takes writes on the same port.
+
+    Example: shmq promote --url tcp://standby-host:7878
+    """
+    with _connect(url, None, _token(token, token_file)) as b:
+        if not hasattr(b, "promote"):
+            _fail(InvalidArgument("shmq promote goes to a standby over tcp:// or tcps:// (--url)"))
+        try:
+            epoch = b.promote(force)
+        except ShmqError as e:
+            _fail(e)
+    print(f"promoted: epoch {epoch}")
 
 
 @app.command()

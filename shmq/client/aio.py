@@ -326,6 +326,12 @@ class AsyncBroker:
         """The broker's version, owner, uptime, workers and connections per worker."""
         return await self._execute(cmd.info())
 
+    async def promote(self, force: bool = False) -> int:
+        """Make this broker, a standby (``shmq serve --replica-of``), the primary: its new epoch
+        (``shmq promote``).  ``force``: even while its primary still streams to it."""
+        epoch: int = await self._execute(cmd.promote(force))
+        return epoch
+
     async def request(self, queue: str, payload: Payload, timeout: float = options.DEFAULT_REQUEST_TIMEOUT, *,
                       headers: Headers | None = None) -> AsyncMessage:
         """``shmq.Broker.request``, awaitable: the reply (it needs no ack), or ``Timeout``."""

@@ -300,6 +300,11 @@ class TcpBroker(Broker):
     def info(self) -> BrokerInfo:
         return self._execute(cmd.info())
 
+    def promote(self, force: bool = False) -> int:
+        """Make this broker, a standby (``shmq serve --replica-of``), the primary: its new epoch
+        (``shmq promote``).  ``force``: even while its primary still streams to it."""
+        return int(self._execute(cmd.promote(force)))
+
     def close(self, timeout: float = 5.0) -> None:
         """Delete this handle's reply queue, DISCONNECT (its leases go back) and close; a broker
         that does not answer within ``timeout`` seconds (frozen) is not waited for longer."""

@@ -187,7 +187,8 @@ class Attachment:
                 max_deliveries=0 if is_dlq else config.max_deliveries,
                 max_groups=config.max_groups, max_clients=reg.max_clients,
                 durability=options.DURABILITY_MODES.index(config.durability),
-                flags=(L.F_DLQ if is_dlq else 0) | (0 if is_dlq or config.expired_to_dlq else L.F_TTL_DROP),
+                flags=(L.F_DLQ if is_dlq else 0) | (0 if is_dlq or config.expired_to_dlq else L.F_TTL_DROP)
+                | L.REPLICATION_FLAGS[config.replication],
                 default_group=options.DEFAULT_GROUP,
                 message_ttl_ms=0 if is_dlq or not config.message_ttl else max(
                     1, round(config.message_ttl * 1000)))

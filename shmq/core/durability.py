@@ -118,6 +118,9 @@ class Durability:
     def error_text(self) -> str:
         """What the journal writer reports: the journal's path, and its errno."""
         err = self.w[L.Q_JOURNAL_ERRNO] or errno.EIO
+        if err == errno.ENOLINK:  # set by a `sync` queue's journal writer (server.replication)
+            return ("no standby confirmed its copy within --sync-timeout (replication=\"sync\"); puts are "
+                    "confirmed again once a standby does")
         where = self._q._journal_dir() or "its journal"
         return f"{where} cannot be written ({errno.errorcode.get(err, err)}: {os.strerror(err)})"
 

@@ -127,7 +127,8 @@ class QueueHandle:
         r = self.ring
         return QueueConfig(r.capacity, r.size, r.max_message_size, r.visibility_ms / 1000,
                            r.max_deliveries, r.max_groups, options.DURABILITY_MODES[r.durability],
-                           r.message_ttl_ms / 1000, not r.flags & L.F_TTL_DROP)
+                           r.message_ttl_ms / 1000, not r.flags & L.F_TTL_DROP,
+                           "sync" if r.flags & L.F_REPL_SYNC else "async" if r.flags & L.F_REPL_ASYNC else "")
 
     @property
     def is_dlq(self) -> bool:

@@ -246,6 +246,9 @@ QS_ACTIVE = 1
 QS_DELETED = 2
 F_DLQ = 1
 F_TTL_DROP = 2  # Q_FLAGS: an expired message is dropped (settled DONE), not dead-lettered
+F_REPL_ASYNC = 4  # Q_FLAGS: replication="async" (neither this nor F_REPL_SYNC: the broker's --replication)
+F_REPL_SYNC = 8  # Q_FLAGS: replication="sync": a standby's fsync confirms a put too (server.replication)
+REPLICATION_FLAGS = {"": 0, "async": F_REPL_ASYNC, "sync": F_REPL_SYNC}  # QueueConfig.replication -> Q_FLAGS
 
 # group table entry (32 words)
 G_STATE = 0  # GS_FREE / GS_ACTIVE

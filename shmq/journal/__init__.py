@@ -69,11 +69,11 @@ from shmq.journal.files import (
     unlink_quietly,
     write_all,
 )
-from shmq.journal.recovery import Recovery, Scan, SegmentRecovery
+from shmq.journal.recovery import Recovery, Scan, SegmentRecovery, read_records
 
 __all__ = ["ENTRY_SIZE", "HEADER_SIZE", "LOCK_FILE", "MAGIC", "MESSAGES", "META_FILE", "QUEUE_DIR_PREFIX",
            "STATE", "Journal", "JournalError", "Recovery", "encode_messages", "encode_state", "list_queues",
-           "queue_dir", "segment_name"]
+           "queue_dir", "read_records", "segment_name"]
 
 _log = logging.getLogger("shmq.journal")
 
@@ -218,16 +218,17 @@ class Journal(SegmentRecovery):
         self.append((), blob)
 
     def append(self, items: Sequence[tuple[Any, ...]] = (),
-               state: bytes | bytearray | memoryview | None = None) -> None:
+               state: bytes | bytearray | memoryview | None = None) -> bytearray:
         """``append_messages(items)`` then ``append_state(state)`` in one write: if it fails,
-        neither is in the file (and next_offset has not moved)."""
+        neither is in the file (and next_offset has not moved).  Returns the records written
+        (what a replication stream ships: ``server.replication``)."""
         self._check_ready()
         buf = encode_messages(items, self._next - 1) if items else bytearray()
         record = None if state is None else bytes(encode_state(state))
         if record is not None:
             buf += record
         if not buf:
-            return
+            return buf
         if items:
             has_messages = bool(self._segments) and self._next > self._segments[-1]
             # A segment holding only snapshots takes the messages whatever its size: it is
@@ -246,6 +247,7 @@ class Journal(SegmentRecovery):
             self._next = items[-1][0] + 1
         if record is not None:
             self._state_record = record
+        return buf
 
     def sync(self) -> None:
         """Make everything appended so far durable (fdatasync, and an fsync of the directory if needed).

@@ -15,6 +15,7 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from shmq import options
 from shmq.journal.files import (
@@ -62,6 +63,34 @@ class Scan:
     problems: list[str] = field(default_factory=list)
     metas: dict[int, bytes] = field(default_factory=dict)
     expires: dict[int, int] = field(default_factory=dict)
+
+
+def read_records(data: bytes, floor: int = 0, base: int = 0, strict: bool = False
+                 ) -> tuple[list[tuple[Any, ...]], bytes | None, str]:
+    """The records at the start of ``data`` (a segment file's bytes, or a replicated round's),
+    up to its end, its zeros, or the first record that is not whole and valid: the messages
+    from offset ``floor`` on, as journal items (``(offset, timestamp_ns, payload[, metadata[,
+    expires_ns]])``, what :meth:`Journal.append <shmq.journal.Journal.append>` takes), the last
+    state, and "" or why it stopped early (``strict``: zeros count as early)."""
+    scan = Scan(floor)
+    view = memoryview(data)
+    pos = 0
+    why = ""
+    while pos < len(data) and data[pos]:
+        verdict, reason, size = SegmentRecovery._check_record(data, view, pos, base, scan)
+        if verdict != "ok":
+            why = f"a {verdict} record at byte {pos}: {reason}"
+            break
+        pos += size
+    if strict and not why and pos < len(data):
+        why = f"zeros at byte {pos}"
+    items: list[tuple[Any, ...]] = []
+    for off, ts, payload in scan.messages:
+        meta = scan.metas.get(off, b"")
+        exp = scan.expires.get(off, 0)
+        items.append((off, ts, payload, meta, exp) if exp else (off, ts, payload, meta) if meta
+                     else (off, ts, payload))
+    return items, scan.state, why
 
 
 class SegmentRecovery:

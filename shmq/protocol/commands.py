@@ -349,6 +349,11 @@ def delete_queue(name: str) -> Request[None]:
     return call(T.DELETE_QUEUE, T.DELETE_QUEUE_OK, queue=name)
 
 
+def promote(force: bool = False) -> Request[int]:
+    """Make a standby the primary (``shmq promote``): its new epoch."""
+    return call(T.PROMOTE, T.PROMOTE_OK, "epoch", force=int(force))
+
+
 def info() -> Request[BrokerInfo]:
     """The broker's version, owner, uptime, workers and connections per worker."""
     return Request(_fields_frame, (T.INFO, {}), _broker_info)

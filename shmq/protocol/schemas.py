@@ -73,6 +73,8 @@ class T(IntEnum):
     UNSUBSCRIBE = 0x85
     UNSUBSCRIBE_OK = 0x86
     HEARTBEAT = 0x91
+    PROMOTE = 0x93
+    PROMOTE_OK = 0x94
     ERROR = 0xFE
 
 
@@ -146,6 +148,8 @@ SCHEMAS: dict[T, Schema] = {
     T.UNSUBSCRIBE: (("subscription", "u32"),),
     T.UNSUBSCRIBE_OK: _EMPTY,
     T.HEARTBEAT: _EMPTY,
+    T.PROMOTE: (("force", "u8"),),
+    T.PROMOTE_OK: (("epoch", "u64"),),
     T.ERROR: (("message", "str"),),
 }
 assert set(SCHEMAS) == set(T)

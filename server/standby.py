@@ -1,0 +1,495 @@
+"""A standby: ``shmq serve --replica-of URL`` follows a primary until ``shmq promote``.
+
+Two parts, in one process:
+
+* the **follower** (a thread) connects to the primary's replication port (asked of its
+  client port with an INFO), says what its journals hold (HELLO), and applies the stream
+  (``shmq.protocol.replication``): each ROUND's records are appended to the queue's
+  journal in this node's data dir, in the journal's own format and at the primary's
+  offsets, then fsynced, then ACKed.  A lost link is tried again every
+  ``REPLICATION_RETRY`` seconds, and resumes from what the journals hold;
+* the **read-only server** (asyncio, on the client port) answers HANDSHAKE, INFO (the
+  role, the epoch, the primary and the link's state), LIST_QUEUES, STATS and PROMOTE,
+  and every other request with ``NotPrimary`` naming the primary.
+
+A standby keeps no queue in shared memory.  PROMOTE (``shmq promote``) stops the
+follower, raises the epoch (``replication.json``, fsynced) and returns: ``shmq serve`` then
+goes on as a primary on the same port, rebuilding the queues from the journals
+(``server.journaler.recover``) as after any restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import os
+import signal
+import socket
+import ssl
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from shmq import options, runtime
+from shmq.api import BrokerInfo
+from shmq.errors import InvalidArgument, NotPrimary, ProtocolError, ShmqError, Status, error_for
+from shmq.journal import Journal, JournalError, list_queues, read_records
+from shmq.journal.files import retire_journal
+from shmq.protocol.codec import Frame, FrameDecoder, T, decode_body, frame
+from shmq.protocol.replication import K, StreamDecoder, StreamFrame, encode
+from shmq.tls import ServerTls, client_context, server_context
+from shmq.urls import client_token, parse_url
+from shmq.version import __version__
+
+from .core import SERVER_NAME
+from .replication import DEFINITIONS_FILE, read_state, write_state
+
+log = logging.getLogger("shmq.standby")
+
+
+def decode_records(body: bytes) -> tuple[list[tuple[Any, ...]], bytes | None]:
+    """A ROUND's journal records: the messages (with their metadata and TTLs) and the state."""
+    items, state, why = read_records(body, strict=True)
+    if why:
+        raise ProtocolError(f"a replicated round is not whole journal records: {why}")
+    return items, state
+
+
+class Refused(ShmqError):
+    """The primary refused this standby (its REFUSED frame): the code and message are its."""
+
+
+class Follower:
+    """The standby's copy of its primary's journals (see the module docstring)."""
+
+    def __init__(self, primary: str, token: str | None, data_dir: Path, node: str) -> None:
+        self.url = parse_url(primary)
+        if self.url.scheme not in ("tcp", "tcps"):
+            raise InvalidArgument(f"--replica-of must be a tcp:// or tcps:// URL, not {primary!r}")
+        self.primary = self.url.without_token()
+        self.token = client_token(self.url, token)
+        self.data_dir = data_dir
+        self.node = node
+        state = read_state(data_dir)
+        if state.get("role") == "primary" and list_queues(data_dir) and state.get("epoch", 1) > 1:
+            log.warning("%s was a primary in epoch %d; it now follows %s (a diverged tail is discarded)",
+                        data_dir, state["epoch"], self.primary)
+        self.epoch = int(state.get("epoch", 1))
+        self.forks = state.get("forks", {})
+        write_state(data_dir, {**state, "role": "standby", "primary": self.primary})
+        self.journals: dict[str, Journal] = {}
+        self.metas: dict[str, dict[str, Any]] = {}
+        self.definitions: dict[str, dict[str, Any]] = self._read_definitions()
+        self._open_journals()
+        self.stop = threading.Event()
+        self.sock: socket.socket | None = None
+        self.connected = False
+        self.caught_up = False
+        self.last_error = ""
+        self.bytes_received = 0
+        self.acked = 0
+        self.last_heard = 0.0
+        self.primary_epoch = 0
+        self.discarded: list[str] = []  # lines logged for diverged tails (tests read them through INFO)
+        self._drop_at: dict[str, float] = {}
+        self._dirty: set[Journal] = set()
+        self.thread = threading.Thread(target=self._run, name="follower", daemon=True)
+
+    # ------------------------------------------------------------ local journals
+    def _read_definitions(self) -> dict[str, dict[str, Any]]:
+        try:
+            return dict(json.loads((self.data_dir / DEFINITIONS_FILE).read_bytes()))
+        except (OSError, ValueError):
+            return {}
+
+    def _write_definitions(self) -> None:
+        path = self.data_dir / DEFINITIONS_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(json.dumps(self.definitions).encode())
+        os.replace(tmp, path)
+
+    def _open_journals(self) -> None:
+        for name in list_queues(self.data_dir):
+            j = Journal(self.data_dir, name, log=log)
+            meta = j.read_meta()
+            if meta is None:
+                j.destroy()
+                continue
+            rec = j.recover(floor=1 << 63)
+            for p in rec.problems:
+                log.error("journal of %r: %s", name, p)
+            self.journals[name] = j
+            self.metas[name] = meta
+
+    def positions(self) -> dict[str, dict[str, int]]:
+        return {n: {"created_ns": int(self.metas[n]["created_ns"]), "next": j.next_offset}
+                for n, j in self.journals.items()}
+
+    def _forget(self, name: str) -> None:
+        j = self.journals.pop(name, None)
+        self.metas.pop(name, None)
+        if j is not None:
+            j.close()
+            retire_journal(str(self.data_dir), name)
+            for entry in os.listdir(self.data_dir):  # (the journal process removes them on a primary)
+                if entry.startswith(".deleted-"):
+                    import shutil
+                    shutil.rmtree(self.data_dir / entry, ignore_errors=True)
+
+    # ------------------------------------------------------------ the link
+    def start(self) -> None:
+        self.thread.start()
+
+    def halt(self) -> None:
+        """Stop following (the journals stay open)."""
+        self.stop.set()
+        sock = self.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        if self.thread.is_alive():
+            self.thread.join(10)
+
+    @property
+    def streaming(self) -> bool:
+        """Is the primary alive and streaming to us now?"""
+        return self.connected and time.monotonic() - self.last_heard < options.REPLICATION_DEAD_AFTER
+
+    def close(self) -> None:
+        self.halt()
+        for j in self.journals.values():
+            try:
+                j.sync()
+            except JournalError:
+                pass
+            j.close()
+        self.journals.clear()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self._follow()
+            except Refused as e:
+                self.last_error = str(e)
+                log.error("the primary %s refused this standby: %s", self.primary, e)
+            except (OSError, ShmqError, ValueError) as e:
+                if not self.stop.is_set():
+                    self.last_error = f"{type(e).__name__}: {e}"
+                    log.warning("replication from %s: %s; trying again in %g s", self.primary, e,
+                                options.REPLICATION_RETRY)
+            finally:
+                self.connected = self.caught_up = False
+                if self.sock is not None:
+                    self.sock.close()
+                    self.sock = None
+            self.stop.wait(options.REPLICATION_RETRY)
+
+    def _replication_port(self) -> int:
+        """Ask the primary's client port (HANDSHAKE, INFO) where it streams."""
+        u = self.url
+        with self._open(u.host, u.port) as s:
+            s.sendall(frame(T.HANDSHAKE, 1, token=self.token, client="shmq-standby", affinity="",
+                            heartbeat_ms=0) + frame(T.INFO, 2))
+            dec = FrameDecoder()
+            got: list[Frame] = []
+            while len(got) < 2:
+                data = s.recv(65536)
+                if not data:
+                    break
+                got += dec.feed(data)
+        for f in got:
+            if f.type == T.HANDSHAKE_NACK:
+                raise Refused(f"AUTH_FAILED: the primary refused this standby's handshake "
+                              f"({decode_body(f.type, f.body)['reason']}): is its token the primary's?")
+            if f.type == T.ERROR:
+                raise error_for(f.status, decode_body(T.ERROR, f.body)["message"])
+        if len(got) < 2:
+            raise ConnectionError("the primary closed the connection")
+        info = decode_body(T.INFO_OK, got[1].body)["info"]
+        repl = info.get("replication") or {}
+        if repl.get("role") == "standby":
+            raise Refused(f"{self.primary} is a standby itself (of {repl.get('primary')}): a standby "
+                          "follows a primary")
+        if not repl.get("port"):
+            raise Refused(f"{self.primary} does not stream to standbys")
+        return int(repl["port"])
+
+    def _open(self, host: str, port: int) -> socket.socket:
+        s = socket.create_connection((host, port), timeout=options.REPLICATION_DEAD_AFTER)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.url.tls:
+            s = client_context(self.url).wrap_socket(s, server_hostname=host)
+        return s
+
+    def _follow(self) -> None:
+        port = self._replication_port()
+        self.sock = s = self._open(self.url.host, port)
+        s.sendall(encode(K.HELLO, {"token": self.token, "epoch": self.epoch, "node": self.node,
+                                   "queues": self.positions()}))
+        self.connected = True
+        self.last_heard = time.monotonic()
+        s.settimeout(options.REPLICATION_HEARTBEAT)
+        dec = StreamDecoder()
+        last_beat = time.monotonic()
+        while not self.stop.is_set():
+            try:
+                data = s.recv(1 << 20)
+            except TimeoutError:
+                data = None
+            now = time.monotonic()
+            if data == b"":
+                raise ConnectionError("the primary closed the link")
+            if data:
+                self.last_heard = now
+                self.bytes_received += len(data)
+                frames = dec.feed(data)
+                seq = self._apply(frames)
+                for j in self._dirty:
+                    j.sync()
+                self._dirty.clear()
+                if seq > self.acked:
+                    self.acked = seq
+                    s.sendall(encode(K.ACK, {"seq": seq}))
+                    last_beat = now
+            if now - self.last_heard > options.REPLICATION_DEAD_AFTER:
+                raise ConnectionError(f"the primary was silent for {options.REPLICATION_DEAD_AFTER:g} s")
+            if now - last_beat >= options.REPLICATION_HEARTBEAT:
+                s.sendall(encode(K.BEAT))
+                last_beat = now
+
+    def _apply(self, frames: list[StreamFrame]) -> int:
+        """Apply frames; the highest seq among them (0: none)."""
+        self._dirty = set()
+        seq = 0
+        for f in frames:
+            h = f.header
+            if f.kind == K.WELCOME:
+                self.primary_epoch = int(h["epoch"])
+                if self.primary_epoch != self.epoch:
+                    self.epoch = self.primary_epoch
+                    write_state(self.data_dir, {"epoch": self.epoch, "role": "standby",
+                                                "primary": self.primary, "forks": {}})
+                self.last_error = ""
+            elif f.kind == K.REFUSED:
+                raise Refused(f"{Status(int(h.get('code', 10))).name}: {h.get('message', '')}")
+            elif f.kind == K.QUEUE:
+                self._queue(h)
+            elif f.kind == K.ROUND:
+                self._round(h, f.body)
+                seq = max(seq, int(h["seq"]))
+            elif f.kind == K.DROP:
+                name = str(h["queue"])
+                if name in self.definitions and self.definitions[name]["created_ns"] == h["created_ns"]:
+                    del self.definitions[name]
+                    self._write_definitions()
+                meta = self.metas.get(name)
+                if meta is not None and meta["created_ns"] == h["created_ns"]:
+                    self._forget(name)
+                    log.info("queue %r was deleted on the primary: its journal here goes too", name)
+            elif f.kind == K.SYNCED:
+                self.caught_up = True
+                log.info("caught up with %s (epoch %d)", self.primary, self.primary_epoch)
+        return seq
+
+    def _queue(self, h: dict[str, Any]) -> None:
+        meta = h["meta"]
+        name = str(meta["name"])
+        if h.get("memory"):
+            self.definitions[name] = meta
+            self._write_definitions()
+            return
+        if not h.get("full"):
+            return
+        old = self.journals.get(name)
+        if old is not None:
+            cut = h.get("discard_from")
+            if cut is not None:
+                line = (f"queue {name!r}: discarded {old.next_offset - int(cut)} records past offset {cut} "
+                        f"(this node's history parted from {self.primary}'s there)")
+                log.warning("%s", line)
+                self.discarded.append(line)
+            self._forget(name)
+        j = Journal(self.data_dir, name, log=log)
+        j.write_meta(meta)
+        j.recover()
+        self.journals[name] = j
+        self.metas[name] = meta
+
+    def _round(self, h: dict[str, Any], body: bytes) -> None:
+        name = str(h["queue"])
+        j = self.journals.get(name)
+        meta = self.metas.get(name)
+        if j is None or meta is None or meta["created_ns"] != h["created_ns"]:
+            raise ProtocolError(f"a ROUND of queue {name!r} that this standby does not hold")
+        items, state = decode_records(body)
+        if items and items[0][0] < j.next_offset:
+            # (cannot happen in one history: the copy goes again, whole)
+            self._forget(name)
+            raise ProtocolError(f"queue {name!r}: offset {items[0][0]} arrived after {j.next_offset - 1}; "
+                                "its journal here is dropped and copied again")
+        j.append(items, state)
+        self._dirty.add(j)
+        now = time.monotonic()
+        if state is not None and now >= self._drop_at.get(name, 0.0):
+            self._drop_at[name] = now + options.JOURNAL_DROP_INTERVAL
+            groups = json.loads(state).get("groups", [])
+            if groups:
+                j.drop_below(min(int(g["floor"]) for g in groups))
+
+    def describe(self) -> dict[str, Any]:
+        return {"role": "standby", "epoch": self.epoch, "primary": self.primary, "connected": self.connected,
+                "caught_up": self.caught_up, "acked_seq": self.acked, "bytes_received": self.bytes_received,
+                "last_contact_seconds": round(time.monotonic() - self.last_heard, 3) if self.last_heard
+                else None,
+                "error": self.last_error, "discarded": self.discarded,
+                "queues": {n: p["next"] for n, p in self.positions().items()}}
+
+
+# ---------------------------------------------------------------------------- the read-only server
+
+
+class StandbyNode:
+    """``shmq serve --replica-of``: the follower and the read-only server, until promoted."""
+
+    def __init__(self, primary: str, *, instance: str, host: str, port: int, token: str, data_dir: Path,
+                 tls: ServerTls | None = None, primary_token: str | None = None,
+                 leave_token: bool = False) -> None:
+        self.leave_token = leave_token  # a generated token: left for this user's clients (shmq.runtime)
+        self.instance = instance
+        self.host = host
+        self.port = port
+        self.token = token
+        self.data_dir = data_dir
+        self.tls = tls
+        os.makedirs(data_dir, mode=options.JOURNAL_DIR_MODE, exist_ok=True)
+        self.follower = Follower(primary, primary_token, data_dir, f"{socket.gethostname()}:{port}")
+        self.started = time.monotonic()
+        self.promoted: int | None = None
+        self._stop: asyncio.Event
+
+    def run(self, announce: Any = print) -> int | None:
+        """Serve until SIGTERM/SIGINT (None) or a PROMOTE (the new epoch)."""
+        try:
+            asyncio.run(self._main(announce))
+        finally:
+            self.follower.close()
+        return self.promoted
+
+    async def _main(self, announce: Any) -> None:
+        self._stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        ctx: ssl.SSLContext | None = None if self.tls is None else server_context(self.tls)
+        server = await asyncio.start_server(self._client, self.host, self.port, ssl=ctx, reuse_address=True)
+        self.port = server.sockets[0].getsockname()[1]
+        token_file = runtime.write_token(self.port, self.token) if self.leave_token else None
+        self.follower.node = f"{socket.gethostname()}:{self.port}"
+        self.follower.start()
+        scheme = "tcps" if ctx is not None else "tcp"
+        announce(f"shmq: instance {self.instance!r} is a standby of {self.follower.primary}, serving reads "
+                 f"on {scheme}://{self.host}:{self.port}; journals in {self.data_dir}; pid {os.getpid()} "
+                 "(shmq promote makes it the primary; SIGTERM stops it)")
+        try:
+            await self._stop.wait()
+        finally:
+            server.close()
+            await server.wait_closed()
+            if token_file is not None:
+                Path(token_file).unlink(missing_ok=True)
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        dec = FrameDecoder()
+        ready = False
+        try:
+            while not self._stop.is_set():
+                data = await reader.read(65536)
+                if not data:
+                    break
+                for f in dec.feed(data):
+                    if not ready:
+                        if f.type != T.HANDSHAKE:
+                            raise ProtocolError("expected HANDSHAKE")
+                        d = decode_body(T.HANDSHAKE, f.body)
+                        if self.token and not hmac.compare_digest(d["token"].encode(), self.token.encode()):
+                            writer.write(frame(T.HANDSHAKE_NACK, f.msg_id, reason="authentication failed"))
+                            await writer.drain()
+                            return
+                        writer.write(frame(T.HANDSHAKE_ACK, f.msg_id, worker=0, max_frame=dec.max_frame,
+                                           server=SERVER_NAME, heartbeat_ms=0))
+                        ready = True
+                        continue
+                    out = self._answer(f)
+                    if out:
+                        writer.write(out)
+                    if f.type == T.DISCONNECT:
+                        await writer.drain()
+                        return
+                    if self.promoted is not None:
+                        await writer.drain()
+                        self._stop.set()
+                        return
+                await writer.drain()
+        except (ProtocolError, ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    def _answer(self, f: Frame) -> bytes:
+        t = f.type
+        try:
+            if t == T.HEARTBEAT:
+                return b""
+            if t == T.INFO:
+                about = BrokerInfo(__version__, self.instance, os.getpid(), time.monotonic() - self.started,
+                                   [], replication=self.follower.describe())
+                return frame(T.INFO_OK, f.msg_id, info=asdict(about))
+            if t == T.LIST_QUEUES:
+                metas = list(self.follower.metas.values()) + list(self.follower.definitions.values())
+                return frame(T.LIST_QUEUES_OK, f.msg_id, queues=[
+                    {"name": m["name"], "is_dlq": bool(m.get("is_dlq")), "config": m["config"]}
+                    for m in sorted(metas, key=lambda m: m["name"])])
+            if t == T.STATS:
+                name = decode_body(T.STATS, f.body)["queue"]
+                meta = self.follower.metas.get(name) or self.follower.definitions.get(name)
+                if meta is None:
+                    return frame(T.ERROR, f.msg_id, int(Status.QUEUE_NOT_FOUND),
+                                 message=f"no queue named {name!r} on this standby")
+                j = self.follower.journals.get(name)
+                return frame(T.STATS_OK, f.msg_id, stats={
+                    "name": name, "standby": True, "config": meta["config"], "created_ns": meta["created_ns"],
+                    "next_offset": None if j is None else j.next_offset,
+                    "replicated": j is not None})
+            if t == T.DISCONNECT:
+                return frame(T.DISCONNECT_OK, f.msg_id)
+            if t == T.PROMOTE:
+                force = bool(decode_body(t, f.body)["force"])
+                return frame(T.PROMOTE_OK, f.msg_id, epoch=self.promote(force))
+            raise NotPrimary(f"this broker is a standby (epoch {self.follower.epoch}): {T(t).name} goes to "
+                             f"the primary: {self.follower.primary}", self.follower.primary)
+        except ShmqError as e:
+            return frame(T.ERROR, f.msg_id, int(e.code), message=str(e))
+
+    def promote(self, force: bool = False) -> int:
+        """Stop following, raise the epoch (fsynced), and let ``run`` return it."""
+        fl = self.follower
+        if fl.streaming and not force:
+            raise InvalidArgument(f"the primary {fl.primary} is alive and streaming to this standby: stop it "
+                                  "first (two primaries would take writes), or shmq promote --force")
+        fl.halt()
+        epoch = max(fl.epoch, fl.primary_epoch) + 1
+        forks = {n: p["next"] for n, p in fl.positions().items()}  # where this epoch's history begins
+        fl.close()
+        write_state(self.data_dir, {"epoch": epoch, "role": "primary", "primary": "", "forks": forks})
+        log.warning("promoted: this node is the primary in epoch %d (it followed %s)", epoch, fl.primary)
+        self.promoted = epoch
+        return epoch
+
+
+__all__ = ["Follower", "StandbyNode", "decode_records"]

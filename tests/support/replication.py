@@ -1,0 +1,133 @@
+"""A standby (``shmq serve --replica-of``) as a real subprocess, beside ``tests.support.server.Server``."""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import psutil
+
+from shmq.core.colocated import ShmBroker
+from tests.support.instances import reg_path, session_tmp, unique_instance
+from tests.support.wait import wait_until
+
+TOKEN = "replication-test-token"
+
+
+class Standby:
+    """``shmq serve --replica-of PRIMARY`` on an ephemeral port, until promoted (then a primary)."""
+
+    def __init__(self, primary_url: str, token: str = TOKEN, data_dir: str | None = None,
+                 extra: list[str] | None = None, primary_token: str | None = None) -> None:
+        self.instance = unique_instance()
+        self.own_data_dir = data_dir is None
+        self.data_dir = data_dir or session_tmp(f"{self.instance}-")
+        url = primary_url if primary_token is None else f"{primary_url}?token={primary_token}"
+        args = [sys.executable, "-c", "from shmq.cli.app import app; app()", "serve", "--port", "0",
+                "--workers", "1", "--instance", self.instance, "--data-dir", self.data_dir, "--unix", "off",
+                "--replica-of", url, *(extra or [])]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env={**os.environ, "SHMQ_TOKEN": token})
+        self.token = token
+        self._out = b""
+        line = self.read_line(60)
+        m = re.search(r"serving reads on tcp://[0-9.]+:(\d+)", line)
+        assert m, line
+        self.port = int(m.group(1))
+        self.url = f"tcp://127.0.0.1:{self.port}"
+        self.journal_pid = 0
+
+    def read_line(self, timeout: float) -> str:
+        """The next line of its stdout (its start line; after a promote, the primary's)."""
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)  # type: ignore[arg-type]
+            while b"\n" not in self._out:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    err = self.stderr_so_far()
+                    raise RuntimeError(f"no line from the standby: {self._out!r} {err}")
+                if sel.select(0.2):
+                    self._out += os.read(self.proc.stdout.fileno(), 4096)  # type: ignore[union-attr]
+        line, _, self._out = self._out.partition(b"\n")
+        return line.decode(errors="replace")
+
+    def promoted(self) -> str:
+        """Wait for the start line of the primary it became; the line."""
+        line = self.read_line(60)
+        m = re.search(r"\(writer pid (\d+)\)", line)
+        assert m, line
+        self.journal_pid = int(m.group(1))
+        return line
+
+    def stderr_so_far(self) -> str:
+        out = b""
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stderr, selectors.EVENT_READ)  # type: ignore[arg-type]
+            while sel.select(0):
+                chunk = os.read(self.proc.stderr.fileno(), 65536)  # type: ignore[union-attr]
+                if not chunk:
+                    break
+                out += chunk
+        return out.decode(errors="replace")
+
+    def stop(self, timeout: float = 20, keep_data: bool = False) -> int:
+        """SIGTERM, and wait; its data dir goes too unless ``keep_data`` (the session's
+        temporary folder goes at the end anyway)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(self.proc.pid)
+            self.proc.wait()
+            raise
+        finally:
+            for stream in (self.proc.stdout, self.proc.stderr):
+                if stream:
+                    stream.close()
+            if os.path.exists(reg_path(self.instance)):
+                ShmBroker(self.instance).destroy()
+            if self.own_data_dir and not keep_data:
+                import shutil
+                shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def kill(self) -> None:
+        kill_tree(self.proc.pid)
+        self.proc.wait()
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its children at once."""
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in procs:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+
+def replication(b: Any) -> dict[str, Any]:
+    info = b.info().replication
+    assert info is not None
+    return dict(info)
+
+
+def wait_caught_up(primary: Any, standby: Any, queue: str, timeout: float = 20) -> None:
+    """Until the standby's journal of ``queue`` ends where the primary's queue does."""
+    end = primary.queue(queue).stats()["next_offset"]
+    wait_until(lambda: replication(standby)["queues"].get(queue) == end, timeout)
+
+
+def promote(b: Any, force: bool = False) -> int:
+    """PROMOTE over ``b``'s connection (what ``shmq promote`` sends): the new epoch."""
+    return int(b.promote(force))
