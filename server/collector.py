@@ -13,7 +13,7 @@ the scoreboard's few stores per request.  ``METRICS`` lists every metric once; d
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -62,6 +62,15 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "shmq_journal_fsync_duration_seconds": ("histogram", (), "Time one journal fsync took."),
     "shmq_journal_storage_errors_total": ("counter", (), "Journal writes or fsyncs that failed."),
     "shmq_journal_restarts_total": ("counter", (), "Times the journal process died and was restarted."),
+    "shmq_replication_role": ("gauge", ("role",), "1 for this node's role (primary; a standby serves "
+                                                 "no metrics), with the role as a label."),
+    "shmq_replication_epoch": ("gauge", (), "The node's epoch: raised by each `shmq promote`."),
+    "shmq_replication_standbys": ("gauge", (), "Standbys streaming from this primary now."),
+    "shmq_replication_lag_records": ("gauge", ("standby",), "Messages journaled here that the standby "
+                                                            "has not confirmed (fsynced) yet."),
+    "shmq_replication_lag_bytes": ("gauge", ("standby",), "Bytes queued for the standby, not sent yet."),
+    "shmq_replication_lag_seconds": ("gauge", ("standby",), "Age of the oldest round the standby has "
+                                                            "not confirmed; 0 when none."),
     "shmq_worker_connections": ("gauge", W, "Client connections the worker serves now."),
     "shmq_worker_requests_total": ("counter", WO, "Requests handled, by operation."),
     "shmq_worker_request_duration_seconds": ("histogram", WO, "Time the worker spent on a request "
@@ -89,8 +98,10 @@ class BrokerCollector(Collector):
     workers to read (a collector over shared memory alone, as in tests)."""
 
     def __init__(self, broker: ServerBroker, board: Scoreboard | None = None,
-                 counts: Counts | None = None) -> None:
+                 counts: Counts | None = None,
+                 replication: Callable[[], dict[str, Any]] | None = None) -> None:
         self.broker = broker
+        self.replication = replication  # INFO's replication (server.replication.Board), None: not known
         self.board = board
         self.counts = counts
 
@@ -140,6 +151,17 @@ class BrokerCollector(Collector):
                 add("shmq_group_ttl_expired_total", qg, g.ttl_expired)
         for reason, n in self.broker.registry.replies_dropped().items():
             add("shmq_replies_dropped_total", [reason], n)
+        if self.replication is not None:
+            repl = self.replication()
+            add("shmq_replication_role", [str(repl.get("role", "primary"))], 1)
+            add("shmq_replication_epoch", [], int(repl.get("epoch", 1)))
+            standbys = repl.get("standbys") or []
+            add("shmq_replication_standbys", [], len(standbys))
+            for sb in standbys:
+                who = [str(sb.get("node") or sb.get("peer"))]
+                add("shmq_replication_lag_records", who, sb.get("lag_records", 0))
+                add("shmq_replication_lag_bytes", who, sb.get("lag_bytes", 0))
+                add("shmq_replication_lag_seconds", who, sb.get("lag_seconds", 0.0))
         if self.counts is not None:
             for i, n in enumerate(self.counts.snapshot()):
                 add("shmq_worker_connections", [str(i)], n)

@@ -116,6 +116,9 @@ SETTINGS: tuple[Setting, ...] = (
             choices=("async", "sync")),
     Setting("replication_port", int, 0, "TCP port (on --host) where standbys connect (0: any free port, "
             "announced in INFO)"),
+    Setting("replication_announce", str, "", "HOST:PORT standbys are told to connect to instead (the "
+            "replication port seen through NAT or a proxy)",
+            shown="none: the replication port on the URL's host"),
     Setting("sync_timeout", float, options.DEFAULT_SYNC_TIMEOUT, "seconds a `sync` round waits for a "
             "standby's fsync before its puts fail with StorageError (until a standby confirms)"),
     Setting("metrics", str, "", "serve Prometheus metrics on HOST:PORT (:PORT = loopback; off loopback "

@@ -26,6 +26,7 @@ import logging
 import signal
 import socket
 import ssl
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
@@ -43,15 +44,16 @@ log = logging.getLogger("shmq.metrics")
 PROCESS_NAME = b"shmq-metrics"  # the metrics process's name (comm: /proc/PID/comm, ps, psutil)
 
 
-def parse_address(value: str) -> tuple[str, int]:
-    """``HOST:PORT``, ``[IPv6]:PORT`` or ``:PORT`` (loopback) as (host, port); InvalidArgument."""
+def parse_address(value: str, flag: str = "--metrics") -> tuple[str, int]:
+    """``HOST:PORT``, ``[IPv6]:PORT`` or ``:PORT`` (loopback) as (host, port); InvalidArgument
+    naming ``flag``."""
     host, sep, port = value.strip().rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise InvalidArgument(f"--metrics {value!r}: give HOST:PORT (e.g. 127.0.0.1:9464, or :9464 for "
+        raise InvalidArgument(f"{flag} {value!r}: give HOST:PORT (e.g. 127.0.0.1:9464, or :9464 for "
                               "loopback; port 0 picks a free one)")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if ":" in host and not value.strip().startswith("["):
-        raise InvalidArgument(f"--metrics {value!r}: write an IPv6 address in brackets ([::1]:9464)")
+        raise InvalidArgument(f"{flag} {value!r}: write an IPv6 address in brackets ([::1]:9464)")
     return host or options.DEFAULT_HOST, int(port)
 
 
@@ -146,7 +148,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def metrics_main(instance: str, sock: socket.socket, token: str, tls: ssl.SSLContext | None,
-                 board: Scoreboard | None, counts: Counts | None, ready: Any) -> None:
+                 board: Scoreboard | None, counts: Counts | None, ready: Any,
+                 replication: Callable[[], dict[str, Any]] | None = None) -> None:
     """The metrics process (forked by the supervisor): serve scrapes until SIGTERM."""
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
@@ -159,7 +162,7 @@ def metrics_main(instance: str, sock: socket.socket, token: str, tls: ssl.SSLCon
         pass
     broker = ServerBroker(instance)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(broker, board, counts))
+    registry.register(BrokerCollector(broker, board, counts, replication))
     server = MetricsServer(sock, registry, token, tls)
     if ready is not None:
         ready.set()

@@ -230,7 +230,7 @@ class Hub:
             frame = encode(K.ROUND, {"queue": name, "created_ns": created, "seq": seq, "next": nxt,
                                      "last": True}, records)
             for ln in takers:
-                ln.queue(frame, seq, True)
+                ln.queue(frame, seq, (name, nxt))
         return seq
 
     def confirmed(self, name: str, seq: int) -> bool:
@@ -320,7 +320,7 @@ class Hub:
         with self.lock:
             standbys = [ln.describe() for ln in self.links]
         self.board.write({"role": "primary", "epoch": self.epoch, "node": self.node,
-                          "standbys": standbys, "bytes_sent": self.bytes_sent})
+                          "standbys": standbys, "bytes_sent": self.bytes_sent, "reported_at": time.time()})
 
     def close(self) -> None:
         with self.lock:
@@ -344,7 +344,9 @@ class Link:
         self.holds: dict[str, int] = {}  # queue -> the seq of its copy on this link
         self.acked = 0  # the standby fsynced every frame up to this seq
         self.sent_seq = 0
-        self.queued_at: dict[int, float] = {}  # seq -> when it was queued (lag in seconds)
+        # ROUNDs sent and not yet ACKed: seq -> (when queued, queue, the round's next offset)
+        self.queued_at: dict[int, tuple[float, str, int]] = {}
+        self.acked_next: dict[str, int] = {}  # queue -> one past the last offset the standby ACKed
         self.out: collections.deque[tuple[bytes, int]] = collections.deque()
         self.out_bytes = 0
         self.sent = 0  # bytes
@@ -353,15 +355,16 @@ class Link:
         self.last_heard = time.monotonic()
 
     # ------------------------------------------------------------ queuing (under hub.lock)
-    def queue(self, frame: bytes, seq: int, rnd: bool = False) -> None:
-        """Queue a frame; ``rnd``: a ROUND, which the standby ACKs (its lag counts until then)."""
+    def queue(self, frame: bytes, seq: int, rnd: tuple[str, int] | None = None) -> None:
+        """Queue a frame; ``rnd``: a ROUND's (queue, next offset): the standby ACKs it, and its
+        lag counts until then."""
         with self.cond:
             if self.closed:
                 return
             self.out.append((frame, seq))
             self.out_bytes += len(frame)
-            if rnd:
-                self.queued_at.setdefault(seq, time.monotonic())
+            if rnd is not None:
+                self.queued_at[seq] = (time.monotonic(), *rnd)
             if self.out_bytes > options.REPLICATION_SEND_BUFFER:
                 log.warning("standby %s is %d bytes behind: cut (it resumes when it reconnects)",
                             self.peer, self.out_bytes)
@@ -384,6 +387,7 @@ class Link:
             elif held > writer.next:  # it holds offsets we lost (a crash before our fsync): not ours
                 full, discard_from = True, writer.next
             floor = 0 if full else held
+            self.acked_next[name] = max(floor, 0)
             items, state = journal_contents(writer, floor)
             with hub.lock:
                 hub.seq += 1
@@ -397,7 +401,8 @@ class Link:
                     if last and state is not None:
                         body += encode_state(state)
                     self.queue(encode(K.ROUND, {"queue": name, "created_ns": created, "seq": seq,
-                                                "next": writer.next, "last": last}, body), seq, True)
+                                                "next": writer.next, "last": last}, body), seq,
+                                (name, writer.next))
                 self.holds[name] = seq
         log.info("standby %s: %s of queue %r from offset %d (%d messages)", self.peer,
                  "full copy" if full else "resume", name, floor, len(items))
@@ -440,7 +445,7 @@ class Link:
         dec = StreamDecoder(max_frame=1 << 16)
         try:
             while not self.closed:
-                data = self.sock.recv(65536)
+                data = self.sock.recv(65536)  # (times out after REPLICATION_DEAD_AFTER: the link ends)
                 if not data:
                     break
                 self.last_heard = time.monotonic()
@@ -449,8 +454,9 @@ class Link:
                         seq = int(f.header.get("seq", 0))
                         if seq > self.acked:
                             self.acked = seq
-                            for s in [s for s in self.queued_at if s <= seq]:
-                                del self.queued_at[s]
+                            for s in sorted(s for s in self.queued_at if s <= seq):
+                                _, name, nxt = self.queued_at.pop(s)
+                                self.acked_next[name] = nxt
                             self.hub.acked()
                     elif f.kind != K.BEAT:
                         log.warning("standby %s sent a %s frame: closed", self.peer, f.kind.name)
@@ -461,9 +467,11 @@ class Link:
             self.close()
 
     def describe(self) -> dict[str, Any]:
-        pending = [t for s, t in list(self.queued_at.items()) if s > self.acked]
+        pending = [t for t, _, _ in list(self.queued_at.values())]
+        writers = dict(self.hub.writers)
+        behind = {q: writers[q].next - self.acked_next.get(q, 0) for q in list(self.holds) if q in writers}
         return {"peer": self.peer, "node": self.node, "acked_seq": self.acked, "sent_seq": self.sent_seq,
-                "lag_records": len(pending),
+                "lag_records": sum(max(0, n) for n in behind.values()),  # messages journaled, not ACKed
                 "lag_bytes": self.out_bytes, "lag_seconds": round(time.monotonic() - min(pending), 3)
                 if pending else 0.0, "bytes_sent": self.sent}
 
@@ -548,7 +556,7 @@ def _greet(hub: Hub, sock: socket.socket, peer: str, tls: ssl.SSLContext | None)
                   "refused", peer, epoch, hub.epoch)
         return refuse(sock, Status.NOT_PRIMARY, f"this node's epoch {hub.epoch} is older than the "
                       f"standby's {epoch}: it was superseded (promote happened elsewhere)")
-    sock.settimeout(None)
+    sock.settimeout(options.REPLICATION_DEAD_AFTER)  # a silent standby, or a send that cannot go on
     try:
         sock.sendall(encode(K.WELCOME, {"epoch": hub.epoch, "node": hub.node}))
     except OSError:

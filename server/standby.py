@@ -39,7 +39,7 @@ from shmq.api import BrokerInfo
 from shmq.errors import InvalidArgument, NotPrimary, ProtocolError, ShmqError, Status, error_for
 from shmq.journal import Journal, JournalError, list_queues, read_records
 from shmq.journal.files import retire_journal
-from shmq.protocol.codec import Frame, FrameDecoder, T, decode_body, frame
+from shmq.protocol.codec import Frame, FrameDecoder, T, decode_body, encode_frame, frame, records_field
 from shmq.protocol.replication import K, StreamDecoder, StreamFrame, encode
 from shmq.tls import ServerTls, client_context, server_context
 from shmq.urls import client_token, parse_url
@@ -83,6 +83,7 @@ class Follower:
         write_state(data_dir, {**state, "role": "standby", "primary": self.primary})
         self.journals: dict[str, Journal] = {}
         self.metas: dict[str, dict[str, Any]] = {}
+        self.states: dict[str, dict[str, Any]] = {}  # each queue's latest state (its groups): STATS
         self.definitions: dict[str, dict[str, Any]] = self._read_definitions()
         self._open_journals()
         self.stop = threading.Event()
@@ -124,14 +125,19 @@ class Follower:
                 log.error("journal of %r: %s", name, p)
             self.journals[name] = j
             self.metas[name] = meta
+            if rec.state:
+                self.states[name] = json.loads(rec.state)
 
     def positions(self) -> dict[str, dict[str, int]]:
-        return {n: {"created_ns": int(self.metas[n]["created_ns"]), "next": j.next_offset}
-                for n, j in self.journals.items()}
+        """What the journals hold: {queue: {created_ns, next}} (also read by the server's thread)."""
+        metas = dict(self.metas)
+        return {n: {"created_ns": int(metas[n]["created_ns"]), "next": j.next_offset}
+                for n, j in list(self.journals.items()) if n in metas}
 
     def _forget(self, name: str) -> None:
         j = self.journals.pop(name, None)
         self.metas.pop(name, None)
+        self.states.pop(name, None)
         if j is not None:
             j.close()
             retire_journal(str(self.data_dir), name)
@@ -190,7 +196,7 @@ class Follower:
                     self.sock = None
             self.stop.wait(options.REPLICATION_RETRY)
 
-    def _replication_port(self) -> int:
+    def _replication_address(self) -> tuple[str, int]:
         """Ask the primary's client port (HANDSHAKE, INFO) where it streams."""
         u = self.url
         with self._open(u.host, u.port) as s:
@@ -218,7 +224,7 @@ class Follower:
                           "follows a primary")
         if not repl.get("port"):
             raise Refused(f"{self.primary} does not stream to standbys")
-        return int(repl["port"])
+        return str(repl.get("host") or u.host), int(repl["port"])
 
     def _open(self, host: str, port: int) -> socket.socket:
         s = socket.create_connection((host, port), timeout=options.REPLICATION_DEAD_AFTER)
@@ -228,8 +234,7 @@ class Follower:
         return s
 
     def _follow(self) -> None:
-        port = self._replication_port()
-        self.sock = s = self._open(self.url.host, port)
+        self.sock = s = self._open(*self._replication_address())
         s.sendall(encode(K.HELLO, {"token": self.token, "epoch": self.epoch, "node": self.node,
                                    "queues": self.positions()}))
         self.connected = True
@@ -335,12 +340,66 @@ class Follower:
                                 "its journal here is dropped and copied again")
         j.append(items, state)
         self._dirty.add(j)
+        if state is None:
+            return
+        st = self.states[name] = json.loads(state)
         now = time.monotonic()
-        if state is not None and now >= self._drop_at.get(name, 0.0):
+        if now >= self._drop_at.get(name, 0.0):
             self._drop_at[name] = now + options.JOURNAL_DROP_INTERVAL
-            groups = json.loads(state).get("groups", [])
+            groups = st.get("groups", [])
             if groups:
                 j.drop_below(min(int(g["floor"]) for g in groups))
+
+    def read(self, name: str, offset: int, n: int) -> list[tuple[Any, ...]] | None:
+        """Up to ``n`` messages of the queue's journal from ``offset`` on (READ), as journal
+        items; None when it holds no journal of that name.  Read from the files (the
+        follower appends meanwhile: a record being written is not read yet)."""
+        j = self.journals.get(name)
+        if j is None:
+            return None
+        floors = [g["floor"] for g in self.states.get(name, {}).get("groups", [])]
+        offset = max(offset, min(floors, default=0))  # what every group settled is gone, as on the primary
+        files = j.segment_files()
+        start = max((i for i, p in enumerate(files) if int(p.name[:20]) <= offset), default=0)
+        out: list[tuple[Any, ...]] = []
+        for path in files[start:]:
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:  # dropped meanwhile (every group had passed it)
+                continue
+            out += read_records(data, offset, int(path.name[:20]))[0]
+            if len(out) >= n:
+                break
+        out = out[:n]
+        budget = options.MAX_FRAME - 4096 - 26 * len(out)  # a READ_OK is one frame: the reader asks again
+        for i, it in enumerate(out):
+            budget -= len(it[2]) + (len(it[3]) if len(it) > 3 else 0)
+            if budget < 0:
+                return out[:max(i, 1)]
+        return out
+
+    def stats(self, name: str) -> dict[str, Any] | None:
+        """A queue's ``stats()`` as this standby knows it (its journal's end, the groups' floors
+        and counters as last replicated); None when it holds no queue of that name.  Leases
+        are not replicated (a promote gives them all back): ``in_flight`` is 0."""
+        meta = self.metas.get(name) or self.definitions.get(name)
+        if meta is None:
+            return None
+        j = self.journals.get(name)
+        nxt = j.next_offset if j is not None else 0
+        names = ("acked", "nacked", "redelivered", "dead_lettered", "expired", "created_ns", "delivered",
+                 "ttl_expired")
+        groups = {}
+        for g in self.states.get(name, {}).get("groups", []):
+            counters = dict(zip(names, g.get("counters", []), strict=False))
+            counters.pop("created_ns", None)
+            groups[g["name"]] = {"floor": g["floor"], "cursor": g["cursor"], "depth": nxt - g["floor"],
+                                 "in_flight": 0, **counters}
+        first = min((g["floor"] for g in groups.values()), default=nxt)
+        return {"name": name, "is_dlq": bool(meta.get("is_dlq")), "standby": True,
+                "replicated": j is not None,
+                "config": meta["config"], "created_ns": meta["created_ns"], "next_offset": nxt,
+                "produced": nxt, "first_offset": first, "retained": nxt - first, "groups": groups}
 
     def describe(self) -> dict[str, Any]:
         return {"role": "standby", "epoch": self.epoch, "primary": self.primary, "connected": self.connected,
@@ -457,15 +516,23 @@ class StandbyNode:
                     for m in sorted(metas, key=lambda m: m["name"])])
             if t == T.STATS:
                 name = decode_body(T.STATS, f.body)["queue"]
-                meta = self.follower.metas.get(name) or self.follower.definitions.get(name)
-                if meta is None:
+                st = self.follower.stats(name)
+                if st is None:
                     return frame(T.ERROR, f.msg_id, int(Status.QUEUE_NOT_FOUND),
                                  message=f"no queue named {name!r} on this standby")
-                j = self.follower.journals.get(name)
-                return frame(T.STATS_OK, f.msg_id, stats={
-                    "name": name, "standby": True, "config": meta["config"], "created_ns": meta["created_ns"],
-                    "next_offset": None if j is None else j.next_offset,
-                    "replicated": j is not None})
+                return frame(T.STATS_OK, f.msg_id, stats=st)
+            if t == T.READ:
+                d = decode_body(T.READ, f.body)
+                items = self.follower.read(d["queue"], d["offset"], max(1, min(d["max"], options.MAX_BATCH)))
+                if items is None:
+                    return frame(T.ERROR, f.msg_id, int(Status.QUEUE_NOT_FOUND),
+                                 message=f"no journal of a queue named {d['queue']!r} on this standby")
+                heads = [bytes(it[3]) if len(it) > 3 else b"" for it in items]
+                payloads = [bytes(it[2]) for it in items]
+                return encode_frame(T.READ_OK, f.msg_id, records_field(
+                    [it[0] for it in items], [0] * len(items), [it[1] for it in items],
+                    [len(m) for m in heads], [len(p) for p in payloads], b"".join(
+                        m + p for m, p in zip(heads, payloads, strict=True))))
             if t == T.DISCONNECT:
                 return frame(T.DISCONNECT_OK, f.msg_id)
             if t == T.PROMOTE:

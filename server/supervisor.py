@@ -128,7 +128,7 @@ class Supervisor:
                  heartbeat: float = options.HEARTBEAT, queues: Sequence[QueueDecl] = (),
                  metrics: str | None = None, spin_us: float = options.WORKER_SPIN_US,
                  replication: str = options.DEFAULT_REPLICATION, replication_port: int = 0,
-                 sync_timeout: float = options.DEFAULT_SYNC_TIMEOUT) -> None:
+                 sync_timeout: float = options.DEFAULT_SYNC_TIMEOUT, replication_announce: str = "") -> None:
         if tls is not None:
             server_context(tls)  # a file that cannot be used is named now, before any worker starts
         self.tls = tls
@@ -185,6 +185,8 @@ class Supervisor:
         if not 0 < sync_timeout <= 3600:
             raise InvalidArgument("--sync-timeout must be in (0, 3600] seconds")
         self.replication = replication
+        self.announce = parse_address(replication_announce, "--replication-announce") \
+            if replication_announce else None
         self.replication_port = replication_port
         self.sync_timeout = sync_timeout
         self.repl_board = replication_mod.Board()  # what the journal process tells the workers' INFO
@@ -209,7 +211,7 @@ class Supervisor:
                    v["log_format"], None if v["unix"] in ("", "off") else v["unix"], v["no_auth"], tls,
                    heartbeat=v["heartbeat"], queues=eff.queues, metrics=v["metrics"] or None,
                    spin_us=v["spin_us"], replication=v["replication"], replication_port=v["replication_port"],
-                   sync_timeout=v["sync_timeout"])
+                   sync_timeout=v["sync_timeout"], replication_announce=v["replication_announce"])
 
     def worker_settings(self, i: int) -> WorkerSettings:
         """What worker ``i`` is started with."""
@@ -221,8 +223,11 @@ class Supervisor:
     def _replication_info(self) -> dict[str, Any]:
         """INFO's ``replication`` (read in a worker: the journal process writes the board)."""
         port = self.repl_sock.getsockname()[1] if self.repl_sock is not None else None
+        host = ""  # (the host of the URL the standby used)
+        if self.announce is not None:
+            host, port = self.announce
         return {"role": "primary", "epoch": self.epoch, "standbys": [], **self.repl_board.read(),
-                "port": port}
+                "host": host, "port": port}
 
     def _start(self, i: int) -> None:
         ready = self.ctx.Event()
@@ -259,7 +264,8 @@ class Supervisor:
         ready = self.ctx.Event()
         p = self.ctx.Process(target=_child, name="shmq-metrics", daemon=False,
                              args=("metrics", self.log, metrics_main, self.instance, self.metrics_sock,
-                                   "" if open_ else self.token, tls, self.board, self.counts, ready))
+                                   "" if open_ else self.token, tls, self.board, self.counts, ready,
+                                   self._replication_info))
         p.start()
         if not ready.wait(30):
             raise ShmqError("the metrics process did not start")

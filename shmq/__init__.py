@@ -96,11 +96,32 @@ def connect(url: str = "shm://default", token: str | None = None, **kwargs: Any)
     docs/operations.md, "Which worker serves a connection") and ``spin_us`` (microseconds a
     call polls its socket for the answer before it sleeps, default ``options.CLIENT_SPIN_US``;
     0: sleep at once; ``shmq.spin``).
+
+    A comma-separated list of such URLs (``tcp://h1:7878,h2:7878``: a primary and its
+    standbys, ``shmq serve --replica-of``; each entry with its own ``?params``, a bare
+    ``HOST:PORT`` taking the scheme of the entry before it, ``token`` going to each) gives
+    a handle that fails over (``shmq.client.failover.FailoverBroker``), with one keyword
+    more, ``failover_timeout`` (seconds, default ``options.FAILOVER_TIMEOUT``; given with
+    one URL, that URL alone is such a list).  It uses the first URL that answers as the
+    primary: standbys are passed over, and while no URL is the primary the list is tried
+    again, backing off, until ``failover_timeout`` seconds have passed; then
+    ``ConnectionLost`` names each URL and why it was not used.  A call that meets
+    ``ConnectionLost`` or ``NotPrimary`` finds the primary again so and is made once more
+    there, and queue handles follow it: so a retried put may store its message twice
+    (at-least-once).  Settling a message leased before a fail-over is never retried: its
+    lease went with the old connection, so it raises ``ConnectionLost``, and the new
+    primary delivers the message again.
     """
+    if "," in url:
+        from shmq.client.failover import FailoverBroker
+        return FailoverBroker(url, token, **kwargs)
     if url.startswith("shm://"):
         from shmq.core.colocated import ShmBroker
         return ShmBroker(url[len("shm://"):] or "default", **kwargs)
     if url.startswith(("tcp://", "tcps://", "unix://")):
+        if "failover_timeout" in kwargs:  # a list of one: it finds its broker again after a restart
+            from shmq.client.failover import FailoverBroker
+            return FailoverBroker(url, token, **kwargs)
         from shmq.client.tcp import TcpBroker
         return TcpBroker(url, token, **kwargs)
     raise InvalidArgument(f"unsupported url {url.partition('?')[0]!r}: use shm://NAME, tcp://HOST:PORT, "

@@ -117,6 +117,11 @@ LOG_FORMATS = ("text", "json")
 DEFAULT_LOG_FORMAT = "text"
 STATUS_TIMEOUT = 2.0  # s `shmq status` waits for the broker's answer before it says "not ready"
 
+# --- client fail-over (shmq.connect("tcp://h1:7878,h2:7878"): shmq/client/failover.py) -------------
+FAILOVER_TIMEOUT = 30.0  # s a URL list is searched for a primary from the first failure (then ConnectionLost)
+FAILOVER_BACKOFF = 0.05  # s between two looks through the list while none is the primary: first this,...
+FAILOVER_BACKOFF_MAX = 1.0  # ...doubled each time, up to this
+
 # --- shmq serve's settings (server/config.py): flag > $SHMQ_<NAME> > config file > default ---
 ENV_PREFIX = "SHMQ_"  # each setting's environment variable: SHMQ_PORT, SHMQ_WORKERS, ...
 CONFIG_ENV = "SHMQ_CONFIG"  # the config file, when no --config is given

@@ -127,6 +127,8 @@ def promote(url: str | None = UrlOpt, token: str | None = TokenOpt, token_file: 
 
     Example: shmq promote --url tcp://standby-host:7878
     """
+    if url and "," in url:
+        _fail(InvalidArgument("shmq promote goes to one standby: give its URL alone (--url)"))
     with _connect(url, None, _token(token, token_file)) as b:
         if not hasattr(b, "promote"):
             _fail(InvalidArgument("shmq promote goes to a standby over tcp:// or tcps:// (--url)"))
@@ -150,8 +152,11 @@ def status(url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None
     from shmq.cli.health import check
 
     token = _token(token, token_file)
-    reason = check(lambda: _connect(url, shm, token), shm, timeout)
+    about: list[str] = []
+    reason = check(lambda: _connect(url, shm, token), shm, timeout, about)
     print(f"not ready: {reason}" if reason else "ready")
+    for line in about:  # a broker that replicates: its role, epoch and lag
+        print(line)
     raise typer.Exit(1 if reason else 0)
 
 

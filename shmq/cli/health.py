@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from shmq.api import Broker
 from shmq.errors import ShmqError
 
 
-def check(connect: Callable[[], Broker], shm: str | None, timeout: float) -> str:
-    """"" when the broker answers within ``timeout`` seconds, else why not."""
+def check(connect: Callable[[], Broker], shm: str | None, timeout: float,
+          about: list[str] | None = None) -> str:
+    """"" when the broker answers within ``timeout`` seconds, else why not.  ``about``: where a
+    ready broker's replication line goes (``replication_line``), when it has one."""
     answer: list[str] = []
 
     def ask() -> None:
@@ -30,6 +33,10 @@ def check(connect: Callable[[], Broker], shm: str | None, timeout: float) -> str
             b = connect()
             try:
                 b.list_queues()
+                if about is not None and not shm:
+                    repl = b.info().replication
+                    if repl:
+                        about.append(replication_line(repl))
             finally:
                 b.close()
             answer.append("")
@@ -42,4 +49,18 @@ def check(connect: Callable[[], Broker], shm: str | None, timeout: float) -> str
     return answer[0] if answer else f"no answer within {timeout:g} s"
 
 
-__all__ = ["check"]
+def replication_line(repl: dict[str, Any]) -> str:
+    """A node's role, epoch and lag in words (``broker.info().replication``)."""
+    if repl.get("role") == "standby":
+        state = ("caught up" if repl.get("caught_up") else "catching up") if repl.get("connected") else (
+            f"not connected: {repl.get('error') or 'connecting'}")
+        return f"standby of {repl.get('primary')}, epoch {repl.get('epoch')}, {state}"
+    standbys = repl.get("standbys") or []
+    lags = "; ".join(f"{sb.get('node') or sb.get('peer')}: lag {sb.get('lag_records', 0)} messages, "
+                     f"{sb.get('lag_bytes', 0)} bytes, {sb.get('lag_seconds', 0.0):g} s" for sb in standbys)
+    n = len(standbys)
+    line = f"primary, epoch {repl.get('epoch')}, {n} standby{'' if n == 1 else 's'}"
+    return line + (f" ({lags})" if lags else "")
+
+
+__all__ = ["check", "replication_line"]

@@ -35,7 +35,8 @@ BROKEN_PIPE = 141  # consume's, when its reader went away (128 + SIGPIPE)
 SLICE = 0.25  # s: the longest wait of a loop under Stop before it looks at the flag again
 
 UrlOpt = typer.Option(None, "--url", envvar="SHMQ_URL", show_default=options.DEFAULT_URL,
-                      help="the broker: tcp://HOST:PORT, tcps://HOST:PORT?ca=FILE or unix://PATH")
+                      help="the broker: tcp://HOST:PORT, tcps://HOST:PORT?ca=FILE or unix://PATH; "
+                           "a comma-separated list of them (a primary and its standbys) fails over")
 ShmOpt = typer.Option(None, "--shm", metavar="INSTANCE",
                       help="attach the shared memory of this running broker's instance (shmq serve "
                            "--instance) instead of TCP")
@@ -90,7 +91,9 @@ def note(text: str) -> None:
 def broker(url: str | None, shm: str | None, token: str | None) -> Broker:
     """The broker handle of a CLI command.  A ``tcp://`` URL on loopback goes over the Unix
     socket that this user's broker on that port listens on beside it, when it has one
-    (``shmq serve --unix auto``, the default): no TCP stack, and no token needed."""
+    (``shmq serve --unix auto``, the default): no TCP stack, and no token needed.  A
+    comma-separated list of URLs goes to ``shmq.connect`` as it is: the list's primary, failing
+    over (``shmq.client.failover``)."""
     from shmq import connect
 
     if shm:
@@ -100,7 +103,7 @@ def broker(url: str | None, shm: str | None, token: str | None) -> Broker:
             raise InstanceNotFound(f"{e} (is shmq serve running? --shm attaches a running broker's "
                                    "instance)") from None
     url = url or options.DEFAULT_URL
-    if url.startswith("tcp://") and "?" not in url:
+    if url.startswith("tcp://") and "?" not in url and "," not in url:  # (a list fails over: as given)
         from shmq import runtime
         from shmq.urls import parse_tcp_url
 

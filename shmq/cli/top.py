@@ -284,6 +284,9 @@ def header(about: BrokerInfo, url: str) -> str:
         per = " + ".join(map(str, about.connections))
         parts.append(f"workers {about.workers}  connections {sum(about.connections)} ({per})")
     parts.append(f"registered processes {len(about.clients)}")
+    if about.replication:
+        from shmq.cli.health import replication_line
+        parts.append(replication_line(about.replication))
     if about.replies_dropped and any(about.replies_dropped.values()):
         parts.append("replies dropped " + ", ".join(f"{k} {n}" for k, n in about.replies_dropped.items()))
     return "  ·  ".join(parts)

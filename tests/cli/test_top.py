@@ -241,6 +241,13 @@ def test_the_header_says_what_is_known() -> None:
     assert "registered processes 1" in shm and "replies dropped" not in shm
     dropped = header(replace(SHM_INFO, replies_dropped={"late": 2, "gone": 0, "full": 1}), "shm://inst")
     assert "replies dropped late 2, gone 0, full 1" in dropped
+    repl = header(replace(TCP_INFO, replication={"role": "primary", "epoch": 3, "standbys": [
+        {"node": "b:7878", "lag_records": 12, "lag_bytes": 300, "lag_seconds": 0.25}]}), "tcp://h:1")
+    assert "primary, epoch 3, 1 standby (b:7878: lag 12 messages, 300 bytes, 0.25 s)" in repl
+    standby = header(replace(TCP_INFO, replication={"role": "standby", "epoch": 3, "primary": "tcp://a:1",
+                                                    "connected": True, "caught_up": True}), "tcp://h:1")
+    assert "standby of tcp://a:1, epoch 3, caught up" in standby
+    assert "epoch" not in tcp
 
 
 def test_a_frame_has_the_header_the_rows_the_sort_and_the_footer() -> None:

@@ -1,7 +1,7 @@
 """Every client speaks the interface: ``shmq.api.Queue``'s and ``shmq.api.Broker``'s public
-methods have, on each implementation (``tcp://``, asyncio and ``shm://``), the same parameters:
-the same names, in the same order, of the same kinds, with the same defaults.  The asyncio
-client's are coroutines.
+methods have, on each implementation (``tcp://``, a list of URLs that fails over, asyncio and
+``shm://``), the same parameters: the same names, in the same order, of the same kinds, with
+the same defaults.  The asyncio client's are coroutines.
 
 What an implementation adds or leaves out is listed below, each with its reason, so a new
 difference fails here until it is listed; and an entry that no longer differs fails too,
@@ -17,12 +17,13 @@ import pytest
 
 from shmq import api
 from shmq.client.aio import AsyncBroker, AsyncQueue
+from shmq.client.failover import FailoverBroker, FailoverQueue
 from shmq.client.tcp import TcpBroker, TcpQueue
 from shmq.core.colocated import ShmBroker
 from shmq.core.queue import ShmQueue
 
-QUEUES = [TcpQueue, AsyncQueue, ShmQueue]
-BROKERS = [TcpBroker, AsyncBroker, ShmBroker]
+QUEUES = [TcpQueue, FailoverQueue, AsyncQueue, ShmQueue]
+BROKERS = [TcpBroker, FailoverBroker, AsyncBroker, ShmBroker]
 
 # optional parameters an implementation adds to an interface method (none may be required)
 EXTRAS: dict[tuple[type, str], set[str]] = {
@@ -32,6 +33,7 @@ EXTRAS: dict[tuple[type, str], set[str]] = {
     (ShmQueue, "put_joined"): {"wait_durable"},
     # the time a broker that does not answer the DISCONNECT is waited for
     (TcpBroker, "close"): {"timeout"},
+    (FailoverBroker, "close"): {"timeout"},
     (AsyncBroker, "close"): {"timeout"},
     # makes ``<queue>.dlq`` at once (only in shared memory: a broker makes it at the first dead letter)
     (ShmBroker, "create_queue"): {"dead_letter"},

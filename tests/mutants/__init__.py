@@ -381,3 +381,79 @@ def _reclaim_takes_live_instances() -> None:
     def _exclusive(reg_name: str) -> Any:
         yield True  # "nobody is attached", never asked
     cleanup._exclusive = _exclusive  # type: ignore[assignment]
+
+
+# ---------------------------------------------------------------- replication
+R = "tests/replication/"
+
+
+@mutant("sync_confirms_alone", "replication=\"sync\": a confirmed put is on a standby's disk too",
+        R + "test_failover.py::test_sync_failover_loses_nothing_confirmed",
+        R + "test_standby.py::test_a_sync_put_is_confirmed_only_once_a_standby_has_it",
+        R + "test_partition.py::test_a_cut_link_stops_sync_confirms_and_healing_resumes_them", slow=True)
+def _sync_confirms_alone() -> None:
+    from shmq.server.journaler import QueueWriter
+
+    def make(f: Callable[..., None]) -> Callable[..., None]:
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            f(self, *args, **kwargs)
+            self.sync_replicated = False  # confirmed by the local fsync alone, as async
+        return init
+    _wrap(QueueWriter, "__init__", make)
+
+
+@mutant("lag_counts_sent_not_confirmed", "async: a fail-over loses at most the lag the primary reports",
+        R + "test_failover.py::test_async_failover_loses_at_most_the_lag_reported_before_the_kill",
+        slow=True)
+def _lag_counts_sent_not_confirmed() -> None:
+    from shmq.server.replication import Link
+
+    def make(f: Callable[..., Any]) -> Callable[..., Any]:
+        def describe(self: Any) -> Any:
+            d = f(self)
+            d["lag_records"] = len(self.out)  # what is still queued here, not what the standby has
+            return d
+        return describe
+    _wrap(Link, "describe", make)
+
+
+@mutant("resume_copies_whole", "restarted, a standby resumes from its position",
+        R + "test_standby.py::test_a_restarted_standby_resumes_from_its_position_not_from_zero")
+def _resume_copies_whole() -> None:
+    from shmq.server.replication import Link
+
+    def make(f: Callable[..., None]) -> Callable[..., None]:
+        def copy_queue(self: Any, writer: Any, position: Any) -> None:
+            f(self, writer, None)  # as if it held nothing
+        return copy_queue
+    _wrap(Link, "copy_queue", make)
+
+
+@mutant("a_copy_drops_headers", "a standby holds every journaled message at the primary's offset, "
+        "with its headers",
+        R + "test_standby.py::test_full_copy_has_every_message_at_its_offset_with_its_headers")
+def _a_copy_drops_headers() -> None:
+    from shmq.server import replication
+
+    def make(f: Callable[..., Any]) -> Callable[..., Any]:
+        def journal_contents(writer: Any, floor: int) -> Any:
+            items, state = f(writer, floor)
+            return [it[:3] for it in items], state
+        return journal_contents
+    _wrap(replication, "journal_contents", make)
+
+
+@mutant("a_diverged_tail_is_kept", "an old primary that rejoins discards its diverged tail",
+        R + "test_partition.py::"
+        "test_an_old_primary_rejoins_discards_its_diverged_tail_and_matches_offset_by_offset",
+        slow=True)
+def _a_diverged_tail_is_kept() -> None:
+    from shmq.server import standby
+
+    def make(f: Callable[..., None]) -> Callable[..., None]:
+        def queue(self: Any, h: dict[str, Any]) -> None:
+            if h.get("full") and h["meta"]["name"] in self.journals:
+                return  # keeps what it holds, diverged tail and all
+            f(self, h)
+        return queue
+    _wrap(standby.Follower, "_queue", make)

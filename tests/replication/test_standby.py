@@ -207,3 +207,33 @@ def test_bad_requests_get_clear_errors(primary: Server) -> None:
         finally:
             good.stop()
         assert b.queue("q").get(timeout=5).payload == b"keep"
+
+
+def test_a_standby_shows_its_queues_stats_and_messages_and_its_role(primary: Server) -> None:
+    with shmq.connect(primary.url, token=TOKEN) as b:
+        q = b.create_queue("orders", durability="always")
+        sent = [q.put(f"m{i}".encode(), headers={"k": "v"}) for i in range(40)]
+        for m in q.get_many(15):
+            m.ack()
+        standby = Standby(primary.url)
+        try:
+            with shmq.connect(standby.url, token=TOKEN) as s:
+                wait_caught_up(b, s, "orders")
+                wait_until(lambda: s.queue("orders").stats()["groups"]["default"]["acked"] == 15)
+                st, theirs = s.queue("orders").stats(), q.stats()
+                for key in ("next_offset", "produced", "first_offset", "retained"):
+                    assert st[key] == theirs[key], key
+                assert st["groups"]["default"]["floor"] == theirs["groups"]["default"]["floor"] == 15
+                got = s.queue("orders").read(sent[10], 100)
+                assert [(m.offset, m.payload, dict(m.headers)) for m in got] == [
+                    (m.offset, m.payload, dict(m.headers)) for m in q.read(sent[10], 100)]
+                assert [m.offset for m in got] == sent[15:]
+                info = replication(s)
+                assert (info["role"], info["epoch"], info["caught_up"]) == ("standby", 1, True)
+            from tests.server.test_config import _invoke
+            out = _invoke("status", "--url", standby.url, "--token", TOKEN)
+            assert out.stdout == f"ready\nstandby of {primary.url}, epoch 1, caught up\n", out.output
+            out = _invoke("status", "--url", primary.url, "--token", TOKEN)
+            assert out.stdout.startswith("ready\nprimary, epoch 1, 1 standby ("), out.output
+        finally:
+            standby.stop()

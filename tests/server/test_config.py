@@ -267,7 +267,7 @@ def test_a_queue_that_differs_refuses_the_start(tmp_path: Path, instance: str) -
 # ---------------------------------------------------------------- shmq status
 def test_status_ready(server: Server) -> None:
     out = _invoke("status", "--url", server.url)
-    assert (out.exit_code, out.stdout) == (0, "ready\n"), out.output
+    assert (out.exit_code, out.stdout) == (0, "ready\nprimary, epoch 1, 0 standbys\n"), out.output
     out = _invoke("status", "--shm", server.instance)
     assert (out.exit_code, out.stdout) == (0, "ready\n"), out.output
 

@@ -131,3 +131,18 @@ def wait_caught_up(primary: Any, standby: Any, queue: str, timeout: float = 20) 
 def promote(b: Any, force: bool = False) -> int:
     """PROMOTE over ``b``'s connection (what ``shmq promote`` sends): the new epoch."""
     return int(b.promote(force))
+
+
+def proxied_primary(workers: int = 1, extra: list[str] | None = None) -> tuple[Any, Any]:
+    """A primary whose standbys reach its replication port through a ``CutProxy`` (it announces
+    the proxy's port): (Server, CutProxy)."""
+    from tests.support.proxy import CutProxy
+    from tests.support.server import Server
+
+    proxy = CutProxy(("127.0.0.1", 0))
+    srv = Server(workers=workers, token=TOKEN, extra=["--unix", "off", "--replication-announce",
+                                                       f"127.0.0.1:{proxy.port}", *(extra or [])])
+    m = re.search(r"standbys connect to port (\d+)", srv.start_line)
+    assert m, srv.start_line
+    proxy.target = ("127.0.0.1", int(m.group(1)))
+    return srv, proxy

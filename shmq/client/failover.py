@@ -1,0 +1,394 @@
+"""``tcp://h1:7878,h2:7878``: one broker handle over a primary and its standbys, that fails over.
+
+``shmq.connect`` gives a :class:`FailoverBroker` for a comma-separated list of ``tcp://``,
+``tcps://`` and ``unix://`` URLs (each with its own ``?params``; a bare ``HOST:PORT`` takes
+the scheme of the entry before it; the ``token`` keyword, when given, goes to every one).
+It talks to the list's *primary* through a :class:`~shmq.client.tcp.TcpBroker`, and its
+queue handles (:class:`FailoverQueue`) through that broker's ``TcpQueue``: the same
+``api.Broker`` and ``api.Queue`` interface.
+
+Finding the primary: the URLs are tried in their order; each is connected to and asked
+``info()``; one whose ``replication`` says it is a standby (``shmq serve --replica-of``) is
+closed and the next is tried; the first that is a primary (or a broker without
+replication) is used.  While none is, the list is tried again after a pause (0.05 s,
+doubling up to 1 s: ``options.FAILOVER_BACKOFF``, ``FAILOVER_BACKOFF_MAX``) until
+``failover_timeout`` seconds (``options.FAILOVER_TIMEOUT``) have passed since the first
+failure; then ``ConnectionLost`` says, for each URL, why it was not used.  A refused
+token (``AuthError``) or a bad URL (``InvalidArgument``) is raised at once: waiting
+cannot mend them.  Each try of a URL may take up to ``connect_timeout``, so a host that
+does not answer at all can make the last round end after ``failover_timeout``.
+
+Fail-over: a call that raises ``ConnectionLost`` (the primary died, or went silent) or
+``NotPrimary`` (it is a standby now, or was fenced) closes that connection, finds the
+primary again as above (within ``failover_timeout``) and is made once more on it; what it
+raises then is raised.  Queue handles keep working: each re-makes its ``TcpQueue`` on
+the new connection.  A call retried this way may find what its first try did, when
+that try was applied before the connection went: a retried ``put``, ``put_many`` or
+``put_joined`` may store its messages twice (fail-over makes a put *at-least-once*;
+an idempotent producer's ``put_many(producer=, seq=)`` raises ``Duplicate`` instead);
+a retried ``create_queue`` may raise ``QueueExists``, a retried ``delete_queue``
+``QueueNotFound``, a retried ``create_group`` ``GroupExists``; a retried ``purge``
+counts only what the second try removed.  A blocking ``get`` retried waits its
+``timeout`` again on the new primary.
+
+Not retried: the settling of a delivery.  A message is settled (``ack``, ``nack``,
+``touch``, ``dead_letter``, ``ack_many``, a ``get``'s ``ack=``) over the connection that
+leased it -- ``Message.queue_handle`` is that connection's ``TcpQueue`` -- and its lease
+went with that connection: settling it after a fail-over raises ``ConnectionLost`` as
+is (or ``StaleAck``, for messages of several connections acked in one ``ack_many``), and
+the new primary delivers the message again when it was replicated (at-least-once, as
+for any lost connection).  A ``get`` or ``get_many`` that carries acks is not retried either.  A
+``subscribe`` is one connection's: it ends with ``ConnectionLost``; subscribe again.
+
+A handle pickles as its URL list, its token and its settings, and finds the primary
+again in the process that unpickles it.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Generator, Iterable, Sequence
+from typing import Any, TypeVar
+
+from shmq import options
+from shmq.api import Broker, BrokerInfo, Headers, Message, Payload, Queue, QueueInfo, RecordColumns
+from shmq.api.reply import end_requests
+from shmq.client.tcp import TcpBroker, TcpQueue
+from shmq.errors import ConnectionLost, InvalidArgument, NotPrimary, Timeout
+from shmq.joined import Joined
+from shmq.seektime import Start, When
+from shmq.settle import Settle
+from shmq.urls import client_settings, parse_url
+
+R = TypeVar("R")
+FAILS_OVER = (ConnectionLost, NotPrimary)  # a call's errors that send it to the (next) primary
+
+
+def split_urls(urls: str | Sequence[str]) -> list[str]:
+    """The entries of a URL list: a comma-separated string, or a sequence of URLs (blanks
+    around each are dropped).  A bare ``HOST:PORT`` takes the scheme of the entry before it
+    (``tcp://h1:7878,h2:7878``), not its parameters.  ``InvalidArgument`` for an empty
+    entry, or a bare one after no ``tcp://`` or ``tcps://`` entry."""
+    entries, scheme = [], ""
+    for entry in (u.strip() for u in (urls.split(",") if isinstance(urls, str) else urls)):
+        if not entry:
+            raise InvalidArgument("an empty entry in the url list: expected URL,URL,... "
+                                  "(tcp://HOST:PORT, tcps://HOST:PORT or unix://PATH)")
+        if "://" in entry:
+            scheme = entry.partition("://")[0]
+        elif scheme in ("tcp", "tcps"):
+            entry = f"{scheme}://{entry}"
+        else:
+            raise InvalidArgument(f"{entry.partition('?')[0]!r} in the url list has no scheme, nor a "
+                                  "tcp:// or tcps:// entry before it to take one from")
+        entries.append(entry)
+    if not entries:
+        raise InvalidArgument("an empty url list")
+    return entries
+
+
+class FailoverBroker(Broker):
+    """A broker handle over a list of URLs: the primary's, failing over (see the module's doc).
+
+    ``urls``: the list; ``token``: presented to each (default each URL's ``?token=``, else
+    ``$SHMQ_TOKEN``, ...: as ``TcpBroker``); ``failover_timeout``: seconds a search for the
+    primary goes on from its first failure.  The other keywords are ``TcpBroker``'s, for
+    each connection.  ``url`` is the list as text (without tokens); ``primary_url`` the
+    entry in use now ("" while none is)."""
+
+    def __init__(self, urls: str | Sequence[str], token: str | None = None, *,
+                 failover_timeout: float = options.FAILOVER_TIMEOUT, connect_timeout: float = 10.0,
+                 client: str = "shmq-python", affinity: str = "", heartbeat: float = options.HEARTBEAT,
+                 spin_us: float = options.CLIENT_SPIN_US) -> None:
+        entries = split_urls(urls)
+        if (isinstance(failover_timeout, bool) or not isinstance(failover_timeout, (int, float))
+                or not 0 <= failover_timeout < math.inf):
+            raise InvalidArgument(f"failover_timeout must be a number of seconds >= 0, "
+                                  f"not {failover_timeout!r}")
+        for entry in entries:
+            client_settings(entry, token)  # a bad URL, or a token it would send in clear: refused now
+        self._entries = entries  # as given (their tokens too): what each connection is made of
+        self._token = token
+        self._settings: dict[str, Any] = {"connect_timeout": connect_timeout, "client": client,
+                                          "affinity": affinity, "heartbeat": heartbeat, "spin_us": spin_us}
+        self.urls = [parse_url(e).without_token() for e in entries]
+        self.url = ",".join(self.urls)
+        self.failover_timeout = float(failover_timeout)
+        self.primary_url = ""
+        self._lock = threading.Lock()  # one search at a time; the others wait for its primary
+        # the primary's connection and its generation (+1 each time another is made the
+        # primary's), in one tuple so that a thread reads both at once; None: none now
+        self._state: tuple[TcpBroker, int] | None = None
+        self._generations = 0
+        self._closing = False
+        self._primary()
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (_reconnect, (self._entries, self._token, self.failover_timeout, self._settings))
+
+    def __repr__(self) -> str:
+        return f"FailoverBroker({self.url!r}, primary={self.primary_url!r})"
+
+    # ------------------------------------------------------------ the primary
+    def _primary(self) -> tuple[TcpBroker, int]:
+        """The primary's connection and its generation (searched for when there is none)."""
+        state = self._state
+        if state is not None:
+            return state
+        with self._lock:
+            return self._state or self._new(None)
+
+    def _failover(self, generation: int, since: float) -> tuple[TcpBroker, int]:
+        """The call on connection ``generation`` failed at ``since``: that connection is
+        closed (unless another thread did so already), and the primary searched for."""
+        with self._lock:
+            state = self._state
+            if state is not None and state[1] == generation:
+                self._state = None
+                self.primary_url = ""
+                state[0].close()  # (a lost connection's close only closes its socket)
+            return self._state or self._new(since)
+
+    def _new(self, since: float | None) -> tuple[TcpBroker, int]:
+        """Search for the primary (the lock is held): its connection, the new state."""
+        if self._closing:
+            raise ConnectionLost(f"{self.url} is closed")
+        b = self._find(since)
+        self._generations += 1
+        self._state = state = (b, self._generations)
+        return state
+
+    def _find(self, since: float | None) -> TcpBroker:
+        """Try the URLs in order, again and again with a growing pause, until one is the
+        primary: its connection.  ``ConnectionLost`` once ``failover_timeout`` seconds have
+        passed since ``since`` (the failure that started the search; None: the first
+        round's end), naming each URL and why it was not used."""
+        pause = options.FAILOVER_BACKOFF
+        deadline = None if since is None else since + self.failover_timeout
+        while True:
+            why = []
+            for entry, shown in zip(self._entries, self.urls, strict=True):
+                b, reason = self._try(entry)
+                if b is not None:
+                    self.primary_url = shown
+                    return b
+                why.append(reason if shown in reason else f"{shown}: {reason}")
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self.failover_timeout
+            if now >= deadline or self._closing:
+                raise ConnectionLost(f"no primary among {self.url} within {self.failover_timeout:g} s: "
+                                     + "; ".join(why))
+            time.sleep(min(pause, deadline - now))
+            pause = min(pause * 2, options.FAILOVER_BACKOFF_MAX)
+
+    def _try(self, entry: str) -> tuple[TcpBroker | None, str]:
+        """A connection to ``entry`` when it is the primary, else None and why not."""
+        try:
+            b = TcpBroker(entry, self._token, **self._settings)
+        except (ConnectionLost, Timeout) as e:
+            return None, str(e)
+        try:
+            repl = b.info().replication or {}  # (no replication: a broker of its own, the primary)
+        except (*FAILS_OVER, Timeout) as e:
+            b.close()
+            return None, str(e)
+        except BaseException:
+            b.close()
+            raise
+        role = repl.get("role", "primary")
+        if role == "primary":
+            return b, ""
+        b.close()
+        return None, f"a {role}" + (f" (of {repl['primary']})" if repl.get("primary") else "")
+
+    def _run(self, op: Callable[[TcpBroker, int], R], retry: bool = True) -> R:
+        """``op`` on the primary's connection (and its generation); after ``ConnectionLost``
+        or ``NotPrimary``, once more on the primary found again, when ``retry``."""
+        b, generation = self._primary()
+        try:
+            return op(b, generation)
+        except FAILS_OVER as e:
+            if not retry or self._closing:
+                raise
+            try:
+                b, generation = self._failover(generation, time.monotonic())
+            except ConnectionLost as lost:
+                raise lost from e
+        return op(b, generation)
+
+    # ------------------------------------------------------------ Broker
+    def create_queue(self, name: str, **limits: Any) -> FailoverQueue:
+        """``Broker.create_queue``; retried after a fail-over, it may raise ``QueueExists``
+        when the first try had created the queue."""
+        return FailoverQueue(self, name, self._run(lambda b, g: (g, b.create_queue(name, **limits))))
+
+    def queue(self, name: str) -> FailoverQueue:
+        return FailoverQueue(self, name, self._run(lambda b, g: (g, b.queue(name))))
+
+    def list_queues(self) -> list[QueueInfo]:
+        return self._run(lambda b, _: b.list_queues())
+
+    def delete_queue(self, name: str) -> None:
+        self._run(lambda b, _: b.delete_queue(name))
+
+    def info(self) -> BrokerInfo:
+        """The primary's ``info()``."""
+        return self._run(lambda b, _: b.info())
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Delete this handle's reply queue and close the primary's connection (``TcpBroker.close``;
+        ``timeout``: the seconds a broker that does not answer is waited for).  Nothing is
+        retried or searched for from here on: every call raises ``ConnectionLost``."""
+        if self._closing:
+            return
+        self._closing = True
+        end_requests(self)
+        with self._lock:
+            state, self._state = self._state, None
+            self.primary_url = ""
+        if state is not None:
+            state[0].close(timeout)
+
+
+class FailoverQueue(Queue):
+    """A queue of a :class:`FailoverBroker`: each call goes to the ``TcpQueue`` of the primary's
+    connection, made again after a fail-over (what is retried: the module's doc)."""
+
+    def __init__(self, broker: FailoverBroker, name: str, at: tuple[int, TcpQueue] | None = None) -> None:
+        self.broker = broker
+        self.name = name
+        self._at = at  # (the connection's generation, its TcpQueue of this name)
+
+    def __reduce__(self):  # type: ignore[no-untyped-def]
+        return (FailoverQueue, (self.broker, self.name))
+
+    def __repr__(self) -> str:
+        return f"FailoverQueue({self.broker.url!r}, {self.name!r})"
+
+    def _on(self, b: TcpBroker, generation: int) -> TcpQueue:
+        at = self._at
+        if at is None or at[0] != generation:
+            at = self._at = (generation, TcpQueue(b, self.name))
+        return at[1]
+
+    def _call(self, op: Callable[[TcpQueue], R], retry: bool = True) -> R:
+        return self.broker._run(lambda b, g: op(self._on(b, g)), retry)
+
+    def _leaser(self, msgs: Sequence[Message]) -> TcpQueue:
+        """This queue on the connection that leased ``msgs``, when one did (even if it is
+        gone: its leases are, too), else on the primary's (where others' are stale)."""
+        conns = {getattr(m.queue_handle, "broker", None) for m in msgs}
+        conn = conns.pop() if len(conns) == 1 else None
+        if isinstance(conn, TcpBroker):
+            return TcpQueue(conn, self.name)
+        return self._call(lambda q: q, retry=False)
+
+    def put(self, payload: Payload, block: bool = True, timeout: float | None = None, *,
+            headers: Headers | None = None, delay: float | None = None, ttl: float | None = None) -> int:
+        """``Queue.put``; retried after a fail-over: at-least-once (the module's doc)."""
+        return self._call(lambda q: q.put(payload, block, timeout, headers=headers, delay=delay, ttl=ttl))
+
+    def put_many(self, payloads: Sequence[Payload], block: bool = True,
+                 timeout: float | None = None, *, producer: str | None = None,
+                 seq: int | None = None, headers: Sequence[Headers | None] | None = None,
+                 delay: float | None = None, ttl: float | None = None) -> list[int]:
+        """``Queue.put_many``; retried after a fail-over: at-least-once, unless ``producer``
+        and ``seq`` make it idempotent (then ``Duplicate`` when the first try was stored)."""
+        return self._call(lambda q: q.put_many(payloads, block, timeout, producer=producer, seq=seq,
+                                               headers=headers, delay=delay, ttl=ttl))
+
+    def put_joined(self, batch: Joined, block: bool = True, timeout: float | None = None, *,
+                   producer: str | None = None, seq: int | None = None) -> int:
+        return self._call(lambda q: q.put_joined(batch, block, timeout, producer=producer, seq=seq))
+
+    def _publish(self, payload: Payload, block: bool, timeout: float | None, headers: Headers | None = None,
+                 delay: float | None = None, ttl: float | None = None) -> tuple[TcpQueue, Any]:
+        """A Publisher's put, started on the primary's connection (once more on the next
+        primary when that connection is known lost before it is sent).  A fail-over
+        resends nothing a publisher started: each put still unconfirmed when its connection
+        went raises ``ConnectionLost`` (or ``NotPrimary``) when collected, stored or not
+        (resend it: at-least-once); the puts started after go to the new primary."""
+        return self._call(lambda q: (q, q._publish(payload, block, timeout, headers, delay, ttl)))
+
+    def _confirm(self, token: tuple[TcpQueue, Any]) -> int:
+        return token[0]._confirm(token[1])
+
+    def _publish_many(self, payloads: Sequence[Payload], block: bool, timeout: float | None,
+                      headers: Sequence[Headers | None] | None = None, delay: float | None = None,
+                      ttl: float | None = None) -> tuple[TcpQueue, Any]:
+        return self._call(lambda q: (q, q._publish_many(payloads, block, timeout, headers, delay, ttl)))
+
+    def _confirm_many(self, token: tuple[TcpQueue, Any]) -> list[int]:
+        return token[0]._confirm_many(token[1])
+
+    def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
+            visibility_timeout: float | None = None, *, ack: Message | None = None) -> Message:
+        """``Queue.get``: the message's ``queue_handle`` is the ``TcpQueue`` of the connection
+        that leased it, which settles it.  Retried after a fail-over unless ``ack`` is given."""
+        return self._call(lambda q: q.get(group, block, timeout, visibility_timeout, ack=ack),
+                          retry=ack is None)
+
+    def get_many(self, max_messages: int, group: str = options.DEFAULT_GROUP, block: bool = True,
+                 timeout: float | None = None, visibility_timeout: float | None = None, *,
+                 ack: Iterable[Message] = ()) -> list[Message]:
+        """``Queue.get_many``, as ``get``: retried after a fail-over unless it carries acks."""
+        acks = list(ack)
+        return self._call(lambda q: q.get_many(max_messages, group, block, timeout, visibility_timeout,
+                                               ack=acks), retry=not acks)
+
+    def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:
+        """``Queue.ack_many`` over the connection that leased the messages, never retried: after
+        a fail-over their leases are gone (``ConnectionLost``; mixed with others, ``StaleAck``)."""
+        msgs = list(messages)
+        if msgs:
+            self._leaser(msgs).ack_many(msgs, wait)
+
+    def _settle(self, msg: Message, action: Settle, arg: float | None) -> None:
+        self._leaser([msg])._settle(msg, action, arg)
+
+    def _reply_queue(self, name: str) -> FailoverQueue:
+        return FailoverQueue(self.broker, name)
+
+    def read(self, offset: int, max_messages: int = 1) -> list[Message]:
+        return self._call(lambda q: q.read(offset, max_messages))
+
+    def read_columns(self, offset: int, max_messages: int = 1) -> RecordColumns:
+        return self._call(lambda q: q.read_columns(offset, max_messages))
+
+    def create_group(self, name: str, start: Start = "earliest") -> None:
+        self._call(lambda q: q.create_group(name, start))
+
+    def seek(self, group: str, when: When) -> int:
+        return self._call(lambda q: q.seek(group, when))
+
+    def delete_group(self, name: str) -> None:
+        self._call(lambda q: q.delete_group(name))
+
+    def groups(self) -> list[str]:
+        return self._call(lambda q: q.groups())
+
+    def commit(self, group: str, offset: int) -> None:
+        self._call(lambda q: q.commit(group, offset))
+
+    def purge(self) -> int:
+        return self._call(lambda q: q.purge())
+
+    def stats(self) -> dict[str, Any]:
+        return self._call(lambda q: q.stats())
+
+    def subscribe(self, group: str = options.DEFAULT_GROUP, credit: int = options.DEFAULT_CREDIT,
+                  visibility_timeout: float | None = None) -> Generator[Message, None, None]:
+        """``TcpQueue.subscribe`` on the primary's connection now: it does not fail over (it
+        ends with ``ConnectionLost`` when that connection goes; subscribe again)."""
+        return self._call(lambda q: q.subscribe(group, credit, visibility_timeout))
+
+
+def _reconnect(entries: list[str], token: str | None, failover_timeout: float,
+               settings: dict[str, Any]) -> FailoverBroker:
+    return FailoverBroker(entries, token, failover_timeout=failover_timeout, **settings)
+
+
+__all__ = ["FailoverBroker", "FailoverQueue", "split_urls"]

@@ -1,0 +1,213 @@
+"""A list of URLs fails over (``shmq.client.failover``): ``shmq.connect("tcp://a,tcp://b")``
+finds the primary among them, passing standbys over, and its handle and queue handles follow
+the primary when a standby is promoted.
+
+Real brokers: a primary (``Server``) and a standby (``Standby``) as subprocesses, each with its
+own instance, port and data dir; queues are ``durability="always"`` so that they are replicated.
+"""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+import re
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import shmq
+from shmq import options
+from shmq.client.failover import FailoverBroker, FailoverQueue, split_urls
+from shmq.client.tcp import TcpBroker
+from tests.support.replication import TOKEN, Standby, promote, replication, wait_caught_up
+from tests.support.server import Server, kill_broker
+from tests.support.wait import wait_until
+
+
+@pytest.fixture
+def primary() -> Iterator[Server]:
+    srv = Server(workers=1, token=TOKEN, extra=["--unix", "off"])
+    yield srv
+    srv.stop()  # (also after kill_broker: what it left in /dev/shm goes)
+
+
+@pytest.fixture
+def standby(primary: Server) -> Iterator[Standby]:
+    node = Standby(primary.url)
+    yield node
+    node.stop()
+
+
+def fail_over(primary: Server, standby: Standby, queue: str, via: shmq.Broker) -> None:
+    """Wait until the standby holds ``queue`` as the primary (``via``) does, SIGKILL the primary
+    whole, and promote the standby over a handle of its own."""
+    with shmq.connect(standby.url, token=TOKEN) as s:
+        wait_caught_up(via, s, queue)
+    kill_broker(primary)
+    with shmq.connect(standby.url, token=TOKEN) as s:
+        wait_until(lambda: not replication(s)["connected"], 20)  # it saw its primary go
+        assert promote(s) == 2
+
+
+def drain(q: shmq.Queue, n: int, timeout: float = 20) -> list[shmq.Message]:
+    """Lease ``n`` messages (fewer if they do not come within ``timeout``), by offset."""
+    got: list[shmq.Message] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < n and time.monotonic() < deadline:
+        try:
+            got += q.get_many(n - len(got), timeout=1)
+        except (shmq.Empty, shmq.Timeout):
+            pass
+    return sorted(got, key=lambda m: m.offset)
+
+
+def named(url: str, text: str) -> bool:
+    return re.search(re.escape(url) + r"(?![0-9])", text) is not None
+
+
+# ---------------------------------------------------------------------------- finding the primary
+def test_a_list_whose_first_url_is_a_standby_connects_to_the_primary(primary: Server,
+                                                                      standby: Standby) -> None:
+    with shmq.connect(f"{standby.url},{primary.url}", token=TOKEN) as b:
+        assert isinstance(b, FailoverBroker)
+        assert b.url == f"{standby.url},{primary.url}"
+        assert b.primary_url == primary.url
+        assert replication(b)["role"] == "primary"
+        q = b.create_queue("jobs", durability="always")
+        assert isinstance(q, FailoverQueue)
+        assert [q.put(b"a"), q.put(b"b")] == [0, 1]
+        assert q.put_many([b"c", b"d"]) == [2, 3]
+        with q.publisher() as p:
+            p.put(b"e")
+            p.put_many([b"f", b"g"])
+        assert p.confirmed == 3 and p.last_offset == 6
+        assert b.queue("jobs").stats()["next_offset"] == 7
+        assert [i.name for i in b.list_queues()] == ["jobs"]
+    with shmq.connect(primary.url, token=TOKEN) as direct:  # they went to the primary, in order
+        assert [bytes(m.payload) for m in direct.queue("jobs").read(0, 10)] == [b"a", b"b", b"c", b"d", b"e",
+                                                                               b"f", b"g"]
+
+
+def test_a_bare_host_and_port_takes_the_scheme_before_it(primary: Server, standby: Standby) -> None:
+    with shmq.connect(f"{standby.url}, 127.0.0.1:{primary.port}", token=TOKEN) as b:
+        assert isinstance(b, FailoverBroker)
+        assert b.url == f"{standby.url},{primary.url}"
+        assert b.primary_url == primary.url
+
+
+def test_a_single_url_is_still_a_tcp_broker(primary: Server) -> None:
+    with shmq.connect(primary.url, token=TOKEN) as b:
+        assert type(b) is TcpBroker
+        b.create_queue("one").put(b"x")
+    with shmq.connect(primary.url, token=TOKEN, failover_timeout=1.0) as b:  # asked for: a list of one
+        assert isinstance(b, FailoverBroker) and b.primary_url == primary.url
+        assert b.queue("one").get(timeout=5).payload == b"x"
+
+
+def test_everything_down_is_connection_lost_naming_each_url() -> None:
+    start = time.monotonic()
+    with pytest.raises(shmq.ConnectionLost) as e:
+        shmq.connect("tcp://127.0.0.1:1,tcp://127.0.0.1:2", failover_timeout=0.5)
+    took = time.monotonic() - start
+    assert 0.5 <= took < 5, took
+    assert named("tcp://127.0.0.1:1", str(e.value)) and named("tcp://127.0.0.1:2", str(e.value)), e.value
+    assert "cannot connect" in str(e.value)
+
+
+def test_a_list_of_standbys_only_is_connection_lost_after_the_timeout(primary: Server,
+                                                                      standby: Standby) -> None:
+    other = Standby(primary.url)
+    try:
+        start = time.monotonic()
+        with pytest.raises(shmq.ConnectionLost) as e:
+            shmq.connect(f"{standby.url},{other.url}", token=TOKEN, failover_timeout=0.5)
+        assert time.monotonic() - start >= 0.5
+        text = str(e.value)
+        assert named(standby.url, text) and named(other.url, text), text
+        assert text.count(f"a standby (of {primary.url})") == 2, text
+    finally:
+        other.stop()
+
+
+def test_bad_lists_are_refused_before_connecting() -> None:
+    for bad in ("tcp://127.0.0.1:1,", "tcp://127.0.0.1:1,,tcp://127.0.0.1:2", "shm://default,tcp://127.0.0.1:1",
+                "unix:///tmp/x.sock,127.0.0.1:2"):
+        with pytest.raises(shmq.InvalidArgument):
+            shmq.connect(bad, failover_timeout=0)
+    with pytest.raises(shmq.InvalidArgument, match="failover_timeout"):
+        FailoverBroker("tcp://127.0.0.1:1", failover_timeout=-1)
+    assert split_urls("tcps://a:1?ca=/x,b:2, unix:///s") == ["tcps://a:1?ca=/x", "tcps://b:2", "unix:///s"]
+
+
+# ---------------------------------------------------------------------------- fail-over
+def test_the_handle_and_its_queue_follow_the_promoted_standby(primary: Server, standby: Standby) -> None:
+    with shmq.connect(f"{standby.url},{primary.url}", token=TOKEN) as b:
+        q = b.create_queue("orders", durability="always")
+        for i in range(20):
+            assert q.put(f"m{i}".encode()) == i
+        fail_over(primary, standby, "orders", b)
+        assert q.put(b"after") == 20  # the same queue handle, on the new primary
+        assert isinstance(b, FailoverBroker) and b.primary_url == standby.url
+        info = replication(b)
+        assert info["role"] == "primary" and info["epoch"] == 2
+        got = drain(q, 21)
+        assert [(m.offset, bytes(m.payload)) for m in got] == (
+            [(i, f"m{i}".encode()) for i in range(20)] + [(20, b"after")])
+        q.ack_many(got)  # leased through the new connection: settled there
+        assert q.stats()["next_offset"] == 21
+
+
+def test_a_message_leased_before_the_failover_cannot_be_settled_after_it(primary: Server,
+                                                                         standby: Standby) -> None:
+    with shmq.connect(f"{primary.url},{standby.url}", token=TOKEN) as b:
+        q = b.create_queue("jobs", durability="always")
+        assert q.put_many([b"first", b"second"]) == [0, 1]
+        m = q.get(timeout=5)
+        assert (m.offset, m.payload) == (0, b"first")
+        fail_over(primary, standby, "jobs", b)
+        assert q.put(b"third") == 2  # fails over
+        assert isinstance(b, FailoverBroker) and b.primary_url == standby.url
+        with pytest.raises(shmq.ConnectionLost):  # its lease went with the old connection
+            m.ack()
+        with pytest.raises(shmq.ConnectionLost):
+            q.ack_many([m])
+        with pytest.raises(shmq.ConnectionLost):  # a get carrying it is not retried
+            q.get(timeout=0, ack=m)
+        got = drain(q, 3)
+        assert [(g.offset, bytes(g.payload)) for g in got] == [(0, b"first"), (1, b"second"), (2, b"third")]
+        for g in got:
+            g.ack()
+        with pytest.raises((shmq.Empty, shmq.Timeout)):  # all settled on the new primary
+            q.get(timeout=0.2)
+
+
+def test_a_failover_handle_pickles_as_its_url_list(primary: Server, standby: Standby) -> None:
+    with shmq.connect(f"{standby.url},{primary.url}", token=TOKEN, failover_timeout=7.0) as b:
+        q = b.create_queue("p", durability="always")
+        q.put(b"x")
+        b2 = pickle.loads(pickle.dumps(b))
+        try:
+            assert isinstance(b2, FailoverBroker) and b2 is not b
+            assert (b2.url, b2.primary_url, b2.failover_timeout) == (b.url, primary.url, 7.0)
+            assert b2.queue("p").read(0)[0].payload == b"x"
+        finally:
+            b2.close()
+        q2 = pickle.loads(pickle.dumps(q))
+        try:
+            assert isinstance(q2, FailoverQueue) and q2.broker is not b and q2.name == "p"
+            assert q2.put(b"y") == 1
+        finally:
+            q2.broker.close()
+    default = inspect.signature(FailoverBroker).parameters["failover_timeout"].default
+    assert default == options.FAILOVER_TIMEOUT
+
+
+def test_a_closed_handle_does_not_look_for_a_primary(primary: Server, standby: Standby) -> None:
+    b = shmq.connect(f"{standby.url},{primary.url}", token=TOKEN)
+    q = b.create_queue("c")
+    b.close()
+    start = time.monotonic()
+    with pytest.raises(shmq.ConnectionLost, match="closed"):
+        q.put(b"x")
+    assert time.monotonic() - start < 1
