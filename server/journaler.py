@@ -125,6 +125,15 @@ class QueueWriter(threading.Thread):
             try:
                 if self.d.deleted:
                     break
+                if self.hub is not None and self.hub.fenced:  # a newer primary exists: confirm nothing
+                    if self.d.fail(errno.ESTALE):
+                        log.error("queue %r: fenced by epoch %d; its produces fail (StorageError)",
+                                  self.q.name, self.hub.fenced)
+                    self.error_at = time.monotonic()
+                    if stopping:
+                        break
+                    self._sleep()
+                    continue
                 if self.d.error:  # room first: what every group settled goes even now
                     self.drop()
                 with self.lock:

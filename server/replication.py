@@ -199,8 +199,11 @@ class Hub:
     """Every standby link of this primary, and what the journal writers publish to them."""
 
     def __init__(self, epoch: int, node: str, token: str, forks: dict[str, int],
-                 board: Board | None = None, sync_timeout: float = options.DEFAULT_SYNC_TIMEOUT) -> None:
+                 board: Board | None = None, sync_timeout: float = options.DEFAULT_SYNC_TIMEOUT,
+                 data_dir: Path | None = None) -> None:
         self.epoch = epoch
+        self.data_dir = data_dir  # where a fence is recorded (replication.json)
+        self.fenced = 0  # the newer epoch this primary learned of: it confirms no more writes
         self.node = node
         self.token = token
         self.forks = forks
@@ -232,6 +235,22 @@ class Hub:
             for ln in takers:
                 ln.queue(frame, seq, (name, nxt))
         return seq
+
+    def fence(self, epoch: int) -> None:
+        """A node of a newer epoch exists: this primary confirms no more writes (its writers fail
+        every journaled queue), now and after a restart (recorded in the data dir)."""
+        if self.fenced >= epoch:
+            return
+        self.fenced = epoch
+        log.error("a node of epoch %d exists (this primary's is %d): fenced, it confirms no more writes; "
+                  "rejoin it as a standby (shmq serve --replica-of)", epoch, self.epoch)
+        if self.data_dir is not None:
+            try:
+                write_state(self.data_dir, {**read_state(self.data_dir), "superseded_by": epoch})
+            except OSError as e:
+                log.error("cannot record the fence in %s: %s", self.data_dir, e)
+        for w in list(self.writers.values()):
+            w.d.wake_writer()
 
     def confirmed(self, name: str, seq: int) -> bool:
         """Has a standby that holds queue ``name`` fsynced the round ``seq``?"""
@@ -320,7 +339,8 @@ class Hub:
         with self.lock:
             standbys = [ln.describe() for ln in self.links]
         self.board.write({"role": "primary", "epoch": self.epoch, "node": self.node,
-                          "standbys": standbys, "bytes_sent": self.bytes_sent, "reported_at": time.time()})
+                          "standbys": standbys, "bytes_sent": self.bytes_sent, "reported_at": time.time(),
+                          "superseded_by": self.fenced or None})
 
     def close(self) -> None:
         with self.lock:
@@ -554,6 +574,7 @@ def _greet(hub: Hub, sock: socket.socket, peer: str, tls: ssl.SSLContext | None)
     if epoch > hub.epoch:
         log.error("standby %s knows epoch %d, this primary is in epoch %d: a newer primary exists; "
                   "refused", peer, epoch, hub.epoch)
+        hub.fence(epoch)
         return refuse(sock, Status.NOT_PRIMARY, f"this node's epoch {hub.epoch} is older than the "
                       f"standby's {epoch}: it was superseded (promote happened elsewhere)")
     sock.settimeout(options.REPLICATION_DEAD_AFTER)  # a silent standby, or a send that cannot go on

@@ -42,7 +42,7 @@ from shmq.journal.files import retire_journal
 from shmq.protocol.codec import Frame, FrameDecoder, T, decode_body, encode_frame, frame, records_field
 from shmq.protocol.replication import K, StreamDecoder, StreamFrame, encode
 from shmq.tls import ServerTls, client_context, server_context
-from shmq.urls import client_token, parse_url
+from shmq.urls import BrokerUrl, client_token, parse_url
 from shmq.version import __version__
 
 from .core import SERVER_NAME
@@ -67,11 +67,18 @@ class Follower:
     """The standby's copy of its primary's journals (see the module docstring)."""
 
     def __init__(self, primary: str, token: str | None, data_dir: Path, node: str) -> None:
-        self.url = parse_url(primary)
-        if self.url.scheme not in ("tcp", "tcps"):
-            raise InvalidArgument(f"--replica-of must be a tcp:// or tcps:// URL, not {primary!r}")
-        self.primary = self.url.without_token()
-        self.token = client_token(self.url, token)
+        # --replica-of: one URL, or a list (the same list on every node: the standby follows
+        # whichever of them is the primary, skipping standbys, itself included)
+        self.urls = [parse_url(u.strip()) for u in primary.split(",") if u.strip()]
+        if not self.urls or any(u.scheme not in ("tcp", "tcps") for u in self.urls):
+            raise InvalidArgument(f"--replica-of must be tcp:// or tcps:// URLs, comma-separated, not "
+                                  f"{primary!r}")
+        self.tokens = {u.without_token(): client_token(u, token) for u in self.urls}
+        self.url = self.urls[0]
+        self.primary = self.url.without_token() if len(self.urls) == 1 else ",".join(
+            u.without_token() for u in self.urls)
+        self.superseded: set[str] = set()  # primaries that refused us for an older epoch: not followed
+        self.token = self.tokens[self.url.without_token()]
         self.data_dir = data_dir
         self.node = node
         state = read_state(data_dir)
@@ -197,11 +204,30 @@ class Follower:
             self.stop.wait(options.REPLICATION_RETRY)
 
     def _replication_address(self) -> tuple[str, int]:
-        """Ask the primary's client port (HANDSHAKE, INFO) where it streams."""
-        u = self.url
-        with self._open(u.host, u.port) as s:
-            s.sendall(frame(T.HANDSHAKE, 1, token=self.token, client="shmq-standby", affinity="",
-                            heartbeat_ms=0) + frame(T.INFO, 2))
+        """Find the primary among the URLs (the first that answers as one, and has not
+        refused us for an older epoch), and where it streams."""
+        why = []
+        for u in self.urls:
+            if u.without_token() in self.superseded:
+                why.append(f"{u.without_token()}: superseded (an older epoch)")
+                continue
+            try:
+                where = self._ask(u)
+            except (Refused, OSError, ShmqError) as e:
+                why.append(f"{u.without_token()}: {e}")
+                continue
+            self.url, self.primary = u, u.without_token()
+            self.token = self.tokens[self.primary]
+            return where
+        if len(why) == 1:
+            raise Refused(why[0].split(": ", 1)[1])
+        raise Refused("no primary among " + "; ".join(why))
+
+    def _ask(self, u: BrokerUrl) -> tuple[str, int]:
+        """Ask a node's client port (HANDSHAKE, INFO) whether it is a primary, and where it streams."""
+        with self._open(u.host, u.port, u) as s:
+            s.sendall(frame(T.HANDSHAKE, 1, token=self.tokens[u.without_token()], client="shmq-standby",
+                            affinity="", heartbeat_ms=0) + frame(T.INFO, 2))
             dec = FrameDecoder()
             got: list[Frame] = []
             while len(got) < 2:
@@ -220,17 +246,18 @@ class Follower:
         info = decode_body(T.INFO_OK, got[1].body)["info"]
         repl = info.get("replication") or {}
         if repl.get("role") == "standby":
-            raise Refused(f"{self.primary} is a standby itself (of {repl.get('primary')}): a standby "
+            raise Refused(f"{u.without_token()} is a standby itself (of {repl.get('primary')}): a standby "
                           "follows a primary")
         if not repl.get("port"):
-            raise Refused(f"{self.primary} does not stream to standbys")
+            raise Refused(f"{u.without_token()} does not stream to standbys")
         return str(repl.get("host") or u.host), int(repl["port"])
 
-    def _open(self, host: str, port: int) -> socket.socket:
+    def _open(self, host: str, port: int, u: BrokerUrl | None = None) -> socket.socket:
+        u = u or self.url
         s = socket.create_connection((host, port), timeout=options.REPLICATION_DEAD_AFTER)
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self.url.tls:
-            s = client_context(self.url).wrap_socket(s, server_hostname=host)
+        if u.tls:
+            s = client_context(u).wrap_socket(s, server_hostname=host)
         return s
 
     def _follow(self) -> None:
@@ -282,6 +309,8 @@ class Follower:
                                                 "primary": self.primary, "forks": {}})
                 self.last_error = ""
             elif f.kind == K.REFUSED:
+                if int(h.get("code", 0)) == Status.NOT_PRIMARY:  # an older epoch's primary: never again
+                    self.superseded.add(self.primary)
                 raise Refused(f"{Status(int(h.get('code', 10))).name}: {h.get('message', '')}")
             elif f.kind == K.QUEUE:
                 self._queue(h)

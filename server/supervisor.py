@@ -252,7 +252,7 @@ class Supervisor:
         tls = None if self.tls is None else server_context(self.tls)
         node = f"{socket.gethostname()}:{self.port}"
         hub = replication_mod.Hub(self.epoch, node, self.token, self.forks, self.repl_board,
-                                  self.sync_timeout)
+                                  self.sync_timeout, self.data_dir)
         self.repl = (self.repl_sock, hub, tls, self.replication)
 
     def _start_metrics(self) -> None:
@@ -326,6 +326,10 @@ class Supervisor:
                                       "epoch "
                                       f"{state['epoch']}): start it with --replica-of, or promote it "
                                       "(shmq promote) before it serves as a primary")
+            if int(state.get("superseded_by", 0)) > int(state["epoch"]):
+                raise InvalidArgument(f"{self.data_dir} was the primary in epoch {state['epoch']}, and a node of "
+                                      f"epoch {state['superseded_by']} exists: rejoin it as a standby (shmq serve "
+                                      "--replica-of THE-NEW-PRIMARY); it discards what the new primary lacks")
             self.epoch = int(state["epoch"])
             self.forks = {str(k): int(v) for k, v in state.get("forks", {}).items()}
             # queues whose shared memory is gone (a reboot, a stop) come back from their journals

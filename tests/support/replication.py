@@ -24,12 +24,12 @@ class Standby:
     """``shmq serve --replica-of PRIMARY`` on an ephemeral port, until promoted (then a primary)."""
 
     def __init__(self, primary_url: str, token: str = TOKEN, data_dir: str | None = None,
-                 extra: list[str] | None = None, primary_token: str | None = None) -> None:
+                 extra: list[str] | None = None, primary_token: str | None = None, port: int = 0) -> None:
         self.instance = unique_instance()
         self.own_data_dir = data_dir is None
         self.data_dir = data_dir or session_tmp(f"{self.instance}-")
         url = primary_url if primary_token is None else f"{primary_url}?token={primary_token}"
-        args = [sys.executable, "-c", "from shmq.cli.app import app; app()", "serve", "--port", "0",
+        args = [sys.executable, "-c", "from shmq.cli.app import app; app()", "serve", "--port", str(port),
                 "--workers", "1", "--instance", self.instance, "--data-dir", self.data_dir, "--unix", "off",
                 "--replica-of", url, *(extra or [])]
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -146,3 +146,12 @@ def proxied_primary(workers: int = 1, extra: list[str] | None = None) -> tuple[A
     assert m, srv.start_line
     proxy.target = ("127.0.0.1", int(m.group(1)))
     return srv, proxy
+
+
+def free_port() -> int:
+    """A port free now (for a node whose URL must be known before it starts: a list of peers)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
