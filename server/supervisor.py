@@ -327,9 +327,10 @@ class Supervisor:
                                       f"{state['epoch']}): start it with --replica-of, or promote it "
                                       "(shmq promote) before it serves as a primary")
             if int(state.get("superseded_by", 0)) > int(state["epoch"]):
-                raise InvalidArgument(f"{self.data_dir} was the primary in epoch {state['epoch']}, and a node of "
-                                      f"epoch {state['superseded_by']} exists: rejoin it as a standby (shmq serve "
-                                      "--replica-of THE-NEW-PRIMARY); it discards what the new primary lacks")
+                raise InvalidArgument(
+                    f"{self.data_dir} was the primary in epoch {state['epoch']}, and a node of epoch "
+                    f"{state['superseded_by']} exists: rejoin it as a standby (shmq serve --replica-of "
+                    "THE-NEW-PRIMARY); it discards what the new primary lacks")
             self.epoch = int(state["epoch"])
             self.forks = {str(k): int(v) for k, v in state.get("forks", {}).items()}
             # queues whose shared memory is gone (a reboot, a stop) come back from their journals

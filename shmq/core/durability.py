@@ -120,7 +120,8 @@ class Durability:
         err = self.w[L.Q_JOURNAL_ERRNO] or errno.EIO
         if err == errno.ESTALE:  # set by the journal writer of a fenced primary (server.replication)
             return ("this node was superseded by a newer primary (a higher epoch: shmq promote ran "
-                    "elsewhere); it confirms no more writes: rejoin it as a standby (shmq serve --replica-of)")
+                    "elsewhere); it confirms no more writes: rejoin it as a standby "
+                    "(shmq serve --replica-of)")
         if err == errno.ENOLINK:  # set by a `sync` queue's journal writer (server.replication)
             return ("no standby confirmed its copy within --sync-timeout (replication=\"sync\"); puts are "
                     "confirmed again once a standby does")
