@@ -201,7 +201,8 @@ def test_a_primary_that_learns_of_a_newer_epoch_confirms_no_more_writes() -> Non
     finally:
         primary.stop()
     again = subprocess.run([sys.executable, "-c", "from shmq.cli.app import app; app()", "serve",
-                            "--port", "0", "--instance", primary.instance, "--data-dir", data, "--unix", "off"],
+                            "--port", "0", "--instance", primary.instance, "--data-dir", data,
+                            "--unix", "off"],
                            capture_output=True, text=True, timeout=60,
                            env={**os.environ, "SHMQ_TOKEN": TOKEN})
     assert again.returncode != 0 and "a node of epoch 2 exists: rejoin it as a standby" in again.stderr, (
