@@ -63,6 +63,7 @@ class QueueWriter(Protocol):
     journal: Any  # its Journal: segment_files()
     lock: threading.Lock  # held over a round: the copy is made under it
     next: int  # one past the last offset journaled
+    sync_replicated: bool  # its rounds wait for a standby's ACK
     unconfirmed: list[Any]  # sync rounds not yet confirmed by a standby
 
 log = logging.getLogger("shmq.replication")
@@ -231,7 +232,7 @@ class Hub:
             self.seq += 1
             seq = self.seq
             frame = encode(K.ROUND, {"queue": name, "created_ns": created, "seq": seq, "next": nxt,
-                                     "last": True}, records)
+                                     "last": True, "ack": int(writer.sync_replicated)}, records)
             for ln in takers:
                 ln.queue(frame, seq, (name, nxt))
         return seq
@@ -369,6 +370,8 @@ class Link:
         self.acked_next: dict[str, int] = {}  # queue -> one past the last offset the standby ACKed
         self.out: collections.deque[tuple[bytes, int]] = collections.deque()
         self.out_bytes = 0
+        self.sending = False  # a thread is sending now (the sender, or a writer inline): the others queue
+        self.last_send = time.monotonic()
         self.sent = 0  # bytes
         self.cond = threading.Condition()
         self.closed = False
@@ -389,7 +392,39 @@ class Link:
                 log.warning("standby %s is %d bytes behind: cut (it resumes when it reconnects)",
                             self.peer, self.out_bytes)
                 self.closed = True
+            if self.sending or self.closed:  # the sender thread has it (or the link ends)
+                self.cond.notify()
+                return
+            # Nobody sends now: send here, without waiting (a thread handoff per round costs
+            # more than the send); what the socket does not take goes to the sender thread.
+            self.sending = True
+            batch = list(self.out)
+            self.out.clear()
+            self.out_bytes = 0
+        data = b"".join(f for f, _ in batch)
+        try:
+            n = self.sock.send(data, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            n = 0
+        except OSError:
+            n = -1
+        with self.cond:
+            self.sending = False
+            if n < 0:
+                self.closed = True  # (the sender thread notices, and closes the link)
+            else:
+                self._sent(data[:n], batch[-1][1] if n == len(data) else self.sent_seq)
+                if n < len(data):
+                    self.out.appendleft((data[n:], batch[-1][1]))
+                    self.out_bytes += len(data) - n
             self.cond.notify()
+
+    def _sent(self, data: bytes, seq: int) -> None:
+        """(under self.cond)"""
+        self.last_send = time.monotonic()
+        self.sent += len(data)
+        self.hub.bytes_sent += len(data)
+        self.sent_seq = seq
 
     def copy_queue(self, writer: QueueWriter, position: dict[str, int] | None) -> None:
         """Send queue ``writer.q`` whole, or from the standby's ``position`` on (module docstring)."""
@@ -433,25 +468,33 @@ class Link:
         threading.Thread(target=self._read, name=f"repl-read-{self.peer}", daemon=True).start()
 
     def _send(self) -> None:
+        """The sender thread: what the writers' inline sends left, and a BEAT when the link
+        has been quiet for REPLICATION_HEARTBEAT."""
         beat = encode(K.BEAT)
         try:
             while True:
                 with self.cond:
-                    if not self.out and not self.closed:
-                        self.cond.wait(options.REPLICATION_HEARTBEAT)
+                    while not self.closed and (not self.out or self.sending):
+                        left = self.last_send + options.REPLICATION_HEARTBEAT - time.monotonic()
+                        if left <= 0 and not self.sending:
+                            break  # a beat is due
+                        self.cond.wait(left if left > 0 else options.REPLICATION_HEARTBEAT)
                     if self.closed:
                         break
+                    self.sending = True
                     batch = list(self.out)
                     self.out.clear()
                     self.out_bytes = 0
-                if not batch:
-                    self.sock.sendall(beat)
-                    continue
-                data = b"".join(f for f, _ in batch)
-                self.sock.sendall(data)
-                self.sent += len(data)
-                self.hub.bytes_sent += len(data)
-                self.sent_seq = batch[-1][1]
+                try:
+                    data = b"".join(f for f, _ in batch) if batch else beat
+                    self.sock.sendall(data)
+                finally:
+                    with self.cond:
+                        self.sending = False
+                        self.last_send = time.monotonic()
+                        if batch:
+                            self._sent(data, batch[-1][1])
+                        self.cond.notify()
                 if time.monotonic() - self.last_heard > options.REPLICATION_DEAD_AFTER:
                     log.warning("standby %s silent for %.0f s: closed", self.peer,
                                 options.REPLICATION_DEAD_AFTER)

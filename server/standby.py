@@ -37,7 +37,7 @@ from typing import Any
 from shmq import options, runtime
 from shmq.api import BrokerInfo
 from shmq.errors import InvalidArgument, NotPrimary, ProtocolError, ShmqError, Status, error_for
-from shmq.journal import Journal, JournalError, list_queues, read_records
+from shmq.journal import Journal, JournalError, check_records, list_queues, read_records
 from shmq.journal.files import retire_journal
 from shmq.protocol.codec import Frame, FrameDecoder, T, decode_body, encode_frame, frame, records_field
 from shmq.protocol.replication import K, StreamDecoder, StreamFrame, encode
@@ -49,14 +49,6 @@ from .core import SERVER_NAME
 from .replication import DEFINITIONS_FILE, read_state, write_state
 
 log = logging.getLogger("shmq.standby")
-
-
-def decode_records(body: bytes) -> tuple[list[tuple[Any, ...]], bytes | None]:
-    """A ROUND's journal records: the messages (with their metadata and TTLs) and the state."""
-    items, state, why = read_records(body, strict=True)
-    if why:
-        raise ProtocolError(f"a replicated round is not whole journal records: {why}")
-    return items, state
 
 
 class Refused(ShmqError):
@@ -90,7 +82,7 @@ class Follower:
         write_state(data_dir, {**state, "role": "standby", "primary": self.primary})
         self.journals: dict[str, Journal] = {}
         self.metas: dict[str, dict[str, Any]] = {}
-        self.states: dict[str, dict[str, Any]] = {}  # each queue's latest state (its groups): STATS
+        self.raw_states: dict[str, bytes] = {}  # each queue's latest state (its groups), as journaled
         self.definitions: dict[str, dict[str, Any]] = self._read_definitions()
         self._open_journals()
         self.stop = threading.Event()
@@ -104,7 +96,8 @@ class Follower:
         self.primary_epoch = 0
         self.discarded: list[str] = []  # lines logged for diverged tails (tests read them through INFO)
         self._drop_at: dict[str, float] = {}
-        self._dirty: set[Journal] = set()
+        self._dirty: set[Journal] = set()  # journals written since the last fsync
+        self._urgent = False  # a round since then waits for our ACK (a sync queue's)
         self.thread = threading.Thread(target=self._run, name="follower", daemon=True)
 
     # ------------------------------------------------------------ local journals
@@ -133,7 +126,7 @@ class Follower:
             self.journals[name] = j
             self.metas[name] = meta
             if rec.state:
-                self.states[name] = json.loads(rec.state)
+                self.raw_states[name] = rec.state
 
     def positions(self) -> dict[str, dict[str, int]]:
         """What the journals hold: {queue: {created_ns, next}} (also read by the server's thread)."""
@@ -144,7 +137,7 @@ class Follower:
     def _forget(self, name: str) -> None:
         j = self.journals.pop(name, None)
         self.metas.pop(name, None)
-        self.states.pop(name, None)
+        self.raw_states.pop(name, None)
         if j is not None:
             j.close()
             retire_journal(str(self.data_dir), name)
@@ -266,10 +259,17 @@ class Follower:
                                    "queues": self.positions()}))
         self.connected = True
         self.last_heard = time.monotonic()
-        s.settimeout(options.REPLICATION_HEARTBEAT)
         dec = StreamDecoder()
-        last_beat = time.monotonic()
+        last_beat = last_flush = time.monotonic()
+        seq = 0  # the highest seq applied, not yet ACKed
+        self._dirty = set()
+        self._urgent = False
         while not self.stop.is_set():
+            # A round that waits for us (a `sync` queue's) is fsynced and ACKed at once; the
+            # others every REPLICATION_ACK_INTERVAL, so that many rounds share one fsync.
+            wait = options.REPLICATION_HEARTBEAT if seq <= self.acked else max(
+                0.0005, last_flush + options.REPLICATION_ACK_INTERVAL - time.monotonic())
+            s.settimeout(wait)
             try:
                 data = s.recv(1 << 20)
             except TimeoutError:
@@ -280,15 +280,15 @@ class Follower:
             if data:
                 self.last_heard = now
                 self.bytes_received += len(data)
-                frames = dec.feed(data)
-                seq = self._apply(frames)
+                seq = max(seq, self._apply(dec.feed(data)))
+            if seq > self.acked and (self._urgent or now - last_flush >= options.REPLICATION_ACK_INTERVAL):
                 for j in self._dirty:
                     j.sync()
                 self._dirty.clear()
-                if seq > self.acked:
-                    self.acked = seq
-                    s.sendall(encode(K.ACK, {"seq": seq}))
-                    last_beat = now
+                self._urgent = False
+                self.acked = seq
+                s.sendall(encode(K.ACK, {"seq": seq}))
+                last_beat = last_flush = now
             if now - self.last_heard > options.REPLICATION_DEAD_AFTER:
                 raise ConnectionError(f"the primary was silent for {options.REPLICATION_DEAD_AFTER:g} s")
             if now - last_beat >= options.REPLICATION_HEARTBEAT:
@@ -296,8 +296,7 @@ class Follower:
                 last_beat = now
 
     def _apply(self, frames: list[StreamFrame]) -> int:
-        """Apply frames; the highest seq among them (0: none)."""
-        self._dirty = set()
+        """Apply frames (the journals they wrote join ``_dirty``); the highest seq among them (0: none)."""
         seq = 0
         for f in frames:
             h = f.header
@@ -317,6 +316,7 @@ class Follower:
             elif f.kind == K.ROUND:
                 self._round(h, f.body)
                 seq = max(seq, int(h["seq"]))
+                self._urgent = self._urgent or bool(h.get("ack"))
             elif f.kind == K.DROP:
                 name = str(h["queue"])
                 if name in self.definitions and self.definitions[name]["created_ns"] == h["created_ns"]:
@@ -361,23 +361,32 @@ class Follower:
         meta = self.metas.get(name)
         if j is None or meta is None or meta["created_ns"] != h["created_ns"]:
             raise ProtocolError(f"a ROUND of queue {name!r} that this standby does not hold")
-        items, state = decode_records(body)
-        if items and items[0][0] < j.next_offset:
+        try:
+            rec = check_records(body)  # checksums and order: appended as they are, not encoded again
+        except ValueError as e:
+            raise ProtocolError(f"a replicated round of queue {name!r} is not whole journal records: "
+                                f"{e}") from None
+        if rec.offsets is not None and rec.offsets[0] < j.next_offset:
             # (cannot happen in one history: the copy goes again, whole)
             self._forget(name)
-            raise ProtocolError(f"queue {name!r}: offset {items[0][0]} arrived after {j.next_offset - 1}; "
-                                "its journal here is dropped and copied again")
-        j.append(items, state)
+            raise ProtocolError(f"queue {name!r}: offset {rec.offsets[0]} arrived after "
+                                f"{j.next_offset - 1}; its journal here is dropped and copied again")
+        j.append_records(rec)
         self._dirty.add(j)
-        if state is None:
+        if rec.state_body is None:
             return
-        st = self.states[name] = json.loads(state)
+        self.raw_states[name] = rec.state_body  # (decoded when asked: STATS, and the drop below)
         now = time.monotonic()
         if now >= self._drop_at.get(name, 0.0):
             self._drop_at[name] = now + options.JOURNAL_DROP_INTERVAL
-            groups = st.get("groups", [])
+            groups = self.state_of(name).get("groups", [])
             if groups:
                 j.drop_below(min(int(g["floor"]) for g in groups))
+
+    def state_of(self, name: str) -> dict[str, Any]:
+        """The queue's latest replicated state (groups, producers), decoded; {} if none yet."""
+        raw = self.raw_states.get(name)
+        return json.loads(raw) if raw else {}
 
     def read(self, name: str, offset: int, n: int) -> list[tuple[Any, ...]] | None:
         """Up to ``n`` messages of the queue's journal from ``offset`` on (READ), as journal
@@ -386,7 +395,7 @@ class Follower:
         j = self.journals.get(name)
         if j is None:
             return None
-        floors = [g["floor"] for g in self.states.get(name, {}).get("groups", [])]
+        floors = [g["floor"] for g in self.state_of(name).get("groups", [])]
         offset = max(offset, min(floors, default=0))  # what every group settled is gone, as on the primary
         files = j.segment_files()
         start = max((i for i, p in enumerate(files) if int(p.name[:20]) <= offset), default=0)
@@ -419,7 +428,7 @@ class Follower:
         names = ("acked", "nacked", "redelivered", "dead_lettered", "expired", "created_ns", "delivered",
                  "ttl_expired")
         groups = {}
-        for g in self.states.get(name, {}).get("groups", []):
+        for g in self.state_of(name).get("groups", []):
             counters = dict(zip(names, g.get("counters", []), strict=False))
             counters.pop("created_ns", None)
             groups[g["name"]] = {"floor": g["floor"], "cursor": g["cursor"], "depth": nxt - g["floor"],
@@ -588,4 +597,4 @@ class StandbyNode:
         return epoch
 
 
-__all__ = ["Follower", "StandbyNode", "decode_records"]
+__all__ = ["Follower", "StandbyNode"]

@@ -57,7 +57,7 @@ from shmq.tls import ServerTls, server_context
 from . import declarations, logs
 from . import replication as replication_mod
 from .brokerlock import AlreadyServed, claim
-from .journaler import data_dir_for, journal_main, recover
+from .journaler import check_data_dir, data_dir_for, journal_main, recover
 from .metrics import is_loopback, listen, metrics_main, parse_address
 from .placement import Counts
 from .scoreboard import Scoreboard
@@ -320,6 +320,7 @@ class Supervisor:
                 self.unix = str(runtime.socket_path(self.port))
             if self.unix:  # one listening socket, inherited by every worker: each accepts on it
                 self.unix_sock = unix_listener(self.unix)
+            check_data_dir(self.data_dir)  # (a clear error for a data dir that cannot be used, first)
             state = replication_mod.read_state(self.data_dir)
             if state.get("role") == "standby":
                 raise InvalidArgument(f"{self.data_dir} is a standby's (of {state.get('primary') or '?'}, "

@@ -60,6 +60,7 @@ REPLICATION_CHUNK = 16 << 20  # bytes of messages in one frame of the stream: a 
 REPLICATION_MAX_FRAME = (64 << 20) + 65536  # one frame of the stream; larger is refused before reading it
 REPLICATION_SEND_BUFFER = 256 * 1024 * 1024  # bytes queued for one standby; more and it is cut (it resumes)
 REPLICATION_MAX_STANDBYS = 8  # standbys one primary streams to at once
+REPLICATION_ACK_INTERVAL = 0.02  # s a standby lets async rounds share one fsync (sync rounds: at once)
 REPLICATION_RETRY = 0.5  # s a standby waits before it connects to its primary again
 REPLICATION_STATE_FILE = "replication.json"  # in the data dir: the node's epoch and role (fsynced)
 

@@ -69,11 +69,11 @@ from shmq.journal.files import (
     unlink_quietly,
     write_all,
 )
-from shmq.journal.recovery import Recovery, Scan, SegmentRecovery, read_records
+from shmq.journal.recovery import Records, Recovery, Scan, SegmentRecovery, check_records, read_records
 
 __all__ = ["ENTRY_SIZE", "HEADER_SIZE", "LOCK_FILE", "MAGIC", "MESSAGES", "META_FILE", "QUEUE_DIR_PREFIX",
-           "STATE", "Journal", "JournalError", "Recovery", "encode_messages", "encode_state", "list_queues",
-           "queue_dir", "read_records", "segment_name"]
+           "STATE", "Journal", "JournalError", "Records", "Recovery", "check_records", "encode_messages",
+           "encode_state", "list_queues", "queue_dir", "read_records", "segment_name"]
 
 _log = logging.getLogger("shmq.journal")
 
@@ -227,27 +227,45 @@ class Journal(SegmentRecovery):
         record = None if state is None else bytes(encode_state(state))
         if record is not None:
             buf += record
-        if not buf:
-            return buf
-        if items:
+        if buf:
+            self._append_encoded(buf, (items[0][0], items[-1][0]) if items else None, record)
+        return buf
+
+    def append_records(self, records: Records) -> None:
+        """Append records another journal wrote (a replicated round, checked by
+        :func:`~shmq.journal.recovery.check_records`) as they are: the standby's path,
+        which encodes nothing again.  Its offsets must follow this journal's."""
+        self._check_ready()
+        if records.offsets is not None and records.offsets[0] < self._next:
+            raise InvalidArgument(f"journal offsets must strictly increase: {records.offsets[0]} after "
+                                  f"{self._next - 1}")
+        buf = bytearray(records.messages)
+        if records.state is not None:
+            buf += records.state
+        if buf:
+            self._append_encoded(buf, records.offsets, records.state)
+
+    def _append_encoded(self, buf: bytearray, offsets: tuple[int, int] | None, record: bytes | None) -> None:
+        """Write ``buf`` (message records of ``offsets`` = (first, last), then the state record
+        ``record``) into the active segment, or a new one."""
+        if offsets is not None:
             has_messages = bool(self._segments) and self._next > self._segments[-1]
             # A segment holding only snapshots takes the messages whatever its size: it is
             # named next_offset, so a new one could not be named by the batch's first offset.
             roll = has_messages and self._active_size + len(buf) > self.segment_bytes
-            base = items[0][0]
+            base = offsets[0]
         else:
             limit = max(self.segment_bytes, options.JOURNAL_STATE_ROLL_FACTOR * len(buf))
             roll = self._active_size > 0 and self._active_size + len(buf) > limit
             base = self._next
         if self._active < 0 or roll:
-            self._start_segment(base, buf, with_state=bool(items))
+            self._start_segment(base, buf, with_state=offsets is not None)
         else:
             self._write_active(buf)
-        if items:
-            self._next = items[-1][0] + 1
+        if offsets is not None:
+            self._next = offsets[1] + 1
         if record is not None:
             self._state_record = record
-        return buf
 
     def sync(self) -> None:
         """Make everything appended so far durable (fdatasync, and an fsync of the directory if needed).

@@ -93,6 +93,56 @@ def read_records(data: bytes, floor: int = 0, base: int = 0, strict: bool = Fals
     return items, scan.state, why
 
 
+@dataclass
+class Records:
+    """Journal records checked whole (:func:`check_records`), to append as they are."""
+
+    messages: memoryview  # the MESSAGES records, back to back
+    offsets: tuple[int, int] | None  # their first and last offsets; None: no message
+    state: bytes | None  # the last STATE record, whole (header and body); None: none
+    state_body: bytes | None  # its body: the snapshot
+
+
+def check_records(data: bytes, after: int = -1) -> Records:
+    """Check a run of journal records (a replicated round: MESSAGES records, then at most one
+    STATE record) without decoding a message: every header and body checksum, every kind,
+    and offsets that strictly increase from above ``after``.  ``ValueError`` naming the first
+    thing wrong; zeros or a cut record are wrong too (a round is whole records)."""
+    view = memoryview(data)
+    pos, first, prev, end_messages = 0, -1, after, 0
+    state = state_body = None
+    while pos < len(data):
+        if len(data) - pos < HEADER_SIZE:
+            raise ValueError(f"{len(data) - pos} bytes at byte {pos}: less than a record header")
+        magic, kind, flags, reserved, body_len, count, body_crc = HEAD.unpack_from(data, pos)
+        header_crc = CRC.unpack_from(data, pos + HEAD.size)[0]
+        if magic != MAGIC or zlib.crc32(view[pos:pos + HEAD.size]) != header_crc:
+            raise ValueError(f"a record header at byte {pos} fails its checksum")
+        start, end = pos + HEADER_SIZE, pos + HEADER_SIZE + body_len
+        if end > len(data) or zlib.crc32(view[start:end]) != body_crc:
+            raise ValueError(f"the record at byte {pos} is cut short or fails its checksum")
+        if kind == STATE and not count and not flags and not reserved:
+            state, state_body = bytes(view[pos:end]), bytes(view[start:end])
+        elif (kind == MESSAGES and not reserved and state is None and count
+              and not flags & ~(F_META | F_EXPIRES) and flags != F_EXPIRES):
+            at = start
+            for _ in range(count):
+                off, _, n = ENTRY.unpack_from(data, at)
+                if off <= prev:
+                    raise ValueError(f"offset {off} does not follow {prev}")
+                prev = off
+                first = off if first < 0 else first
+                at += ENTRY_SIZE + n
+            if at != end:
+                raise ValueError(f"the message record at byte {pos} has {end - at} stray bytes")
+            end_messages = end
+        else:
+            raise ValueError(f"a record of kind {kind} (count {count}, flags {flags}) at byte {pos} "
+                             "where messages, then one state, were expected")
+        pos = end
+    return Records(view[:end_messages], None if first < 0 else (first, prev), state, state_body)
+
+
 class SegmentRecovery:
     """The reading of segment files for ``Journal.recover``: a base class of ``Journal``."""
 

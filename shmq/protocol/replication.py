@@ -22,10 +22,13 @@ REFUSED     <- primary   ``code`` (a ``shmq.errors.Status``), ``message``; the l
 QUEUE       <- primary   ``meta`` (the journal's meta.json: name, config, created_ns, is_dlq),
                          ``full``: the standby drops what it holds of that name first
 ROUND       <- primary   ``queue``, ``created_ns``, ``seq`` (the round's number in this link),
-                         ``next``, ``last`` (the round's final frame) (journal records)
+                         ``next``, ``last`` (the round's final frame), ``ack`` (1: a `sync`
+                         queue's round, which waits for the ACK) (journal records)
 DROP        <- primary   ``queue``, ``created_ns``: the queue was deleted
 SYNCED      <- primary   {}: the catch-up is over; what follows is live
 ACK         standby ->   ``seq``: every ROUND up to it is fsynced in the standby's journals
+                         (at once after a round with ``ack``; else within
+                         ``REPLICATION_ACK_INTERVAL``, so that rounds share an fsync)
 BEAT        both         {}: nothing else to say (a link silent for
                          ``REPLICATION_DEAD_AFTER`` is closed)
 ==========  ===========  ====================================================================
