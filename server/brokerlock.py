@@ -187,12 +187,18 @@ def holder(reg: Registry) -> tuple[int, str | None]:
 
 def listening_url(pid: int) -> str | None:
     """``tcp://host:port`` of the first listening TCP socket of ``pid``'s children (the
-    workers of a supervisor), or None."""
+    workers of a supervisor: not its journal process, which listens for standbys, nor its
+    metrics process), or None."""
     try:
         children = psutil.Process(pid).children()
     except psutil.Error:
         return None
     for child in children:
+        try:
+            if child.name() in ("shmq-journal", "shmq-metrics"):
+                continue
+        except psutil.Error:
+            continue
         try:  # (``connections`` before psutil 6)
             conns = (getattr(child, "net_connections", None) or child.connections)(kind="tcp")
         except psutil.Error:

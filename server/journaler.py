@@ -59,6 +59,7 @@ from .replication import Hub
 from .scoreboard import JournalMeter, Scoreboard
 
 log = logging.getLogger("shmq.journal")
+PROCESS_NAME = b"shmq-journal"  # its name in ps (PR_SET_NAME): it listens for standbys, not clients
 # round points: the journal process only; the recovery point: the supervisor, before it forks
 
 def data_dir_for(instance: str, data_dir: str | None = None) -> Path:
@@ -359,7 +360,9 @@ def journal_main(instance: str, root: str, interval: float, segment_bytes: int, 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when we stop
     try:
         import ctypes
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the supervisor
+        libc = ctypes.CDLL(None)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the supervisor
+        libc.prctl(15, PROCESS_NAME)  # PR_SET_NAME: how listening_url tells it from a worker
     except (OSError, AttributeError):
         pass
     svc.run(ready)

@@ -67,8 +67,12 @@ LOOPBACK = runtime.LOOPBACK
 log = logging.getLogger("shmq.supervisor")
 
 
-def _child(role: str, log_setup: tuple[str, str], main: Any, *args: Any) -> None:
-    """A forked worker or journal process: its own log lines first, then its work."""
+def _child(role: str, log_setup: tuple[str, str], main: Any, *args: Any, close: Any = None) -> None:
+    """A forked worker or journal process: its own log lines first, then its work.  ``close``:
+    a socket inherited that is not this process's to hold (the replication listener, which
+    is the journal process's)."""
+    if close is not None:
+        close.close()
     logs.setup(role, *log_setup)
     main(*args)
 
@@ -232,7 +236,8 @@ class Supervisor:
     def _start(self, i: int) -> None:
         ready = self.ctx.Event()
         p = self.ctx.Process(target=_child, name=f"shmq-worker-{i}", daemon=False,
-                             args=(f"worker-{i}", self.log, worker_main, self.worker_settings(i), ready))
+                             args=(f"worker-{i}", self.log, worker_main, self.worker_settings(i), ready),
+                             kwargs={"close": self.repl_sock})
         p.start()
         self.procs[i] = (p, ready)
 
@@ -265,7 +270,7 @@ class Supervisor:
         p = self.ctx.Process(target=_child, name="shmq-metrics", daemon=False,
                              args=("metrics", self.log, metrics_main, self.instance, self.metrics_sock,
                                    "" if open_ else self.token, tls, self.board, self.counts, ready,
-                                   self._replication_info))
+                                   self._replication_info), kwargs={"close": self.repl_sock})
         p.start()
         if not ready.wait(30):
             raise ShmqError("the metrics process did not start")

@@ -15,6 +15,7 @@ import pytest
 import shmq
 from shmq.journal import Journal
 from tests.support.replication import TOKEN, Standby, promote, replication, wait_caught_up
+from tests.server.test_config import _invoke
 from tests.support.server import Server, kill_broker
 from tests.support.wait import wait_until
 
@@ -167,7 +168,9 @@ def test_promote_turns_the_standby_into_the_primary_with_the_same_offsets(primar
     kill_broker(primary)
     try:
         with shmq.connect(standby.url, token=TOKEN) as s:
-            assert promote(s) == 2
+            wait_until(lambda: not replication(s)["connected"], 20)
+        out = _invoke("promote", "--url", standby.url, "--token", TOKEN)  # as an operator would
+        assert (out.exit_code, out.stdout) == (0, "promoted: epoch 2\n"), out.output
         standby.promoted()
         with shmq.connect(standby.url, token=TOKEN) as s:
             info = replication(s)
@@ -186,6 +189,10 @@ def test_bad_requests_get_clear_errors(primary: Server) -> None:
         b.create_queue("q", durability="always").put(b"keep")
         with pytest.raises(shmq.InvalidArgument, match="primary already"):
             promote(b)
+        out = _invoke("promote", "--url", primary.url, "--token", TOKEN)
+        assert out.exit_code == 1 and "is a primary already (epoch 1)" in out.output, out.output
+        out = _invoke("promote", "--url", f"{primary.url},{primary.url}", "--token", TOKEN)
+        assert out.exit_code == 1 and "give its URL alone" in out.output, out.output
         wrong = Standby(primary.url, primary_token="not-the-token")
         try:
             with shmq.connect(wrong.url, token=TOKEN) as s:
@@ -230,7 +237,6 @@ def test_a_standby_shows_its_queues_stats_and_messages_and_its_role(primary: Ser
                 assert [m.offset for m in got] == sent[15:]
                 info = replication(s)
                 assert (info["role"], info["epoch"], info["caught_up"]) == ("standby", 1, True)
-            from tests.server.test_config import _invoke
             out = _invoke("status", "--url", standby.url, "--token", TOKEN)
             assert out.stdout == f"ready\nstandby of {primary.url}, epoch 1, caught up\n", out.output
             out = _invoke("status", "--url", primary.url, "--token", TOKEN)
