@@ -195,6 +195,7 @@ class Supervisor:
         self.sync_timeout = sync_timeout
         self.repl_board = replication_mod.Board()  # what the journal process tells the workers' INFO
         self.repl_sock: socket.socket | None = None
+        self.repl_port = 0  # its port, once bound
         self.repl: tuple[Any, ...] | None = None
         self.epoch = 1  # read from the data dir at start (server.replication.read_state)
         self.forks: dict[str, int] = {}
@@ -226,7 +227,7 @@ class Supervisor:
 
     def _replication_info(self) -> dict[str, Any]:
         """INFO's ``replication`` (read in a worker: the journal process writes the board)."""
-        port = self.repl_sock.getsockname()[1] if self.repl_sock is not None else None
+        port = self.repl_port or None  # (a worker closed its copy of the socket: the number is kept)
         host = ""  # (the host of the URL the standby used)
         if self.announce is not None:
             host, port = self.announce
@@ -254,6 +255,7 @@ class Supervisor:
     def _open_replication(self) -> None:
         """The replication listener (``server.replication``), served by the journal process."""
         self.repl_sock = replication_mod.listen(self.host, self.replication_port)
+        self.repl_port = self.repl_sock.getsockname()[1]
         tls = None if self.tls is None else server_context(self.tls)
         node = f"{socket.gethostname()}:{self.port}"
         hub = replication_mod.Hub(self.epoch, node, self.token, self.forks, self.repl_board,
@@ -377,8 +379,7 @@ class Supervisor:
                 else "" if self.token else "; NO AUTHENTICATION (--no-auth)")
         metrics = (f"; metrics on {self._metrics_url()} (pid {self.metrics_proc.pid})"
                    if self.metrics_proc is not None else "")
-        repl = f"; standbys connect to port {self.repl_sock.getsockname()[1]} (epoch {self.epoch})" \
-            if self.repl_sock is not None else ""
+        repl = f"; standbys connect to port {self.repl_port} (epoch {self.epoch})" if self.repl_port else ""
         announce(f"shmq: instance {self.instance!r} listening on {scheme}://{self.host}:{self.port}{mtls}"
                  f"{unix} with {plural(self.n, 'worker')}; journal in {self.data_dir} "
                  f"(writer pid {self.journal.pid}){repl}{metrics}{auth}; supervisor pid {os.getpid()} "

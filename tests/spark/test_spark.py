@@ -539,3 +539,49 @@ def test_a_stream_from_starting_timestamp_reads_exactly_what_came_after(spark: A
             got = sorted((r.offset, bytes(r.payload)) for r in rows)
             assert got == [(2, b"m2"), (3, b"m3"), (4, b"m4")], transport  # every one, none twice
             b.delete_queue(q.name)
+
+
+@pytest.mark.crash
+def test_a_stream_keeps_exactly_once_across_a_fail_over(spark: Any, tmp_path: Path) -> None:
+    """Source and sink over a URL list: the primary is SIGKILLed between two runs of a stream,
+    the standby is promoted, and the second run carries on from the checkpoint on the new
+    primary, where every offset is what it was: each message is written exactly once."""
+    from tests.support.replication import TOKEN, Standby, promote, replication, wait_caught_up
+    from tests.support.server import kill_broker
+
+    primary = Server(workers=1, token=TOKEN, extra=["--unix", "off"])
+    standby = None
+    try:
+        standby = Standby(primary.url)
+        urls = f"{primary.url},{standby.url}"  # the stream's: it finds the primary
+
+        def run() -> Any:
+            df = stream(spark, urls, "src", token=TOKEN, startingOffsets="earliest")
+            return (df.select("payload").writeStream.format("shmq").option("url", urls)
+                    .option("token", TOKEN).option("queue", "dst")
+                    .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start())
+
+        with shmq.connect(primary.url, token=TOKEN) as b:
+            b.create_queue("src", durability="always").put_many(payloads(200))
+            b.create_queue("dst", durability="always")
+            query = run()
+            assert query.awaitTermination(90) and query.exception() is None
+            assert b.queue("dst").stats()["next_offset"] == 200
+            with shmq.connect(standby.url, token=TOKEN) as s:
+                for name in ("src", "dst"):
+                    wait_caught_up(b, s, name)
+        kill_broker(primary)
+        with shmq.connect(standby.url, token=TOKEN) as s:
+            wait_until(lambda: not replication(s)["connected"], 20)
+            assert promote(s) == 2
+        standby.promoted()
+        with shmq.connect(urls, token=TOKEN) as b:
+            b.queue("src").put_many(payloads(100, 200))
+            query = run()
+            assert query.awaitTermination(90) and query.exception() is None
+            got = [bytes(m.payload) for m in b.queue("dst").read(0, 1000)]
+        assert sorted(got) == sorted(payloads(300))  # all of them, each once
+    finally:
+        if standby is not None:
+            standby.stop()
+        primary.stop()
