@@ -14,8 +14,8 @@ import pytest
 
 import shmq
 from shmq.journal import Journal
-from tests.support.replication import TOKEN, Standby, promote, replication, wait_caught_up
 from tests.server.test_config import _invoke
+from tests.support.replication import TOKEN, Standby, promote, replication, wait_caught_up
 from tests.support.server import Server, kill_broker
 from tests.support.wait import wait_until
 
