@@ -310,12 +310,18 @@ class JournalService:
             self.hub.set_definitions({q.name: q.meta() for q in queues.values()
                                       if not q.durability.journaled})
 
-    def run(self, ready: Any = None) -> None:
+    def run(self, ready: Any = None, listen: Callable[[], None] | None = None) -> None:
+        """Until ``stop``: writers for the journaled queues.  ``listen``: starts taking standbys,
+        called once every queue has its writer (a standby that came sooner would be told that
+        the queues it holds are gone)."""
         self.broker.set_journal(str(self.root))
-        gen = -1
-        retry = 0.0
-        if ready is not None:
+        if ready is not None:  # (before the scan: opening large journals takes a while)
             ready.set()
+        gen = self.broker.generation
+        self.scan()
+        retry = time.monotonic() + options.JOURNAL_RETRY_INTERVAL
+        if listen is not None:
+            listen()
         while not self.stop.wait(0.05):
             g = self.broker.generation
             now = time.monotonic()
@@ -349,11 +355,13 @@ def journal_main(instance: str, root: str, interval: float, segment_bytes: int, 
                  board: Scoreboard | None = None, replicate: Any = None) -> None:
     """The journal process (forked by the supervisor).  ``replicate``: the primary's side of
     replication (``server.replication``): (listening socket, Hub, TLS context or None), or None."""
-    hub = None
+    hub, listen = None, None
     if replicate is not None:
         listener, hub, tls, mode = replicate
-        threading.Thread(target=replication.serve, args=(hub, listener, tls, threading.Event()),
-                         name="replication", daemon=True).start()
+
+        def listen() -> None:
+            threading.Thread(target=replication.serve, args=(hub, listener, tls, threading.Event()),
+                             name="replication", daemon=True).start()
     svc = JournalService(instance, Path(root), interval, segment_bytes, board, hub,
                          mode if replicate is not None else options.DEFAULT_REPLICATION)
     signal.signal(signal.SIGTERM, lambda *_: svc.stop.set())
@@ -365,7 +373,7 @@ def journal_main(instance: str, root: str, interval: float, segment_bytes: int, 
         libc.prctl(15, PROCESS_NAME)  # PR_SET_NAME: how listening_url tells it from a worker
     except (OSError, AttributeError):
         pass
-    svc.run(ready)
+    svc.run(ready, listen)
 
 
 def _published() -> None:
