@@ -307,6 +307,7 @@ class JournalService:
             if self.hub is not None:
                 self.hub.add_writer(wr)
         if self.hub is not None:  # memory-only queues: their definitions only
+            self.hub.names = {q.name for q in queues.values()}
             self.hub.set_definitions({q.name: q.meta() for q in queues.values()
                                       if not q.durability.journaled})
 

@@ -215,6 +215,7 @@ class Hub:
         self.seq = 0
         self.writers: dict[str, QueueWriter] = {}  # by queue name
         self.definitions: dict[str, dict[str, Any]] = {}  # memory-only queues: name -> meta
+        self.names: set[str] = set()  # every queue at the journal process's last look (writer or not)
         self.bytes_sent = 0  # over every link, ever (resume tests read it through INFO)
 
     # ------------------------------------------------------------ the writers' side
@@ -310,7 +311,7 @@ class Hub:
             self.seq += 1
             for meta in defs:
                 ln.queue(encode(K.QUEUE, {"meta": meta, "full": True, "memory": True}), self.seq)
-            ours = set(self.writers) | set(self.definitions)
+            ours = set(self.writers) | set(self.definitions) | self.names  # (a journal not open yet: kept)
             for name in set(ln.positions) - ours:  # queues it holds that we do not
                 ln.queue(encode(K.DROP, {"queue": name, "created_ns": ln.positions[name]["created_ns"]}),
                          self.seq)
