@@ -94,6 +94,7 @@ class Follower:
         self.acked = 0
         self.last_heard = 0.0
         self.primary_epoch = 0
+        self.complete = False  # the last link's catch-up was over (SYNCED) before the link ended
         self.discarded: list[str] = []  # lines logged for diverged tails (tests read them through INFO)
         self._drop_at: dict[str, float] = {}
         self._dirty: set[Journal] = set()  # journals written since the last fsync
@@ -301,6 +302,7 @@ class Follower:
         for f in frames:
             h = f.header
             if f.kind == K.WELCOME:
+                self.complete = False  # a new catch-up: copies may be partial until SYNCED
                 self.primary_epoch = int(h["epoch"])
                 if self.primary_epoch != self.epoch:
                     self.epoch = self.primary_epoch
@@ -327,7 +329,7 @@ class Follower:
                     self._forget(name)
                     log.info("queue %r was deleted on the primary: its journal here goes too", name)
             elif f.kind == K.SYNCED:
-                self.caught_up = True
+                self.caught_up = self.complete = True
                 log.info("caught up with %s (epoch %d)", self.primary, self.primary_epoch)
         return seq
 
@@ -441,7 +443,8 @@ class Follower:
 
     def describe(self) -> dict[str, Any]:
         return {"role": "standby", "epoch": self.epoch, "primary": self.primary, "connected": self.connected,
-                "caught_up": self.caught_up, "acked_seq": self.acked, "bytes_received": self.bytes_received,
+                "caught_up": self.caught_up, "complete": self.complete,
+                "acked_seq": self.acked, "bytes_received": self.bytes_received,
                 "last_contact_seconds": round(time.monotonic() - self.last_heard, 3) if self.last_heard
                 else None,
                 "error": self.last_error, "discarded": self.discarded,
@@ -587,6 +590,9 @@ class StandbyNode:
         if fl.streaming and not force:
             raise InvalidArgument(f"the primary {fl.primary} is alive and streaming to this standby: stop it "
                                   "first (two primaries would take writes), or shmq promote --force")
+        if not fl.complete and not force:
+            raise InvalidArgument("this standby never finished copying its primary's queues since it "
+                                  "started (a copy may be partial): shmq promote --force takes it as it is")
         fl.halt()
         epoch = max(fl.epoch, fl.primary_epoch) + 1
         forks = {n: p["next"] for n, p in fl.positions().items()}  # where this epoch's history begins

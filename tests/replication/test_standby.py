@@ -197,6 +197,8 @@ def test_bad_requests_get_clear_errors(primary: Server) -> None:
         try:
             with shmq.connect(wrong.url, token=TOKEN) as s:
                 wait_until(lambda: "AUTH_FAILED" in replication(s)["error"], 20)
+                with pytest.raises(shmq.InvalidArgument, match="never finished copying"):
+                    promote(s)  # it holds nothing of its primary's
         finally:
             wrong.stop()
         good = Standby(primary.url)
