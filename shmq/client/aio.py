@@ -7,7 +7,8 @@
     ...     msg = await q.get(timeout=1.0)
     ...     await msg.ack()
 
-One connection per :class:`AsyncBroker`.  A reader task feeds every byte that arrives
+One connection per :class:`AsyncBroker`.  (A list of URLs, a primary and its standbys, gives a
+handle that fails over: ``shmq.client.aio_failover``.)  A reader task feeds every byte that arrives
 to the connection's protocol state (a :class:`~shmq.protocol.connection.ClientConnection`),
 which files each frame by its message id: to the future of the request it answers, or
 to the inbox of the subscription whose SUBSCRIBE had that id.  Requests are written as
@@ -30,7 +31,7 @@ import asyncio
 import socket
 import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from shmq import options, tls
 from shmq.api import BrokerInfo, Headers, Message, Payload, QueueInfo, RecordColumns
@@ -50,15 +51,31 @@ from shmq.seektime import Start, When
 from shmq.settle import Settle
 from shmq.urls import client_settings
 
+if TYPE_CHECKING:
+    from shmq.client.aio_failover import AsyncFailoverBroker
+
 __all__ = ["AsyncBroker", "AsyncMessage", "AsyncQueue", "connect"]
 
 R = TypeVar("R")
 Inbox = asyncio.Queue[Frame | ShmqError]  # a subscription's frames, or the error that ended it
 
 
+@overload
 async def connect(url: str, token: str | None = None, *, connect_timeout: float = 10.0,
                   client: str = "shmq-python-asyncio", affinity: str = "",
-                  heartbeat: float = options.HEARTBEAT) -> AsyncBroker:
+                  heartbeat: float = options.HEARTBEAT) -> AsyncBroker: ...
+
+
+@overload
+async def connect(url: str, token: str | None = None, *, connect_timeout: float = 10.0,
+                  client: str = "shmq-python-asyncio", affinity: str = "",
+                  heartbeat: float = options.HEARTBEAT, failover_timeout: float) -> AsyncFailoverBroker: ...
+
+
+async def connect(url: str, token: str | None = None, *, connect_timeout: float = 10.0,
+                  client: str = "shmq-python-asyncio", affinity: str = "",
+                  heartbeat: float = options.HEARTBEAT,
+                  failover_timeout: float | None = None) -> AsyncBroker | AsyncFailoverBroker:
     """Connect to ``shmq serve`` at ``tcp://HOST:PORT``, ``tcps://HOST:PORT`` (TLS) or
     ``unix://PATH`` (``shmq serve --unix``), with the URL's parameters (``shmq.urls``), and
     handshake.
@@ -67,7 +84,28 @@ async def connect(url: str, token: str | None = None, *, connect_timeout: float 
     for this user (``shmq.runtime``).  ``heartbeat``: the seconds between heartbeats
     this end proposes (0: none; the broker may agree to fewer); a broker silent for
     ``options.HEARTBEAT_MISSES`` intervals is taken for dead.  Raises ConnectionLost
-    when the broker cannot be reached, AuthError when it refuses the token."""
+    when the broker cannot be reached, AuthError when it refuses the token.
+
+    A comma-separated list of such URLs (a primary and its standbys, as for
+    ``shmq.connect``), or one URL with ``failover_timeout`` (seconds, default
+    ``options.FAILOVER_TIMEOUT``), gives an ``AsyncFailoverBroker``
+    (``shmq.client.aio_failover``): it finds the list's primary, passing standbys over, and
+    follows it when a standby is promoted, as ``shmq.client.failover.FailoverBroker`` does.
+    (A type checker sees an ``AsyncBroker`` unless ``failover_timeout`` is given: the
+    handle has its methods, not its connection's attributes -- ``worker``, ``server``.)"""
+    if "," in url or failover_timeout is not None:
+        from shmq.client.aio_failover import AsyncFailoverBroker
+        return await AsyncFailoverBroker.open(
+            url, token, opener=_connect, connect_timeout=connect_timeout, client=client, affinity=affinity,
+            heartbeat=heartbeat,
+            failover_timeout=options.FAILOVER_TIMEOUT if failover_timeout is None else failover_timeout)
+    return await _connect(url, token, connect_timeout=connect_timeout, client=client, affinity=affinity,
+                          heartbeat=heartbeat)
+
+
+async def _connect(url: str, token: str | None, *, connect_timeout: float, client: str, affinity: str,
+                   heartbeat: float) -> AsyncBroker:
+    """``connect`` of one URL: its connection."""
     u, token = client_settings(url, token)  # refused here: a token in clear text off loopback
     url = u.without_token()  # (in errors and logs)
     ctx = tls.client_context(u) if u.tls else None

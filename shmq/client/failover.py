@@ -40,6 +40,13 @@ the new primary delivers the message again when it was replicated (at-least-once
 for any lost connection).  A ``get`` or ``get_many`` that carries acks is not retried either.  A
 ``subscribe`` is one connection's: it ends with ``ConnectionLost``; subscribe again.
 
+A publisher (``FailoverQueue.publisher()``: a :class:`FailoverPublisher`) is an idempotent
+producer of its own: after a fail-over it sends the puts it had not seen confirmed again,
+in order, and the broker stores none of them twice (its doc says what it confirms).
+
+The asyncio client's list (``shmq.client.aio_failover``) finds and follows the primary so
+too, with the helpers here (``url_list``, ``Search``, ``not_primary``).
+
 A handle pickles as its URL list, its token and its settings, and finds the primary
 again in the process that unpickles it.
 """
@@ -49,15 +56,20 @@ from __future__ import annotations
 import math
 import threading
 import time
+import uuid
+from collections import deque
 from collections.abc import Callable, Generator, Iterable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from shmq import options
 from shmq.api import Broker, BrokerInfo, Headers, Message, Payload, Queue, QueueInfo, RecordColumns
+from shmq.api.publisher import Publisher
 from shmq.api.reply import end_requests
-from shmq.client.tcp import TcpBroker, TcpQueue
-from shmq.errors import ConnectionLost, InvalidArgument, NotPrimary, Timeout
+from shmq.client.tcp import Box, TcpBroker, TcpQueue
+from shmq.errors import ConnectionLost, Duplicate, InvalidArgument, NotPrimary, ShmqError, Timeout
 from shmq.joined import Joined
+from shmq.protocol import commands as cmd
+from shmq.protocol.connection import Request
 from shmq.seektime import Start, When
 from shmq.settle import Settle
 from shmq.urls import client_settings, parse_url
@@ -89,6 +101,64 @@ def split_urls(urls: str | Sequence[str]) -> list[str]:
     return entries
 
 
+def url_list(urls: str | Sequence[str], token: str | None) -> tuple[list[str], list[str]]:
+    """A URL list's entries as given (their tokens too: what each connection is made of) and
+    as shown (``without_token``), each checked now: a bad URL, or a token it would send in
+    clear, is refused before anything is connected to."""
+    entries = split_urls(urls)
+    for entry in entries:
+        client_settings(entry, token)
+    return entries, [parse_url(e).without_token() for e in entries]
+
+
+def check_failover_timeout(failover_timeout: object) -> float:
+    if (isinstance(failover_timeout, bool) or not isinstance(failover_timeout, (int, float))
+            or not 0 <= failover_timeout < math.inf):
+        raise InvalidArgument(f"failover_timeout must be a number of seconds >= 0, not {failover_timeout!r}")
+    return float(failover_timeout)
+
+
+def not_primary(info: BrokerInfo) -> str:
+    """Why the broker whose ``info()`` this is is not a list's primary; "" when it is (a
+    primary, or a broker without replication: a broker of its own)."""
+    repl = info.replication or {}
+    role = repl.get("role", "primary")
+    if role == "primary":
+        return ""
+    return f"a {role}" + (f" (of {repl['primary']})" if repl.get("primary") else "")
+
+
+class Search:
+    """The rounds of one search for the primary through a URL list (what the blocking and the
+    asyncio handles share of it): ``passed`` notes why an entry was not used; ``pause``, after
+    a round that found none, is the seconds to wait before the next (``FAILOVER_BACKOFF``,
+    doubling up to ``FAILOVER_BACKOFF_MAX``), or raises ``ConnectionLost`` naming each entry and
+    why, once ``failover_timeout`` seconds have passed since ``since`` (the failure that
+    started the search; None: from the first round's end), or when the handle is closing."""
+
+    def __init__(self, url: str, failover_timeout: float, since: float | None) -> None:
+        self.url = url
+        self.failover_timeout = failover_timeout
+        self.deadline = None if since is None else since + failover_timeout
+        self.why: list[str] = []  # this round's
+        self.next_pause = options.FAILOVER_BACKOFF
+
+    def passed(self, shown: str, reason: str) -> None:
+        self.why.append(reason if shown in reason else f"{shown}: {reason}")
+
+    def pause(self, closing: bool) -> float:
+        now = time.monotonic()
+        if self.deadline is None:
+            self.deadline = now + self.failover_timeout
+        if now >= self.deadline or closing:
+            raise ConnectionLost(f"no primary among {self.url} within {self.failover_timeout:g} s: "
+                                 + "; ".join(self.why))
+        pause = min(self.next_pause, self.deadline - now)
+        self.next_pause = min(self.next_pause * 2, options.FAILOVER_BACKOFF_MAX)
+        self.why = []
+        return pause
+
+
 class FailoverBroker(Broker):
     """A broker handle over a list of URLs: the primary's, failing over (see the module's doc).
 
@@ -102,20 +172,12 @@ class FailoverBroker(Broker):
                  failover_timeout: float = options.FAILOVER_TIMEOUT, connect_timeout: float = 10.0,
                  client: str = "shmq-python", affinity: str = "", heartbeat: float = options.HEARTBEAT,
                  spin_us: float = options.CLIENT_SPIN_US) -> None:
-        entries = split_urls(urls)
-        if (isinstance(failover_timeout, bool) or not isinstance(failover_timeout, (int, float))
-                or not 0 <= failover_timeout < math.inf):
-            raise InvalidArgument(f"failover_timeout must be a number of seconds >= 0, "
-                                  f"not {failover_timeout!r}")
-        for entry in entries:
-            client_settings(entry, token)  # a bad URL, or a token it would send in clear: refused now
-        self._entries = entries  # as given (their tokens too): what each connection is made of
+        self._entries, self.urls = url_list(urls, token)  # (entries as given: with their tokens)
+        self.failover_timeout = check_failover_timeout(failover_timeout)
         self._token = token
         self._settings: dict[str, Any] = {"connect_timeout": connect_timeout, "client": client,
                                           "affinity": affinity, "heartbeat": heartbeat, "spin_us": spin_us}
-        self.urls = [parse_url(e).without_token() for e in entries]
         self.url = ",".join(self.urls)
-        self.failover_timeout = float(failover_timeout)
         self.primary_url = ""
         self._lock = threading.Lock()  # one search at a time; the others wait for its primary
         # the primary's connection and its generation (+1 each time another is made the
@@ -165,24 +227,15 @@ class FailoverBroker(Broker):
         primary: its connection.  ``ConnectionLost`` once ``failover_timeout`` seconds have
         passed since ``since`` (the failure that started the search; None: the first
         round's end), naming each URL and why it was not used."""
-        pause = options.FAILOVER_BACKOFF
-        deadline = None if since is None else since + self.failover_timeout
+        search = Search(self.url, self.failover_timeout, since)
         while True:
-            why = []
             for entry, shown in zip(self._entries, self.urls, strict=True):
                 b, reason = self._try(entry)
                 if b is not None:
                     self.primary_url = shown
                     return b
-                why.append(reason if shown in reason else f"{shown}: {reason}")
-            now = time.monotonic()
-            if deadline is None:
-                deadline = now + self.failover_timeout
-            if now >= deadline or self._closing:
-                raise ConnectionLost(f"no primary among {self.url} within {self.failover_timeout:g} s: "
-                                     + "; ".join(why))
-            time.sleep(min(pause, deadline - now))
-            pause = min(pause * 2, options.FAILOVER_BACKOFF_MAX)
+                search.passed(shown, reason)
+            time.sleep(search.pause(self._closing))
 
     def _try(self, entry: str) -> tuple[TcpBroker | None, str]:
         """A connection to ``entry`` when it is the primary, else None and why not."""
@@ -191,18 +244,17 @@ class FailoverBroker(Broker):
         except (ConnectionLost, Timeout) as e:
             return None, str(e)
         try:
-            repl = b.info().replication or {}  # (no replication: a broker of its own, the primary)
+            why = not_primary(b.info())
         except (*FAILS_OVER, Timeout) as e:
             b.close()
             return None, str(e)
         except BaseException:
             b.close()
             raise
-        role = repl.get("role", "primary")
-        if role == "primary":
+        if not why:
             return b, ""
         b.close()
-        return None, f"a {role}" + (f" (of {repl['primary']})" if repl.get("primary") else "")
+        return None, why
 
     def _run(self, op: Callable[[TcpBroker, int], R], retry: bool = True) -> R:
         """``op`` on the primary's connection (and its generation); after ``ConnectionLost``
@@ -304,13 +356,19 @@ class FailoverQueue(Queue):
                    producer: str | None = None, seq: int | None = None) -> int:
         return self._call(lambda q: q.put_joined(batch, block, timeout, producer=producer, seq=seq))
 
+    def publisher(self, window: int = options.DEFAULT_PUBLISH_WINDOW, block: bool = True,
+                  timeout: float | None = None) -> FailoverPublisher:
+        """A :class:`FailoverPublisher`: a fail-over neither loses nor duplicates its puts."""
+        return FailoverPublisher(self, window, block, timeout)
+
     def _publish(self, payload: Payload, block: bool, timeout: float | None, headers: Headers | None = None,
                  delay: float | None = None, ttl: float | None = None) -> tuple[TcpQueue, Any]:
-        """A Publisher's put, started on the primary's connection (once more on the next
-        primary when that connection is known lost before it is sent).  A fail-over
-        resends nothing a publisher started: each put still unconfirmed when its connection
-        went raises ``ConnectionLost`` (or ``NotPrimary``) when collected, stored or not
-        (resend it: at-least-once); the puts started after go to the new primary."""
+        """A base ``Publisher``'s put (``publisher()`` gives a :class:`FailoverPublisher`, which
+        does not use this), started on the primary's connection (once more on the next
+        primary when that connection is known lost before it is sent).  It resends nothing:
+        each put still unconfirmed when its connection went raises ``ConnectionLost`` (or
+        ``NotPrimary``) when collected, stored or not; the puts started after go to the new
+        primary."""
         return self._call(lambda q: (q, q._publish(payload, block, timeout, headers, delay, ttl)))
 
     def _confirm(self, token: tuple[TcpQueue, Any]) -> int:
@@ -386,9 +444,240 @@ class FailoverQueue(Queue):
         return self._call(lambda q: q.subscribe(group, credit, visibility_timeout))
 
 
+SENDS = 2  # a FailoverPublisher's put is sent at most this often: once, and once after a fail-over
+
+
+class _Put:
+    """A FailoverPublisher's put: its request (made at its first send, an idempotent batch of
+    the publisher's producer id and this put's seq, sent again as it is), the connection it
+    went to last and the box its answer comes to there, and that answer once taken from a
+    connection gone since."""
+
+    __slots__ = ("payloads", "headers", "delay", "ttl", "seq", "req", "conn", "generation", "box",
+                 "sends", "outcome")
+
+    def __init__(self, payloads: Sequence[Payload], headers: Sequence[Headers | None] | None,
+                 delay: float | None, ttl: float | None, seq: int) -> None:
+        self.payloads, self.headers, self.delay, self.ttl, self.seq = payloads, headers, delay, ttl, seq
+        self.req: Request[list[int]] | None = None
+        self.conn: TcpBroker | None = None
+        self.generation = 0  # of the connection it was sent on last (0: none yet)
+        self.box: Box | None = None
+        self.sends = 0
+        self.outcome: list[int] | ShmqError | None = None  # its answer, taken apart; None: not taken
+
+    def send(self, q: TcpQueue, generation: int, producer: str, block: bool, timeout: float | None) -> None:
+        """Send it over ``q``'s connection (a bad argument raises at its first send, before anything is)."""
+        if self.req is None:
+            req = cmd.put_many(q, self.payloads, block, timeout, producer, self.seq, self.headers, self.delay,
+                               self.ttl)
+            assert isinstance(req, Request)  # (a batch that is not empty is one request)
+            self.req = req
+        self.box = q.broker._begin(self.req)
+        self.conn, self.generation, self.outcome = q.broker, generation, None
+        self.sends += 1
+
+    def take(self) -> None:
+        """Take its answer from a connection gone since it was sent (closed: nothing waited for):
+        the one that came before it went, else the ``ConnectionLost`` of its going."""
+        assert self.conn is not None and self.req is not None and self.box is not None
+        try:
+            self.outcome = self.conn._finish(self.req, self.box)
+        except ShmqError as e:
+            self.outcome = e
+
+    def result(self) -> list[int]:
+        """Its offsets, or the error of its answer (waited for, when not taken already)."""
+        outcome = self.outcome
+        if outcome is None:
+            assert self.conn is not None and self.req is not None and self.box is not None
+            return self.conn._finish(self.req, self.box)
+        if isinstance(outcome, ShmqError):
+            raise outcome
+        return outcome
+
+
+class FailoverPublisher(Publisher):
+    """A :class:`~shmq.api.publisher.Publisher` of a :class:`FailoverQueue` whose puts a fail-over
+    neither loses nor duplicates: each is sent again, when its confirmation was lost, under an
+    idempotent producer, so the broker keeps one copy.
+
+    The publisher is a producer of its own: ``producer`` is ``pub-`` and a random hex id, and
+    each ``put`` (or ``put_many``: one atomic batch) goes as ``put_many(..., producer=,
+    seq=)`` with the next ``seq`` (1, 2, 3, ... in the order of the calls).  When collecting
+    a confirmation meets ``ConnectionLost`` or ``NotPrimary``, the primary is found again (the
+    handle's search: within ``failover_timeout``, else that ``ConnectionLost`` is raised), and
+    every put not yet confirmed is sent there again, in its order and with its ``seq``: one
+    whose answer had come before its connection went keeps it, the others are re-sent
+    (``resent`` counts their messages).  The same happens before a new put is started, when
+    the handle failed over meanwhile (another call of it met the failure), so that the puts
+    reach the new primary in their order.  A re-sent put answered ``Duplicate`` had been
+    stored before the fail-over (on the broker that is the primary now): it counts as
+    confirmed, in ``confirmed`` and in ``duplicates``, and its offset is not known:
+    ``last_offset`` stays at the latest offset known (it is not moved by such a put).
+
+    What is stored is what a confirmed put means for the queue's replication: a put the old
+    primary confirmed before it died, not replicated yet (``replication="async"``), is not on
+    the new primary and is not sent again (it was confirmed); use ``replication="sync"`` for
+    every confirmed put to survive.  A put is sent at most twice, as a fail-over handle's
+    call is retried once: one whose re-sent copy meets a second fail-over (or whose search
+    for the primary failed) raises ``ConnectionLost`` (or ``NotPrimary``) when collected,
+    stored or not.  A put that failed otherwise (``Full`` after ``timeout``, ...) on the old
+    primary, while a later one was stored, cannot be told from a stored one when its answer
+    was lost with the connection: its re-sent copy is answered ``Duplicate`` (with
+    ``block=True`` and no ``timeout`` a put does not fail so).  A ``Duplicate`` answered to a
+    first send (another producer with this id) is raised as an error.  One thread at a time,
+    as a Publisher; other threads may use the handle meanwhile.  It is a ``Publisher`` with
+    its own state (the base class's is left unused).
+    """
+
+    def __init__(self, queue: FailoverQueue, window: int = options.DEFAULT_PUBLISH_WINDOW,
+                 block: bool = True, timeout: float | None = None) -> None:
+        super().__init__(queue, window, block, timeout)  # (checks window; sets the public counts)
+        self._fq = queue
+        self._put_block, self._put_timeout = block, timeout
+        self.producer = f"pub-{uuid.uuid4().hex}"
+        self._seq = 0  # the latest put's
+        # (number of the first message, messages, the put), oldest first; _count: their messages
+        self._puts: deque[tuple[int, int, _Put]] = deque()
+        self._count = 0
+        self.resent = 0  # messages sent again after a fail-over
+        self.duplicates = 0  # messages confirmed by a Duplicate: stored before a fail-over, offsets unknown
+
+    @property
+    def pending(self) -> int:
+        """Messages started and not yet confirmed."""
+        return self._count
+
+    def put(self, payload: Payload, headers: Headers | None = None, *, delay: float | None = None,
+            ttl: float | None = None) -> None:
+        """``Publisher.put``: one message, one idempotent batch."""
+        while self._count >= self.window:
+            self._confirm_oldest()
+        self._start([payload], None if headers is None else [headers], delay, ttl)
+
+    def put_many(self, payloads: Sequence[Payload], headers: Sequence[Headers | None] | None = None, *,
+                 delay: float | None = None, ttl: float | None = None) -> None:
+        """``Publisher.put_many``: one atomic idempotent batch (one ``seq``)."""
+        n = len(payloads)
+        if not n:
+            return
+        while self._puts and self._count + n > self.window:
+            self._confirm_oldest()
+        self._start(list(payloads), headers, delay, ttl)
+
+    def flush(self) -> None:
+        """Wait until every put so far is confirmed, sending again what a fail-over left
+        unconfirmed (raises the first error met; call again to go on collecting the rest)."""
+        while self._puts:
+            self._confirm_oldest()
+
+    def _start(self, payloads: Sequence[Payload], headers: Sequence[Headers | None] | None,
+               delay: float | None, ttl: float | None) -> None:
+        self._seq += 1  # (one that fails to start leaves a gap: the broker only needs them to grow)
+        put = _Put(payloads, headers, delay, ttl, self._seq)
+        self._send(put)
+        self._puts.append((self.sent, len(payloads), put))
+        self._count += len(payloads)
+        self.sent += len(payloads)
+
+    def _send(self, new: _Put | None = None) -> None:
+        """Send ``new`` on the primary's connection, after what is pending there to be re-sent
+        (``_resend``); once more on the primary found again when that connection is lost."""
+        broker = self._fq.broker
+        for last in (False, True):
+            b, generation = broker._primary()
+            try:
+                self._resend(b, generation)
+                if new is not None:
+                    new.send(self._fq._on(b, generation), generation, self.producer, self._put_block,
+                             self._put_timeout)
+                return
+            except FAILS_OVER as e:
+                if last or broker._closing:
+                    raise
+                self._fail_over(generation, e)
+
+    def _resend(self, b: TcpBroker, generation: int) -> None:
+        """Send on ``b`` (connection ``generation``) again, in order, every pending put sent
+        on a connection gone since whose answer did not come (or was ``ConnectionLost`` or
+        ``NotPrimary``), unless it was sent twice already."""
+        for _, n, put in self._puts:
+            if put.generation == generation:
+                continue
+            if put.outcome is None:
+                put.take()
+            if isinstance(put.outcome, FAILS_OVER) and put.sends < SENDS:
+                put.send(self._fq._on(b, generation), generation, self.producer, self._put_block,
+                         self._put_timeout)
+                self.resent += n
+
+    def _fail_over(self, generation: int, cause: ShmqError) -> None:
+        """The connection ``generation`` failed: find the primary again.  When none is found,
+        each put that waits to be re-sent is given up: it raises that ``ConnectionLost``."""
+        broker = self._fq.broker
+        try:
+            broker._failover(generation, time.monotonic())
+        except ConnectionLost as lost:
+            state = broker._state
+            for _, _, put in self._puts:
+                if state is None or put.generation != state[1]:
+                    if put.outcome is None:
+                        put.take()
+                    if isinstance(put.outcome, FAILS_OVER):
+                        put.outcome, put.sends = lost, SENDS
+            raise lost from cause
+
+    def _confirm_oldest(self) -> None:
+        """Collect the oldest put's confirmation, or raise its error; after a fail-over, send it
+        and the others again (and return: the caller's loop collects it again)."""
+        index, n, put = self._puts[0]
+        try:
+            offsets: list[int] | None = put.result()
+        except FAILS_OVER as e:
+            if put.sends < SENDS and not self._fq.broker._closing:
+                put.outcome = e
+                try:
+                    self._fail_over(put.generation, e)
+                    self._send()
+                    return
+                except FAILS_OVER as again:
+                    e = again
+            self._failed(e, index, n)
+        except Duplicate as e:
+            if put.sends < SENDS:
+                self._failed(e, index, n)
+            offsets = None  # stored before the fail-over
+        except ShmqError as e:
+            self._failed(e, index, n)
+        self._puts.popleft()
+        self._count -= n
+        self.confirmed += n
+        if offsets:
+            self.last_offset = offsets[-1]
+        else:
+            self.duplicates += n
+
+    def _failed(self, e: ShmqError, index: int, n: int) -> NoReturn:
+        self._puts.popleft()
+        self._count -= n
+        self.failed += n
+        e.index = index  # type: ignore[attr-defined]
+        raise e
+
+    def __enter__(self) -> FailoverPublisher:
+        return self
+
+    def __repr__(self) -> str:
+        return (f"FailoverPublisher({self.queue.name!r}, window={self.window}, sent={self.sent}, "
+                f"confirmed={self.confirmed}, failed={self.failed}, resent={self.resent}, "
+                f"duplicates={self.duplicates})")
+
+
 def _reconnect(entries: list[str], token: str | None, failover_timeout: float,
                settings: dict[str, Any]) -> FailoverBroker:
     return FailoverBroker(entries, token, failover_timeout=failover_timeout, **settings)
 
 
-__all__ = ["FailoverBroker", "FailoverQueue", "split_urls"]
+__all__ = ["FailoverBroker", "FailoverPublisher", "FailoverQueue", "Search", "check_failover_timeout",
+           "not_primary", "split_urls", "url_list"]

@@ -14,14 +14,15 @@ import re
 import time
 from collections.abc import Iterator
 
+import psutil
 import pytest
 
 import shmq
 from shmq import options
-from shmq.client.failover import FailoverBroker, FailoverQueue, split_urls
+from shmq.client.failover import FailoverBroker, FailoverPublisher, FailoverQueue, split_urls
 from shmq.client.tcp import TcpBroker
 from tests.support.replication import TOKEN, Standby, promote, replication, wait_caught_up
-from tests.support.server import Server, kill_broker
+from tests.support.server import Server, broker_pids, kill_broker
 from tests.support.wait import wait_until
 
 
@@ -211,3 +212,82 @@ def test_a_closed_handle_does_not_look_for_a_primary(primary: Server, standby: S
     with pytest.raises(shmq.ConnectionLost, match="closed"):
         q.put(b"x")
     assert time.monotonic() - start < 1
+
+
+# ---------------------------------------------------------------------------- a publisher
+def test_a_publisher_neither_loses_nor_duplicates_a_put_across_a_failover(primary: Server,
+                                                                          standby: Standby) -> None:
+    """200 values through one publisher (window 64) while the primary dies: every value is on
+    the new primary once, at the offset of its turn.
+
+    What can be asserted honestly: the queue replicates asynchronously (the default), so what
+    the old primary confirmed may be missing on the standby when it dies; the test waits
+    until the standby holds the first 132 values (100 confirmed, 32 stored but their
+    confirmations not yet collected), then freezes the primary (SIGSTOP) so that the next 32
+    puts reach its socket and are never stored, and SIGKILLs it with 64 puts unconfirmed.
+    After the promote the publisher re-sends those 64 under its producer id: the 32 the
+    standby holds are answered ``Duplicate`` (unless their confirmations had come before the
+    connection went: then they are not re-sent), the 32 others are stored, and the last 36
+    values go to the new primary after them."""
+    values = [f"v{i}".encode() for i in range(200)]
+    with shmq.connect(f"{standby.url},{primary.url}", token=TOKEN) as b:
+        q = b.create_queue("pub", durability="always")
+        p = q.publisher(window=64)
+        assert isinstance(p, FailoverPublisher) and p.producer.startswith("pub-")
+        for v in values[:100]:
+            p.put(v)
+        p.flush()
+        for v in values[100:132]:
+            p.put(v)  # stored, their confirmations not collected
+        with shmq.connect(primary.url, token=TOKEN) as direct, shmq.connect(standby.url, token=TOKEN) as s:
+            wait_until(lambda: direct.queue("pub").stats()["next_offset"] == 132, 20)
+            wait_caught_up(direct, s, "pub")
+        frozen = [psutil.Process(pid) for pid in broker_pids(primary)]
+        for proc in frozen:
+            proc.suspend()
+        for v in values[132:164]:
+            p.put(v)  # into the frozen broker's socket: never stored
+        assert p.pending == 64
+        kill_broker(primary)
+        with shmq.connect(standby.url, token=TOKEN) as s:
+            wait_until(lambda: not replication(s)["connected"], 20)
+            assert promote(s) == 2
+        for v in values[164:]:
+            p.put(v)  # the first waits for the oldest confirmation: fails over, re-sends
+        p.flush()
+        assert (p.sent, p.confirmed, p.failed, p.pending) == (200, 200, 0, 0)
+        assert p.resent == 32 + p.duplicates and p.duplicates <= 32, p
+        assert p.last_offset == 199
+        assert isinstance(b, FailoverBroker) and b.primary_url == standby.url
+        got = drain(q, 200)
+        assert [(m.offset, bytes(m.payload)) for m in got] == list(enumerate(values))
+        assert q.stats()["next_offset"] == 200
+
+
+def test_a_publishers_puts_stored_before_their_connection_went_are_stored_once(primary: Server) -> None:
+    """The publisher's connection is lost (as when the broker went silent) after the broker
+    stored ten puts and before their confirmations were read: another call of the handle
+    fails over (to the same primary), and the next put first re-sends the ten, in order,
+    which the broker answers ``Duplicate``: confirmed, with no offset, and stored once."""
+    with shmq.connect(primary.url, token=TOKEN, failover_timeout=5.0, heartbeat=0) as b, \
+            shmq.connect(primary.url, token=TOKEN) as other:
+        assert isinstance(b, FailoverBroker)
+        q = b.create_queue("once")
+        with q.publisher(window=16) as p:
+            p.put(b"a")
+            p.put_many([b"b", b"c"])
+        assert (p.confirmed, p.last_offset, p.duplicates) == (3, 2, 0)
+        with pytest.raises(shmq.Duplicate):  # one seq per put: the batch was seq 2
+            other.queue("once").put_many([b"x"], producer=p.producer, seq=2)
+        for i in range(10):
+            p.put(f"m{i}".encode())
+        wait_until(lambda: other.queue("once").stats()["next_offset"] == 13, 10)
+        assert b._state is not None
+        b._state[0]._went("went silent (a test)")  # (heartbeat=0: nothing read their confirmations)
+        assert q.stats()["next_offset"] == 13  # the handle fails over
+        p.put(b"after")
+        p.flush()
+        assert (p.sent, p.confirmed, p.failed, p.resent, p.duplicates) == (14, 14, 0, 10, 10), p
+        assert p.last_offset == 13  # the offsets of the duplicates are not known: not 12
+        assert [bytes(m.payload) for m in q.read(0, 20)] == (
+            [b"a", b"b", b"c"] + [f"m{i}".encode() for i in range(10)] + [b"after"])

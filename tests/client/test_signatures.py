@@ -1,7 +1,7 @@
 """Every client speaks the interface: ``shmq.api.Queue``'s and ``shmq.api.Broker``'s public
-methods have, on each implementation (``tcp://``, a list of URLs that fails over, asyncio and
-``shm://``), the same parameters: the same names, in the same order, of the same kinds, with
-the same defaults.  The asyncio client's are coroutines.
+methods have, on each implementation (``tcp://``, a list of URLs that fails over, asyncio -- one
+URL or a list -- and ``shm://``), the same parameters: the same names, in the same order, of the
+same kinds, with the same defaults.  The asyncio client's are coroutines.
 
 What an implementation adds or leaves out is listed below, each with its reason, so a new
 difference fails here until it is listed; and an entry that no longer differs fails too,
@@ -17,13 +17,14 @@ import pytest
 
 from shmq import api
 from shmq.client.aio import AsyncBroker, AsyncQueue
+from shmq.client.aio_failover import AsyncFailoverBroker, AsyncFailoverQueue
 from shmq.client.failover import FailoverBroker, FailoverQueue
 from shmq.client.tcp import TcpBroker, TcpQueue
 from shmq.core.colocated import ShmBroker
 from shmq.core.queue import ShmQueue
 
-QUEUES = [TcpQueue, FailoverQueue, AsyncQueue, ShmQueue]
-BROKERS = [TcpBroker, FailoverBroker, AsyncBroker, ShmBroker]
+QUEUES = [TcpQueue, FailoverQueue, AsyncQueue, AsyncFailoverQueue, ShmQueue]
+BROKERS = [TcpBroker, FailoverBroker, AsyncBroker, AsyncFailoverBroker, ShmBroker]
 
 # optional parameters an implementation adds to an interface method (none may be required)
 EXTRAS: dict[tuple[type, str], set[str]] = {
@@ -35,17 +36,21 @@ EXTRAS: dict[tuple[type, str], set[str]] = {
     (TcpBroker, "close"): {"timeout"},
     (FailoverBroker, "close"): {"timeout"},
     (AsyncBroker, "close"): {"timeout"},
+    (AsyncFailoverBroker, "close"): {"timeout"},
     # makes ``<queue>.dlq`` at once (only in shared memory: a broker makes it at the first dead letter)
     (ShmBroker, "create_queue"): {"dead_letter"},
 }
 # interface methods an implementation does not have
 ABSENT: set[tuple[type, str]] = {
     (AsyncQueue, "publisher"),  # asyncio pipelines by itself: ``await q.put`` in tasks, or put_many
+    (AsyncFailoverQueue, "publisher"),
 }
 # the asyncio client's methods that are not coroutines, and what they are instead
 NOT_COROUTINES: dict[tuple[type, str], Callable[[Any], bool]] = {
     (AsyncQueue, "iter_columns"): inspect.isasyncgenfunction,  # ``async for``
     (AsyncBroker, "queue"): inspect.isfunction,  # a handle, made without a round trip
+    (AsyncFailoverQueue, "iter_columns"): inspect.isasyncgenfunction,
+    (AsyncFailoverBroker, "queue"): inspect.isfunction,
 }
 
 
@@ -87,7 +92,8 @@ def test_each_implementation_takes_the_interfaces_parameters(iface: type, impl: 
         f"{iface.__name__}.{name}{inspect.signature(getattr(iface, name))}")
 
 
-ASYNC_CASES = cases(api.Queue, [AsyncQueue]) + cases(api.Broker, [AsyncBroker])
+ASYNC_CASES = (cases(api.Queue, [AsyncQueue, AsyncFailoverQueue])
+               + cases(api.Broker, [AsyncBroker, AsyncFailoverBroker]))
 
 
 @pytest.mark.parametrize(("iface", "impl", "name"), ASYNC_CASES)
