@@ -439,9 +439,23 @@ class FailoverQueue(Queue):
 
     def subscribe(self, group: str = options.DEFAULT_GROUP, credit: int = options.DEFAULT_CREDIT,
                   visibility_timeout: float | None = None) -> Generator[Message, None, None]:
-        """``TcpQueue.subscribe`` on the primary's connection now: it does not fail over (it
-        ends with ``ConnectionLost`` when that connection goes; subscribe again)."""
-        return self._call(lambda q: q.subscribe(group, credit, visibility_timeout))
+        """``TcpQueue.subscribe`` on the primary's connection, that resumes on the new primary
+        after a fail-over (found within ``failover_timeout``, else ``ConnectionLost``): the
+        messages it delivered before were leased by the old connection, so settling one
+        raises (``ConnectionLost``) and the new primary delivers it again."""
+        b = self.broker
+        while True:
+            conn, generation = b._primary()
+            try:
+                yield from self._on(conn, generation).subscribe(group, credit, visibility_timeout)
+                return
+            except FAILS_OVER as e:
+                if b._closing:
+                    raise
+                try:
+                    b._failover(generation, time.monotonic())
+                except ConnectionLost as lost:
+                    raise lost from e
 
 
 SENDS = 2  # a FailoverPublisher's put is sent at most this often: once, and once after a fail-over

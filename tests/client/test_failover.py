@@ -291,3 +291,38 @@ def test_a_publishers_puts_stored_before_their_connection_went_are_stored_once(p
         assert p.last_offset == 13  # the offsets of the duplicates are not known: not 12
         assert [bytes(m.payload) for m in q.read(0, 20)] == (
             [b"a", b"b", b"c"] + [f"m{i}".encode() for i in range(10)] + [b"after"])
+
+
+def test_a_subscription_resumes_on_the_promoted_standby(primary: Server, standby: Standby) -> None:
+    import threading
+
+    seen: list[bytes] = []
+    stop = threading.Event()
+    with shmq.connect(f"{standby.url},{primary.url}", token=TOKEN, failover_timeout=30) as b:
+        q = b.create_queue("pushed", durability="always")
+
+        def consume() -> None:
+            with shmq.connect(f"{standby.url},{primary.url}", token=TOKEN, failover_timeout=30) as c:
+                fq = c.queue("pushed")
+                assert isinstance(fq, FailoverQueue)
+                for m in fq.subscribe(credit=8):
+                    seen.append(bytes(m.payload))
+                    try:
+                        m.ack()
+                    except shmq.ConnectionLost:  # leased by the connection the fail-over ended
+                        pass
+                    if stop.is_set():
+                        return
+
+        t = threading.Thread(target=consume, daemon=True)
+        t.start()
+        q.put_many([f"a{i}".encode() for i in range(20)])
+        wait_until(lambda: len(set(seen)) == 20, 20)
+        fail_over(primary, standby, "pushed", b)
+        q.put_many([f"b{i}".encode() for i in range(10)])  # (the handle follows the new primary)
+        wait_until(lambda: {f"b{i}".encode() for i in range(10)} <= set(seen), 30)
+        stop.set()
+        q.put(b"last")  # wakes the consumer to see stop
+        t.join(30)
+        assert not t.is_alive()
+    assert set(seen) >= {f"a{i}".encode() for i in range(20)} | {f"b{i}".encode() for i in range(10)}
