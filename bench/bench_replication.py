@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import re
 import shutil
@@ -45,6 +44,7 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bench_durability import run as durability_run  # noqa: E402
 from common import serve  # noqa: E402
 
 import shmq  # noqa: E402
@@ -55,33 +55,10 @@ PRODUCERS = 4
 MUST = {"sync": 0.5, "async": 0.9, "lag_p99_s": 1.0, "promote_s": 2.0}
 
 
-def _produce(url: str, seconds: float, start: Any, out: Any) -> None:
-    b = shmq.connect(url)
-    q = b.queue("bench")
-    payload = b"x" * SIZE
-    start.wait()
-    n, t0 = 0, time.perf_counter()
-    with q.publisher(window=WINDOW) as pub:  # leaving the block waits for every confirmation
-        while time.perf_counter() - t0 < seconds:
-            pub.put(payload)
-            n += 1
-    out.put((n, time.perf_counter() - t0))
-    b.close()
-
-
 def run(url: str, seconds: float) -> float:
-    """Messages confirmed per second, PRODUCERS processes at once."""
-    ctx = mp.get_context("fork")
-    start, out = ctx.Event(), ctx.Queue()
-    ps = [ctx.Process(target=_produce, args=(url, seconds, start, out)) for _ in range(PRODUCERS)]
-    for p in ps:
-        p.start()
-    time.sleep(0.3)  # let the children connect; only the timed loop counts
-    start.set()
-    results = [out.get(timeout=seconds * 10 + 60) for _ in ps]
-    for p in ps:
-        p.join()
-    return sum(n for n, _ in results) / max(dt for _, dt in results)
+    """Messages confirmed per second, PRODUCERS processes at once, each through a Publisher
+    (the durability benchmark's workload, one message per call with a window)."""
+    return durability_run("shmq", url, PRODUCERS, 1, WINDOW, seconds)
 
 
 class Node:

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import pytest
@@ -29,18 +29,6 @@ R = TypeVar("R")
 DEADLINE = 90.0
 
 
-@pytest.fixture
-def primary() -> Iterator[Server]:
-    srv = Server(workers=1, token=TOKEN, extra=["--unix", "off"])
-    yield srv
-    srv.stop()  # (also after kill_broker: what it left in /dev/shm goes)
-
-
-@pytest.fixture
-def standby(primary: Server) -> Iterator[Standby]:
-    node = Standby(primary.url)
-    yield node
-    node.stop()
 
 
 def run(main: Callable[[], Awaitable[R]]) -> R:

@@ -12,7 +12,6 @@ import inspect
 import pickle
 import re
 import time
-from collections.abc import Iterator
 
 import psutil
 import pytest
@@ -24,20 +23,6 @@ from shmq.client.tcp import TcpBroker
 from tests.support.replication import TOKEN, Standby, promote, replication, wait_caught_up
 from tests.support.server import Server, broker_pids, kill_broker
 from tests.support.wait import wait_until
-
-
-@pytest.fixture
-def primary() -> Iterator[Server]:
-    srv = Server(workers=1, token=TOKEN, extra=["--unix", "off"])
-    yield srv
-    srv.stop()  # (also after kill_broker: what it left in /dev/shm goes)
-
-
-@pytest.fixture
-def standby(primary: Server) -> Iterator[Standby]:
-    node = Standby(primary.url)
-    yield node
-    node.stop()
 
 
 def fail_over(primary: Server, standby: Standby, queue: str, via: shmq.Broker) -> None:

@@ -34,14 +34,31 @@ FAILING = (shmq.ConnectionLost, shmq.NotPrimary, shmq.StorageError, shmq.Timeout
 
 class Client(threading.Thread):
     """A producer or a consumer on one fail-over handle over "PRIMARY,STANDBY": the handle
-    finds the promoted standby by itself (``shmq.client.failover``)."""
+    finds the promoted standby by itself (``shmq.client.failover``).  ``go`` cleared: it
+    pauses between calls (``idle`` set while it does)."""
 
-    def __init__(self, urls: str, stop: threading.Event) -> None:
+    def __init__(self, urls: str, stop: threading.Event, go: threading.Event) -> None:
         super().__init__(daemon=True)
         self.urls = urls
         self.stop = stop
+        self.go = go
+        self.idle = threading.Event()
         self.errors: Counter[str] = Counter()
         self.b: Any = None
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            if not self.go.is_set():
+                self.idle.set()
+                self.go.wait(0.1)
+                continue
+            self.idle.clear()
+            self.step(self.handle())
+        self.idle.set()
+
+    def step(self, b: Any) -> None:
+        """One call."""
+        raise NotImplementedError
 
     def handle(self) -> Any:
         if self.b is None:
@@ -59,10 +76,9 @@ class Client(threading.Thread):
 
 class Producer(Client):
     def __init__(self, urls: str, stop: threading.Event, k: int, go: threading.Event) -> None:
-        super().__init__(urls, stop)
+        super().__init__(urls, stop, go)
         self.k = k
-        self.go = go  # cleared: pause between puts
-        self.idle = threading.Event()
+        self.i = 0
         self.tried: set[bytes] = set()
         self.confirmed: dict[bytes, int] = {}
         self.since = 0.0  # when the put under way started (0: none is)
@@ -72,53 +88,35 @@ class Producer(Client):
         since = self.since
         return bool(since) and time.monotonic() - since >= seconds
 
-    def run(self) -> None:
-        i = 0
-        while not self.stop.is_set():
-            if not self.go.is_set():
-                self.idle.set()
-                self.go.wait(0.1)
-                continue
-            self.idle.clear()
-            b = self.handle()
-            v = f"p{self.k}-{i}".encode()
-            i += 1
-            self.tried.add(v)
-            self.since = time.monotonic()
-            try:
-                self.confirmed[v] = b.queue("fate").put(v, timeout=5)
-            except FAILING as e:
-                self.failed(e)
-            self.since = 0.0
-        self.idle.set()
+    def step(self, b: Any) -> None:
+        v = f"p{self.k}-{self.i}".encode()
+        self.i += 1
+        self.tried.add(v)
+        self.since = time.monotonic()
+        try:
+            self.confirmed[v] = b.queue("fate").put(v, timeout=5)
+        except FAILING as e:
+            self.failed(e)
+        self.since = 0.0
 
 
 class Consumer(Client):
     def __init__(self, urls: str, stop: threading.Event, go: threading.Event) -> None:
-        super().__init__(urls, stop)
-        self.go = go  # cleared: pause between batches
-        self.idle = threading.Event()
+        super().__init__(urls, stop, go)
         self.delivered: Counter[bytes] = Counter()
 
-    def run(self) -> None:
-        while not self.stop.is_set():
-            if not self.go.is_set():
-                self.idle.set()
-                self.go.wait(0.1)
-                continue
-            self.idle.clear()
-            b = self.handle()
-            try:
-                q = b.queue("fate")
-                got = q.get_many(64, timeout=0.2)
-                for m in got:
-                    self.delivered[bytes(m.payload)] += 1
-                if got:
-                    q.ack_many(got)
-            except shmq.Empty:
-                continue
-            except (*FAILING, shmq.StaleAck) as e:
-                self.failed(e)
+    def step(self, b: Any) -> None:
+        try:
+            q = b.queue("fate")
+            got = q.get_many(64, timeout=0.2)
+            for m in got:
+                self.delivered[bytes(m.payload)] += 1
+            if got:
+                q.ack_many(got)
+        except shmq.Empty:
+            pass
+        except (*FAILING, shmq.StaleAck) as e:
+            self.failed(e)
 
 
 @pytest.fixture

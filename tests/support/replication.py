@@ -11,10 +11,9 @@ import sys
 import time
 from typing import Any
 
-import psutil
-
 from shmq.core.colocated import ShmBroker
 from tests.support.instances import reg_path, session_tmp, unique_instance
+from tests.support.server import kill_tree
 from tests.support.wait import wait_until
 
 TOKEN = "replication-test-token"
@@ -100,20 +99,6 @@ class Standby:
     def kill(self) -> None:
         kill_tree(self.proc.pid)
         self.proc.wait()
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL a process and all its children at once."""
-    try:
-        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for p in procs:
-        try:
-            p.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(procs, timeout=10)
 
 
 def replication(b: Any) -> dict[str, Any]:

@@ -128,15 +128,23 @@ class Server:
                 shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
-def kill_broker(srv: Server) -> None:
-    """SIGKILL the supervisor, its journal process and its workers, all at once."""
-    procs = [psutil.Process(srv.proc.pid), *psutil.Process(srv.proc.pid).children(recursive=True)]
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its children at once."""
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
     for p in procs:
         try:
             p.send_signal(signal.SIGKILL)
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(procs, timeout=10)
+
+
+def kill_broker(srv: Server) -> None:
+    """SIGKILL the supervisor, its journal process and its workers, all at once."""
+    kill_tree(srv.proc.pid)
     srv.proc.wait()
     for stream in (srv.proc.stdout, srv.proc.stderr):
         if stream:
