@@ -372,6 +372,7 @@ class Link:
         self.out: collections.deque[tuple[bytes, int]] = collections.deque()
         self.out_bytes = 0
         self.sending = False  # a thread is sending now (the sender, or a writer inline): the others queue
+        self.tls = isinstance(sock, ssl.SSLSocket)  # (no send without waiting there: the sender sends all)
         self.last_send = time.monotonic()
         self.sent = 0  # bytes
         self.cond = threading.Condition()
@@ -393,7 +394,7 @@ class Link:
                 log.warning("standby %s is %d bytes behind: cut (it resumes when it reconnects)",
                             self.peer, self.out_bytes)
                 self.closed = True
-            if self.sending or self.closed:  # the sender thread has it (or the link ends)
+            if self.sending or self.closed or self.tls:  # the sender thread has it (or the link ends)
                 self.cond.notify()
                 return
             # Nobody sends now: send here, without waiting (a thread handoff per round costs

@@ -377,3 +377,26 @@ def test_spark_options_take_tcps_and_unix_urls() -> None:
         assert read_options({"url": url, "queue": "q"}, streaming=True).url == url
     with pytest.raises(InvalidArgument, match="option url"):
         read_options({"url": "http://h:1", "queue": "q"}, streaming=True)
+
+
+def test_a_standby_follows_a_primary_over_tls(tls_server: tuple[Server, str]) -> None:
+    """``--replica-of tcps://...?ca=``: the standby asks the TLS client port where the primary
+    streams, and the stream speaks TLS too (the same certificate); the token is the primary's."""
+    from tests.support.replication import Standby, replication, wait_caught_up
+
+    srv, url = tls_server
+    with shmq.connect(url, token=TOKEN) as b:
+        q = b.create_queue(f"repl{os.getpid()}", durability="always")
+        offsets = [q.put(f"m{i}".encode(), headers={"h": str(i)}) for i in range(5)]
+        standby = Standby(url, token=TOKEN)
+        try:
+            with shmq.connect(standby.url, token=TOKEN) as s:
+                wait_caught_up(b, s, q.name)
+                info = replication(s)
+                assert (info["primary"], info["error"]) == (url, "")
+                got = s.queue(q.name).read(0, 10)
+                assert [(m.offset, m.payload) for m in got] == [
+                    (o, f"m{i}".encode()) for i, o in enumerate(offsets)]
+        finally:
+            standby.stop()
+        b.delete_queue(q.name)

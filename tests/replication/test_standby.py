@@ -162,9 +162,14 @@ def test_promote_turns_the_standby_into_the_primary_with_the_same_offsets(primar
         q = b.create_queue("orders", durability="always")
         offs = [q.put(f"m{i}".encode()) for i in range(30)]
         q.get_many(5)  # leased, never acked: delivered again by the new primary
+        later = q.put(b"later", delay=3600)  # due in an hour: not before, on the new primary either
+        b.create_queue("scratch", capacity=77)  # memory only: the new primary has it, empty
         standby = Standby(primary.url)
         with shmq.connect(standby.url, token=TOKEN) as s:
             wait_caught_up(b, s, "orders")
+            wait_until(lambda: "scratch" in {i.name for i in s.list_queues()})
+        top = _invoke("top", "--once", "--url", standby.url, "--token", TOKEN, "--interval", "0.1")
+        assert top.exit_code == 0 and "standby of" in top.output and "orders" in top.output, top.output
     kill_broker(primary)
     try:
         with shmq.connect(standby.url, token=TOKEN) as s:
@@ -177,9 +182,11 @@ def test_promote_turns_the_standby_into_the_primary_with_the_same_offsets(primar
             assert info["role"] == "primary" and info["epoch"] == 2
             q2 = s.queue("orders")
             got = {m.offset: m.payload for m in q2.get_many(100, timeout=5)}
-            # the 5 leased (never acked) on the old primary come back too
+            # the 5 leased (never acked) on the old primary come back too; the delayed one waits
             assert got == {o: f"m{i}".encode() for i, o in enumerate(offs)}
-            assert q2.put(b"new") == offs[-1] + 1
+            assert q2.stats()["next_offset"] == later + 1
+            assert q2.put(b"new") == later + 1
+            assert {i.name: i.config.capacity for i in s.list_queues()}["scratch"] == 77
     finally:
         standby.stop()
 
