@@ -330,10 +330,10 @@ class Supervisor:
             check_data_dir(self.data_dir)  # (a clear error for a data dir that cannot be used, first)
             state = replication_mod.read_state(self.data_dir)
             if state.get("role") == "standby":
-                raise InvalidArgument(f"{self.data_dir} is a standby's (of {state.get('primary') or '?'}, "
-                                      "epoch "
-                                      f"{state['epoch']}): start it with --replica-of, or promote it "
-                                      "(shmq promote) before it serves as a primary")
+                raise InvalidArgument(
+                    f"{self.data_dir} is a standby's (of {state.get('primary') or '?'}, epoch "
+                    f"{state['epoch']}): start it with --replica-of, or promote it (shmq promote) before it "
+                    "serves as a primary")
             if int(state.get("superseded_by", 0)) > int(state["epoch"]):
                 raise InvalidArgument(
                     f"{self.data_dir} was the primary in epoch {state['epoch']}, and a node of epoch "

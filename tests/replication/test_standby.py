@@ -252,3 +252,18 @@ def test_a_standby_shows_its_queues_stats_and_messages_and_its_role(primary: Ser
             assert out.stdout.startswith("ready\nprimary, epoch 1, 1 standby ("), out.output
         finally:
             standby.stop()
+
+
+def test_a_standbys_data_dir_does_not_start_as_a_primary(primary: Server) -> None:
+    """Started without --replica-of, a standby's data dir would take writes in its primary's
+    epoch beside it: refused, naming the way out (and nothing of it is touched)."""
+    import subprocess
+    import sys
+
+    standby = Standby(primary.url)
+    standby.stop(keep_data=True)
+    out = subprocess.run([sys.executable, "-c", "from shmq.cli.app import app; app()", "serve", "--port", "0",
+                          "--instance", standby.instance, "--data-dir", standby.data_dir, "--unix", "off"],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "SHMQ_TOKEN": TOKEN})
+    assert out.returncode == 1 and f"is a standby's (of {primary.url}, epoch 1)" in out.stderr, out.stderr
+    assert "start it with --replica-of, or promote it" in out.stderr
