@@ -334,17 +334,29 @@ class AsyncFailoverQueue:
 
     def subscribe(self, group: str = options.DEFAULT_GROUP, credit: int = options.DEFAULT_CREDIT,
                   visibility_timeout: float | None = None) -> AsyncGenerator[Message, None]:
-        """``AsyncQueue.subscribe`` on the primary's connection at the first ``anext``: it does
-        not fail over (it ends with ``ConnectionLost`` when that connection goes; subscribe
-        again).  Closing it closes that subscription."""
+        """``AsyncQueue.subscribe`` on the primary's connection at the first ``anext``, that
+        resumes on the new primary after a fail-over (found within ``failover_timeout``, else
+        ``ConnectionLost``): the messages it delivered before were leased by the old
+        connection, so settling one raises and the new primary delivers it again.  Closing it
+        closes the subscription."""
         return self._subscription(group, credit, visibility_timeout)
 
     async def _subscription(self, group: str, credit: int,
                             visibility_timeout: float | None) -> AsyncGenerator[Message, None]:
-        b, generation = await self.broker._primary()
-        sub = self._on(b, generation).subscribe(group, credit, visibility_timeout)
-        try:
-            async for msg in sub:
-                yield msg
-        finally:
-            await sub.aclose()
+        broker = self.broker
+        while True:
+            b, generation = await broker._primary()
+            sub = self._on(b, generation).subscribe(group, credit, visibility_timeout)
+            try:
+                async for msg in sub:
+                    yield msg
+                return
+            except FAILS_OVER as e:
+                if broker._closing:
+                    raise
+                try:
+                    await broker._failover(generation, time.monotonic())
+                except ConnectionLost as lost:
+                    raise lost from e
+            finally:
+                await sub.aclose()

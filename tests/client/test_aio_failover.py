@@ -181,3 +181,28 @@ def test_a_closed_handle_does_not_look_for_a_primary(primary: Server, standby: S
         assert time.monotonic() - start < 1
 
     run(main)
+
+
+def test_an_async_subscription_resumes_on_the_promoted_standby(primary: Server, standby: Standby) -> None:
+    async def main() -> list[bytes]:
+        seen: list[bytes] = []
+        async with await aio.connect(f"{standby.url},{primary.url}", token=TOKEN, failover_timeout=30) as b:
+            q = await b.create_queue("pushed", durability="always")
+            await q.put_many([f"a{i}".encode() for i in range(5)])
+            async with contextlib.aclosing(q.subscribe(credit=4)) as sub:
+                while len(seen) < 5:
+                    m: Any = await anext(sub)  # (an asyncio message: its ack is awaited)
+                    seen.append(bytes(m.payload))
+                    await m.ack()
+                with shmq.connect(primary.url, token=TOKEN) as via:  # (killed with the primary)
+                    await asyncio.to_thread(fail_over, primary, standby, "pushed", via)
+                await q.put_many([b"b0", b"b1"])  # on the new primary
+                while not {b"b0", b"b1"} <= set(seen):
+                    m = await anext(sub)  # the same subscription, subscribed again there
+                    seen.append(bytes(m.payload))
+                    with contextlib.suppress(shmq.ConnectionLost, shmq.StaleAck):
+                        await m.ack()
+        return seen
+
+    seen = run(main)
+    assert set(seen) == {f"a{i}".encode() for i in range(5)} | {b"b0", b"b1"}
