@@ -415,7 +415,16 @@ class Supervisor:
         if self.keep:
             return f"{plural(len(infos), 'queue')} kept in shared memory (--keep)"
         durable = sum(1 for i in infos if i.config.durability != "memory")
-        removed = f"{plural(len(infos) - durable, 'memory queue')} removed"
+        held = 0  # the messages that go with the memory queues
+        for i in infos:
+            q = broker.find(i.name) if i.config.durability == "memory" else None
+            if q is not None:
+                try:
+                    held += int(q.stats()["retained"])
+                except ShmqError:
+                    pass
+        removed = f"{plural(len(infos) - durable, 'memory queue')} removed" + (
+            f" with {plural(held, 'unacknowledged message')}" if held else "")
         if not durable:
             return removed
         return f"{removed}; {plural(durable, 'durable queue')} kept in {self.data_dir}"

@@ -84,6 +84,8 @@ def parse_url(url: str) -> BrokerUrl:
     host, _, port = rest.rpartition(":")
     if not host or not port.isdigit():
         raise InvalidArgument(f"bad {scheme} url {_shown(url)!r}: expected {scheme}://HOST:PORT")
+    if not 0 < int(port) < 65536:
+        raise InvalidArgument(f"bad {scheme} url {_shown(url)!r}: port {int(port)} is not in 1..65535")
     return BrokerUrl(scheme, host.strip("[]"), int(port), params=params)
 
 

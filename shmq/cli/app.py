@@ -40,7 +40,7 @@ from shmq.cli.session import fail as _fail
 from shmq.cli.session import token as _token
 from shmq.cli.session import warn_argv_token as _warn_argv_token
 from shmq.cli.top_command import register_top
-from shmq.errors import InvalidArgument, ShmqError
+from shmq.errors import InvalidArgument, QueueExists, ShmqError
 from shmq.server import config as cfg
 from shmq.text import plural
 from shmq.version import __version__
@@ -143,20 +143,27 @@ def promote(url: str | None = UrlOpt, token: str | None = TokenOpt, token_file: 
 def status(url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
            token_file: str | None = TokenFileOpt,
            timeout: float = typer.Option(options.STATUS_TIMEOUT, min=0.01, max=3600,
-                                         help="seconds to wait for the broker's answer")) -> None:
+                                         help="seconds to wait for the broker's answer"),
+           as_json: bool = typer.Option(False, "--json", help='one object: {"ready", "reason", '
+                                        '"replication"}')) -> None:
     """Is the broker up?  `ready` (exit 0) once it answers a handshake and a request, else
-    `not ready: REASON` (exit 1), within --timeout: a health check.
+    `not ready: REASON` (exit 1), within --timeout: a health check.  A broker that
+    replicates adds a line: its role, epoch and lag.
 
     Example: shmq status --url tcp://127.0.0.1:7878 --timeout 2
     """
-    from shmq.cli.health import check
+    from shmq.cli.health import check, replication_line
 
     token = _token(token, token_file)
-    about: list[str] = []
+    about: list[dict[str, Any]] = []
     reason = check(lambda: _connect(url, shm, token), shm, timeout, about)
-    print(f"not ready: {reason}" if reason else "ready")
-    for line in about:  # a broker that replicates: its role, epoch and lag
-        print(line)
+    if as_json:
+        print(json.dumps({"ready": not reason, "reason": reason or None,
+                          "replication": about[0] if about else None}))
+    else:
+        print(f"not ready: {reason}" if reason else "ready")
+        for repl in about:  # a broker that replicates: its role, epoch and lag
+            print(replication_line(repl))
     raise typer.Exit(1 if reason else 0)
 
 
@@ -188,6 +195,11 @@ def create(
                                       "a group; then it expires for that group (0: never)"),
     expired_to_dlq: bool = typer.Option(True, help="dead-letter an expired message to QUEUE.dlq "
                                         "(reason ttl_expired); --no-expired-to-dlq drops it"),
+    replication: str = typer.Option("", help="to a standby (shmq serve --replica-of): sync (an always "
+                                    "put waits for a standby's fsync too) or async; none: the broker's "
+                                    "--replication", show_default="none"),
+    exist_ok: bool = typer.Option(False, "--exist-ok", help="a queue of that name already there is fine "
+                                  "(it is left as it is: its settings are not compared)"),
     url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
     token_file: str | None = TokenFileOpt,
 ) -> None:
@@ -206,8 +218,16 @@ def create(
         limits.update(message_ttl=message_ttl, expired_to_dlq=expired_to_dlq)
     if max_message_size is not None:
         limits["max_message_size"] = max_message_size
+    if replication:  # (an older broker does not know it)
+        limits["replication"] = replication
     with session(url, shm, token, token_file) as b:
-        b.create_queue(queue, **limits)
+        try:
+            b.create_queue(queue, **limits)
+        except QueueExists:
+            if not exist_ok:
+                raise
+            print(f"{queue} exists already")
+            return
     print(f"created {queue}")
 
 

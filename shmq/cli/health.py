@@ -18,9 +18,9 @@ from shmq.errors import ShmqError
 
 
 def check(connect: Callable[[], Broker], shm: str | None, timeout: float,
-          about: list[str] | None = None) -> str:
+          about: list[dict[str, Any]] | None = None) -> str:
     """"" when the broker answers within ``timeout`` seconds, else why not.  ``about``: where a
-    ready broker's replication line goes (``replication_line``), when it has one."""
+    ready broker's ``info().replication`` goes, when it has one."""
     answer: list[str] = []
 
     def ask() -> None:
@@ -36,7 +36,7 @@ def check(connect: Callable[[], Broker], shm: str | None, timeout: float,
                 if about is not None and not shm:
                     repl = b.info().replication
                     if repl:
-                        about.append(replication_line(repl))
+                        about.append(repl)
             finally:
                 b.close()
             answer.append("")

@@ -112,8 +112,9 @@ def produce(
         print(json.dumps({"produced": len(offsets), "first": offsets[0] if offsets else None,
                           "last": offsets[-1] if offsets else None}))
     else:
-        print(f"produced {plural(len(offsets), 'message')}" +
-              (f", offsets {offsets[0]}..{offsets[-1]}" if offsets else ""))
+        where = "" if not offsets else (f", offset {offsets[0]}" if len(offsets) == 1 else
+                                        f", offsets {offsets[0]}..{offsets[-1]}")
+        print(f"produced {plural(len(offsets), 'message')}{where}")
     if stop.requested:
         raise typer.Exit(INTERRUPTED)
 

@@ -73,7 +73,10 @@ def fail(e: BaseException | str) -> NoReturn:
     """One line on stderr (``error: ...``, with the status name of an shmq error), exit 1."""
     code = getattr(e, "code", None)
     name = getattr(code, "name", None)
-    error(f"{e}" + (f" ({name})" if name else ""))
+    if type(e) is OSError and e.strerror and not e.filename:  # a sentence of ours: without "[Errno N]"
+        error(e.strerror)
+    else:
+        error(f"{e}" + (f" ({name})" if name else ""))
     raise typer.Exit(1)
 
 

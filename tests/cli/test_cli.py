@@ -311,7 +311,7 @@ def test_counts_have_their_plural(inst: tuple[str, ShmBroker]) -> None:
     assert plural(1, "worker") == "1 worker" and plural(2, "worker") == "2 workers"
     assert plural(0, "group") == "0 groups"
     out = cli("produce", "q", "only", "--shm", name)
-    assert out.stdout == "produced 1 message, offsets 0..0\n"
+    assert out.stdout == "produced 1 message, offset 0\n"
     out = cli("produce", "q", "--shm", name, stdin=b"a\nb\n")
     assert out.stdout == "produced 2 messages, offsets 1..2\n"
     assert cli("purge", "q", "--shm", name).stdout == "purged 3 messages from q\n"
@@ -359,7 +359,7 @@ def test_the_start_line_counts_workers_in_words() -> None:
 def test_produce_delay_holds_the_message_back(inst: tuple[str, ShmBroker]) -> None:
     name, b = inst
     out = cli("produce", "q", "later", "--delay", "3600", "--shm", name)
-    assert out.exit_code == 0 and out.stdout == "produced 1 message, offsets 0..0\n", out.output
+    assert out.exit_code == 0 and out.stdout == "produced 1 message, offset 0\n", out.output
     q = b.queue("q")
     assert q.stats()["groups"]["default"]["delayed"] == 1
     with pytest.raises(shmq.Empty):
@@ -367,3 +367,17 @@ def test_produce_delay_holds_the_message_back(inst: tuple[str, ShmBroker]) -> No
     assert [m.payload for m in q.read(0, 1)] == [b"later"]
     bad = cli("produce", "q", "x", "--delay", "-1", "--shm", name)
     assert bad.exit_code == 1 and q.stats()["next_offset"] == 1  # refused, nothing stored
+
+
+def test_create_says_what_it_did_and_takes_exist_ok_and_replication(inst: tuple[str, ShmBroker]) -> None:
+    name, b = inst
+    out = cli("create", "pay", "--replication", "sync", "--shm", name)  # (kept for a journaled queue)
+    assert (out.exit_code, out.stdout) == (0, "created pay\n"), out.output
+    assert b.queue("pay").config.replication == "sync"
+    out = cli("create", "pay", "--shm", name)
+    assert out.exit_code == 1 and "exists" in out.output and "QUEUE_EXISTS" in out.output
+    out = cli("create", "pay", "--exist-ok", "--capacity", "7", "--shm", name)  # left as it is
+    assert (out.exit_code, out.stdout) == (0, "pay exists already\n"), out.output
+    assert b.queue("pay").config.capacity == options.DEFAULT_CAPACITY
+    out = cli("create", "other", "--replication", "often", "--shm", name)
+    assert out.exit_code == 1 and "replication must be one of async, sync" in out.output

@@ -339,7 +339,8 @@ def test_url_parameters_are_parsed_and_checked() -> None:
     for bad, why in [("tcp://h:1?ca=/x", "not one of"), ("tcps://h:1?nope=1", "not one of"),
                      ("unix:///s?insecure=1", "not one of"), ("tcps://h:1?token=a&token=b", "twice"),
                      ("tcps://h:1?key=/k", "needs cert"), ("tcp://h:1?insecure=yes", "must be 1"),
-                     ("http://h:1", "unsupported"), ("tcps://h", "expected tcps://HOST:PORT")]:
+                     ("http://h:1", "unsupported"), ("tcps://h", "expected tcps://HOST:PORT"),
+                     ("tcp://h:99999", "port 99999 is not in 1..65535"), ("tcps://h:0", "port 0 is not")]:
         with pytest.raises(InvalidArgument, match=why):
             parse_url(bad)
 

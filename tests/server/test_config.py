@@ -268,6 +268,10 @@ def test_a_queue_that_differs_refuses_the_start(tmp_path: Path, instance: str) -
 def test_status_ready(server: Server) -> None:
     out = _invoke("status", "--url", server.url)
     assert (out.exit_code, out.stdout) == (0, "ready\nprimary, epoch 1, 0 standbys\n"), out.output
+    out = _invoke("status", "--url", server.url, "--json")
+    got = json.loads(out.stdout)
+    assert out.exit_code == 0 and (got["ready"], got["reason"], got["replication"]["role"]) == (
+        True, None, "primary"), out.output
     out = _invoke("status", "--shm", server.instance)
     assert (out.exit_code, out.stdout) == (0, "ready\n"), out.output
 
@@ -277,7 +281,11 @@ def test_status_not_ready() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound, not listening: refused
         out = _invoke("status", "--url", f"tcp://127.0.0.1:{port}")
-    assert out.exit_code == 1 and out.stdout.startswith("not ready: cannot connect"), out.output
+        assert out.exit_code == 1 and out.stdout.startswith("not ready: cannot connect"), out.output
+        out = _invoke("status", "--url", f"tcp://127.0.0.1:{port}", "--json")
+    got = json.loads(out.stdout)
+    assert out.exit_code == 1 and got["ready"] is False and got["reason"].startswith("cannot connect")
+    assert got["replication"] is None
     name = unique_instance()
     out = _invoke("status", "--shm", name)
     assert (out.exit_code, out.stdout) == (1, f"not ready: no broker serves instance {name!r}\n")
@@ -311,4 +319,21 @@ def test_the_stop_line_names_no_data_dir_when_nothing_is_durable() -> None:
             b.create_queue("scratch").put(b"gone at stop")
     finally:
         assert srv.stop() == 0
-    assert srv.stdout_at_stop.strip() == f"shmq: stopped (pid {srv.proc.pid}): 1 memory queue removed"
+    assert srv.stdout_at_stop.strip() == (f"shmq: stopped (pid {srv.proc.pid}): 1 memory queue removed "
+                                          "with 1 unacknowledged message")
+
+
+def test_a_port_in_use_is_one_plain_line() -> None:
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        out = subprocess.run([sys.executable, "-c", "from shmq.cli.app import app; app()", "serve", "--port",
+                              str(port), "--instance", unique_instance(), "--unix", "off", "--no-auth"],
+                             capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert out.stderr == (f"error: port {port} on 127.0.0.1 is in use by another process "
+                          "(--port 0 picks a free one)\n"), out.stderr
