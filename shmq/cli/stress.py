@@ -55,10 +55,12 @@ def _consumer(url: str, token: str | None, queue: str, total: Any, got: Any, bat
 def run_stress(url: str, token: str | None, queue: str, messages: int, producers: int, consumers: int,
                size: int, batch: int, progress: bool = True) -> dict[str, Any]:
     b = connect(url, token=token)
+    made = False  # a queue made for the run goes with it; one that was there stays
     try:
         b.queue(queue)
     except QueueNotFound:
         b.create_queue(queue)
+        made = True
     b.close()
     ctx = mp.get_context("spawn")
     total = messages * producers
@@ -90,6 +92,12 @@ def run_stress(url: str, token: str | None, queue: str, messages: int, producers
             if p.is_alive():
                 p.terminate()
                 p.join()
+        if made:
+            with connect(url, token=token) as b:
+                try:
+                    b.delete_queue(queue)
+                except QueueNotFound:
+                    pass
     dt = time.perf_counter() - t0
     return {"messages": total, "consumed": got.value, "seconds": dt, "msgs_per_s": got.value / dt,
             "producers": producers, "consumers": consumers, "payload_bytes": size, "batch": batch,

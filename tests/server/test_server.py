@@ -626,7 +626,12 @@ def test_cli_end_to_end(server: Server) -> None:
     out = _cli(server, "bench", "-n", "300", "--producers", "1", "--consumers", "1", "--json",
                "--queue", "clibench")
     assert out.returncode == 0 and b'"lost": 0' in out.stdout
-    for name in ("cli", "cli.dlq", "clibench"):
+    assert b"clibench" not in _cli(server, "list").stdout  # made for the run, gone with it
+    _cli(server, "create", "kept")
+    assert _cli(server, "bench", "-n", "100", "--producers", "1", "--consumers", "1", "--json",
+                "--queue", "kept").returncode == 0
+    assert b"kept" in _cli(server, "list").stdout  # there before: left there
+    for name in ("cli", "cli.dlq", "kept"):
         assert _cli(server, "delete", name).returncode == 0
     for cmd in ("serve", "create", "produce", "consume", "peek", "stats", "purge", "dlq", "doctor", "bench"):
         assert b"Example" in _cli(server, cmd, "--help").stdout
