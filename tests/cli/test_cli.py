@@ -381,3 +381,38 @@ def test_create_says_what_it_did_and_takes_exist_ok_and_replication(inst: tuple[
     assert b.queue("pay").config.capacity == options.DEFAULT_CAPACITY
     out = cli("create", "other", "--replication", "often", "--shm", name)
     assert out.exit_code == 1 and "replication must be one of async, sync" in out.output
+
+
+def test_produce_into_a_full_queue_says_so_honours_timeout_and_stops_at_the_first_ctrl_c(
+        shm_broker: ShmBroker) -> None:
+    """``seq 30 | shmq produce big`` into a queue of 10: it says the queue is full within a
+    second, gives up at --timeout with what it produced, and without one stops at the first
+    SIGINT, saying what went in (exit 130)."""
+    name = shm_broker.instance
+    q = shm_broker.create_queue("big", capacity=10)
+    lines = b"".join(b"%d\n" % i for i in range(30))
+    args = [sys.executable, "-c", "from shmq.cli.app import app; app()", "produce", "big", "--batch", "5",
+            "--shm", name]
+    out = subprocess.run([*args, "--timeout", "1.5"], input=lines, capture_output=True, timeout=60)
+    assert out.returncode == 1 and out.stdout == b""
+    assert out.stderr.decode().splitlines() == [
+        "queue 'big' is full (10 of 10 messages): waiting for room; Ctrl-C stops",
+        "produced 10 messages before the error",
+        "error: queue 'big' stayed full for --timeout 1.5 s (QUEUE_FULL)"]
+    assert [bytes(m.payload) for m in q.read(0, 20)] == [b"%d" % i for i in range(10)]  # nothing else
+    q.purge()
+    proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert proc.stdin is not None and proc.stderr is not None
+        proc.stdin.write(lines)
+        proc.stdin.flush()
+        said = proc.stderr.readline()
+        assert said == b"queue 'big' is full (10 of 10 messages): waiting for room; Ctrl-C stops\n"
+        proc.send_signal(signal.SIGINT)  # the first one: it stops now, and says what went in
+        out_, err = proc.communicate(timeout=5)
+        assert proc.returncode == 130 and err == b""
+        assert out_ == b"produced 10 messages, offsets 10..19\n"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
