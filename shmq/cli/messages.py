@@ -62,8 +62,8 @@ def produce(
     """Produce messages: arguments, or one per line of stdin / a file.
 
     A long run shows its progress on stderr, and a full queue says so within a second (it
-    waits for room, up to --timeout); Ctrl-C stops within a quarter of a second, and says
-    what was produced (exit 130).
+    waits for room, up to --timeout); Ctrl-C stops at once, and says what was produced
+    (exit 130).
 
     Example: seq 1000 | shmq produce orders --header source=seq
     """
@@ -104,13 +104,15 @@ def produce(
         waiting = _Waiting(queue, q, timeout)
         try:
             for chunk in batches:
-                while not stop.requested:  # in slices: Ctrl-C and a full queue are seen at once
-                    try:
-                        offsets += q.put_many(chunk, headers=[hdrs] * len(chunk) if hdrs else None,
-                                              delay=delay, ttl=ttl, timeout=waiting.slice())
+                while not stop.requested:  # room is waited for here: Ctrl-C and a full queue are seen
+                    try:  # (without waiting for room: the wait for the journal is not cut short)
+                        offsets += q.put_many(chunk, block=False,
+                                              headers=[hdrs] * len(chunk) if hdrs else None,
+                                              delay=delay, ttl=ttl)
                         break
                     except Full as e:
                         waiting.full(e)  # (raises Full once --timeout has passed)
+                        time.sleep(ROOM_POLL)
                 else:
                     break
                 waiting.done()
@@ -135,29 +137,27 @@ def produce(
         raise typer.Exit(INTERRUPTED)
 
 
+ROOM_POLL = 0.01  # s between a produce's tries while the queue is full
+
+
 class _Waiting:
-    """``produce``'s wait for room: slices of ``SLICE`` seconds, a line on stderr once the
-    queue has been full for a second, and ``Full`` once ``timeout`` has passed."""
+    """``produce``'s wait for room (tries every ``ROOM_POLL``): a line on stderr once the queue
+    has been full for a second, and ``Full`` once ``timeout`` has passed."""
 
     def __init__(self, name: str, q: Queue, timeout: float | None) -> None:
         self.name, self.q, self.timeout = name, q, timeout
         self.since = 0.0  # when the batch in hand first found the queue full (0: it did not)
         self.said = False
 
-    def slice(self) -> float:
-        if not self.since or self.timeout is None:
-            return SLICE
-        return max(0.0, min(SLICE, self.since + self.timeout - time.monotonic()))
-
     def full(self, e: Full) -> None:
         if "can never fit" in str(e):  # a batch larger than the queue: waiting would not help
             raise e
         now = time.monotonic()
         if not self.since:
-            self.since = now - SLICE
+            self.since = now
         if self.timeout is not None and now - self.since >= self.timeout:
             raise Full(f"queue {self.name!r} stayed full for --timeout {self.timeout:g} s")
-        if not self.said and now - self.since >= 1.0 - SLICE:
+        if not self.said and now - self.since >= 1.0:
             st = self.q.stats()
             note(f"queue {self.name!r} is full ({st['retained']:,} of {st['capacity']:,} messages): "
                  "waiting for room; Ctrl-C stops")
