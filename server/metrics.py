@@ -61,12 +61,13 @@ def is_loopback(host: str) -> bool:
     return host in runtime.LOOPBACK
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """The endpoint's listening socket, bound now; OSError naming the address otherwise."""
+def listen(host: str, port: int, flag: str = "--metrics") -> socket.socket:
+    """The endpoint's listening socket, bound now; OSError naming ``flag`` and the address
+    otherwise."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
-        raise OSError(errno.EINVAL, f"--metrics: cannot resolve {host!r}: {e.strerror}") from None
+        raise OSError(errno.EINVAL, f"{flag}: cannot resolve {host!r}: {e.strerror}") from None
     family, kind, proto, _, addr = infos[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT leftovers are fine
@@ -76,9 +77,9 @@ def listen(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         if e.errno == errno.EADDRINUSE:
-            raise OSError(e.errno, f"--metrics: port {port} on {host} is in use by another process "
+            raise OSError(e.errno, f"{flag}: port {port} on {host} is in use by another process "
                                    "(port 0 picks a free one)") from None
-        raise OSError(e.errno, f"--metrics: cannot listen on {host}:{port}: {e.strerror}") from None
+        raise OSError(e.errno, f"{flag}: cannot listen on {host}:{port}: {e.strerror}") from None
     return sock
 
 

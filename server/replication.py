@@ -637,14 +637,5 @@ def _greet(hub: Hub, sock: socket.socket, peer: str, tls: ssl.SSLContext | None)
     hub.report()
 
 
-def listen(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(16)
-    return sock
-
-
-__all__ = ["Board", "Hub", "Link", "listen", "read_state", "serve", "write_state"]
+__all__ = ["Board", "Hub", "Link", "read_state", "serve", "write_state"]
 

@@ -46,6 +46,7 @@ from shmq.urls import BrokerUrl, client_token, parse_url
 from shmq.version import __version__
 
 from .core import SERVER_NAME
+from .journaler import remove_retired
 from .replication import DEFINITIONS_FILE, read_state, write_state
 
 log = logging.getLogger("shmq.standby")
@@ -142,10 +143,7 @@ class Follower:
         if j is not None:
             j.close()
             retire_journal(str(self.data_dir), name)
-            for entry in os.listdir(self.data_dir):  # (the journal process removes them on a primary)
-                if entry.startswith(".deleted-"):
-                    import shutil
-                    shutil.rmtree(self.data_dir / entry, ignore_errors=True)
+            remove_retired(self.data_dir)  # (the journal process does it on a primary)
 
     # ------------------------------------------------------------ the link
     def start(self) -> None:

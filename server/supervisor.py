@@ -254,7 +254,7 @@ class Supervisor:
 
     def _open_replication(self) -> None:
         """The replication listener (``server.replication``), served by the journal process."""
-        self.repl_sock = replication_mod.listen(self.host, self.replication_port)
+        self.repl_sock = listen(self.host, self.replication_port, "--replication-port")
         self.repl_port = self.repl_sock.getsockname()[1]
         tls = None if self.tls is None else server_context(self.tls)
         node = f"{socket.gethostname()}:{self.port}"

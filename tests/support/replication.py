@@ -13,7 +13,7 @@ from typing import Any
 
 from shmq.core.colocated import ShmBroker
 from tests.support.instances import reg_path, session_tmp, unique_instance
-from tests.support.server import kill_tree
+from tests.support.server import Server, kill_tree
 from tests.support.wait import wait_until
 
 TOKEN = "replication-test-token"
@@ -65,15 +65,8 @@ class Standby:
         return line
 
     def stderr_so_far(self) -> str:
-        out = b""
-        with selectors.DefaultSelector() as sel:
-            sel.register(self.proc.stderr, selectors.EVENT_READ)  # type: ignore[arg-type]
-            while sel.select(0):
-                chunk = os.read(self.proc.stderr.fileno(), 65536)  # type: ignore[union-attr]
-                if not chunk:
-                    break
-                out += chunk
-        return out.decode(errors="replace")
+        """What it wrote to stderr until now (without waiting for more)."""
+        return Server._so_far(self.proc.stderr)
 
     def stop(self, timeout: float = 20, keep_data: bool = False) -> int:
         """SIGTERM, and wait; its data dir goes too unless ``keep_data`` (the session's
@@ -122,7 +115,6 @@ def proxied_primary(workers: int = 1, extra: list[str] | None = None) -> tuple[A
     """A primary whose standbys reach its replication port through a ``CutProxy`` (it announces
     the proxy's port): (Server, CutProxy)."""
     from tests.support.proxy import CutProxy
-    from tests.support.server import Server
 
     proxy = CutProxy(("127.0.0.1", 0))
     srv = Server(workers=workers, token=TOKEN, extra=["--unix", "off", "--replication-announce",
