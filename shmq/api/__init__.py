@@ -7,13 +7,16 @@ against both.
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
 from abc import ABC, abstractmethod
 from array import array
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from operator import itemgetter
-from typing import Any
+from types import FunctionType
+from typing import Any, TypeVar
 
 from shmq import headers as _headers
 from shmq import options
@@ -26,6 +29,7 @@ from shmq.settle import Settle
 
 Payload = bytes | bytearray | memoryview | str
 Headers = Mapping[str, str | bytes]  # a message's headers, as put takes them (shmq.headers)
+_C = TypeVar("_C")
 
 
 def as_bytes(payload: Payload) -> bytes | bytearray | memoryview:
@@ -168,6 +172,7 @@ class Message(tuple):  # type: ignore[type-arg]
 
     @property
     def queue(self) -> str:
+        """The name of the queue it was delivered (or read) from."""
         return str(self.queue_handle.name)
 
     @property
@@ -177,10 +182,12 @@ class Message(tuple):  # type: ignore[type-arg]
 
     @property
     def redelivered(self) -> bool:
+        """True when it was delivered before (to this group): ``deliveries > 1``."""
         return self.deliveries > 1
 
     @property
     def text(self) -> str:
+        """The payload decoded as UTF-8 (``UnicodeDecodeError`` when it is not)."""
         return bytes(self.payload).decode()
 
     @property
@@ -218,15 +225,19 @@ class Message(tuple):  # type: ignore[type-arg]
             self[0]._ack_nowait(self)
 
     def nack(self, delay: float = 0.0) -> None:
-        """Give the message back; it is delivered again after ``delay`` seconds."""
+        """Give the message back; it is delivered again after ``delay`` seconds (at once by
+        default), its ``deliveries`` one more; once it has had the queue's ``max_deliveries``
+        it goes to the dead-letter queue instead.  ``StaleAck`` once the lease is not held."""
         self.queue_handle._settle(self, Settle.NACK, delay)
 
     def touch(self, visibility_timeout: float | None = None) -> None:
-        """Extend the lease by the visibility timeout (or the given seconds) from now."""
+        """Extend the lease by the visibility timeout (or the given seconds) from now.
+        ``StaleAck`` once the lease is not held."""
         self.queue_handle._settle(self, Settle.TOUCH, visibility_timeout)
 
     def dead_letter(self) -> None:
-        """Send the message to the dead-letter queue now."""
+        """Send the message to the dead-letter queue (``<queue>.dlq``) now.  ``StaleAck`` once
+        the lease is not held; ``InvalidArgument`` for a message of a dead-letter queue."""
         self.queue_handle._settle(self, Settle.DEAD, 0.0)
 
     def reply(self, payload: Payload, headers: Headers | None = None) -> bool:
@@ -319,43 +330,136 @@ def check_joined(batch: Joined) -> None:
         raise InvalidArgument(f"{len(batch.data)} bytes for {len(batch)} payloads of {sum(batch.lens)}")
 
 
+def shares_docs(iface: type) -> Callable[[type[_C]], type[_C]]:
+    """A class decorator, so that ``help(q.put)`` explains the call on every client: each
+    public method of the class with no docstring of its own takes the one of ``iface``'s
+    method of that name (the asyncio clients, which do not derive from the interface; a
+    mixin, whose methods ``inspect.getdoc`` looks up in its own bases only); one whose
+    docstring starts by naming it on a queue or broker class (````Queue.put``: retried ...``,
+    ````AsyncQueue.get``: ...``) is a note on that call, and gets the interface's after it."""
+    def share(cls: type[_C]) -> type[_C]:
+        for name, f in vars(cls).items():
+            theirs = getattr(getattr(iface, name, None), "__doc__", None)
+            if name.startswith("_") or not isinstance(f, FunctionType) or not theirs:
+                continue
+            mine = f.__doc__
+            if not mine:
+                f.__doc__ = theirs
+            elif re.match(rf"``(shmq\.)?\w*{iface.__name__}\.{name}``", mine):
+                f.__doc__ = f"{inspect.cleandoc(mine)}\n\n{inspect.cleandoc(theirs)}"
+        return cls
+    return share
+
+
+def group_as_block(call: str, block: object) -> TypeError:
+    """The error of a ``get`` or ``get_many`` given a group name where ``block`` goes (the
+    order before ``block`` and ``timeout`` came first, as in ``queue.Queue.get``)."""
+    fix = f"get(group={block!r})" if call == "get" else f"get_many(max_messages, group={block!r})"
+    return TypeError(f"{call}(): group is keyword-only (block and timeout come first, as in "
+                     f"queue.Queue.get): use {fix}")
+
+
 class Queue(ABC):
+    """A queue of a broker (``broker.create_queue`` or ``broker.queue``): the same methods on
+    every transport (``shm://``, ``tcp://``, a fail-over list; ``shmq.aio``'s are awaitable).
+
+    Producing: ``put``, ``put_many``, ``put_nowait``.  Consuming, in consumer groups (the
+    default group, ``options.DEFAULT_GROUP``, always exists): ``get``, ``get_many``,
+    ``get_nowait`` lease messages, which are then settled (``Message.ack`` and its kin,
+    ``ack_many``).  Replay: ``read``.  Groups: ``create_group``, ``seek``, ``commit``,
+    ``delete_group``, ``groups``.  ``get``'s ``block`` and ``timeout`` come first, as in
+    ``queue.Queue``; the group is a keyword: ``q.get(False)``, ``q.get(timeout=1.0,
+    group="billing")``.
+
+    Errors are :class:`shmq.ShmqError` subclasses: ``Full`` and ``Empty`` are also
+    ``queue.Full`` and ``queue.Empty``.  Every method may raise ``QueueNotFound`` once the
+    queue was deleted, and over TCP ``ConnectionLost`` (``NotPrimary`` from a standby)."""
+
     name: str
 
     @abstractmethod
     def put(self, payload: Payload, block: bool = True, timeout: float | None = None, *,
             headers: Headers | None = None, delay: float | None = None, ttl: float | None = None) -> int:
-        """Append one message; ``headers``: a mapping of ``str`` to ``str`` or bytes (``shmq.headers``).
-        ``delay``: seconds before any group may have it (stored now; messages put later
-        may be delivered first).  ``ttl``: seconds from now within which a group must get it,
-        else it expires for that group, as with the queue's ``message_ttl`` (the shorter of
-        the two counts); longer than ``delay``."""
+        """Append one message; its offset in the queue (64-bit, from 0, one per message).
+
+        ``payload``: bytes-like, or a ``str`` (stored UTF-8 encoded).  When the queue is full
+        (its ``capacity`` messages or ``max_bytes`` bytes retained), wait for room: for ever
+        (``block=True``, ``timeout=None``), at most ``timeout`` seconds, or not at all
+        (``block=False``, as ``put_nowait``).  ``headers``: a mapping of ``str`` to ``str``
+        or bytes (``shmq.headers``).  ``delay``: seconds before any group may have it (stored
+        now; messages put later may be delivered first).  ``ttl``: seconds from now within
+        which a group must get it, else it expires for that group, as with the queue's
+        ``message_ttl`` (the shorter of the two counts); longer than ``delay``.
+
+        Raises ``Full`` (no room in time), ``MessageTooLarge`` (payload and headers above
+        the queue's ``max_message_size``), ``InvalidArgument`` (a bad payload type, timeout,
+        delay, ttl or headers), ``StorageError`` (a durable queue's journal cannot be
+        written), ``QueueNotFound``."""
 
     @abstractmethod
     def put_many(self, payloads: Sequence[Payload], block: bool = True,
                  timeout: float | None = None, *, producer: str | None = None,
                  seq: int | None = None, headers: Sequence[Headers | None] | None = None,
                  delay: float | None = None, ttl: float | None = None) -> list[int]:
-        """Append a batch atomically; with ``producer`` and ``seq``, at most once per
-        (producer, seq): a sequence not above the last one written raises ``Duplicate``.
-        ``headers``: one mapping (or None) per payload.  ``delay``, ``ttl``: as for ``put``,
-        for each."""
+        """Append a batch atomically (all or none, in order); their offsets.
+
+        ``block`` and ``timeout``: as ``put``'s, waiting for room for the whole batch.  With
+        ``producer`` (an id of 1-``options.PRODUCER_ID_MAX`` chars) and ``seq`` (1 up), at
+        most once per (producer, seq): a sequence not above the last one that producer wrote
+        raises ``Duplicate`` and writes nothing.  ``headers``: one mapping (or None) per
+        payload.  ``delay``, ``ttl``: as for ``put``, for each.
+
+        Raises ``Full`` (no room in time, or a batch that can never fit), ``Duplicate``,
+        ``MessageTooLarge``, ``InvalidArgument``, ``StorageError``, ``QueueNotFound``."""
+
+    def put_nowait(self, payload: Payload, *, headers: Headers | None = None, delay: float | None = None,
+                   ttl: float | None = None) -> int:
+        """``put(payload, block=False, ...)``, as ``queue.Queue.put_nowait``: append one message
+        if there is room now; its offset.  Raises ``Full`` at once when there is none, and
+        otherwise what ``put`` raises."""
+        return self.put(payload, False, headers=headers, delay=delay, ttl=ttl)
 
     @abstractmethod
-    def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
-            visibility_timeout: float | None = None, *, ack: Message | None = None) -> Message:
-        """Lease one message of ``group``.  ``ack``: a message to acknowledge first, as
+    def get(self, block: bool = True, timeout: float | None = None, *, group: str = options.DEFAULT_GROUP,
+            visibility_timeout: float | None = None, ack: Message | None = None) -> Message:
+        """Lease one message of ``group`` (the default group unless named; a group named for
+        the first time is created, at the earliest retained message): a :class:`Message`,
+        delivered to no other consumer of the group until it is settled
+        (``msg.ack()``, ``nack``, ``dead_letter``) or its lease expires after
+        ``visibility_timeout`` seconds (default: the queue's), when it is delivered again.
+
+        When there is none, wait: for ever (``block=True``, ``timeout=None``), at most
+        ``timeout`` seconds, or not at all (``block=False``, as ``get_nowait``), as
+        ``queue.Queue.get``.  ``group`` is keyword-only: ``get("billing")`` is a TypeError
+        (``get(group="billing")``).  ``ack``: a message to acknowledge first, as
         ``ack.ack()`` would (``StaleAck``, and nothing got, when its lease is not held);
         over TCP a lease of this queue and group goes in the same request, so a consumer
-        that acks each message before the next costs one round trip per message, not two."""
+        that acks each message before the next costs one round trip per message, not two.
+
+        Raises ``Empty`` (nothing in time), ``StaleAck`` (``ack``), ``InvalidArgument`` (a
+        negative timeout, a visibility timeout out of range), ``InvalidName`` (the group's),
+        ``LimitExceeded`` (a new group past the queue's ``max_groups``), ``QueueNotFound``."""
 
     @abstractmethod
-    def get_many(self, max_messages: int, group: str = options.DEFAULT_GROUP, block: bool = True,
-                 timeout: float | None = None, visibility_timeout: float | None = None, *,
+    def get_many(self, max_messages: int, block: bool = True, timeout: float | None = None, *,
+                 group: str = options.DEFAULT_GROUP, visibility_timeout: float | None = None,
                  ack: Iterable[Message] = ()) -> list[Message]:
-        """Lease up to ``max_messages``.  ``ack``: messages to acknowledge first, as
-        ``ack_many(ack)`` would (``StaleAck`` and nothing got when some were stale; the
-        others are applied); over TCP in the same request, as ``get``'s."""
+        """Lease up to ``max_messages`` messages of ``group`` at once (at least one; fewer
+        when fewer are ready, over TCP at most ``options.MAX_BATCH``): ``get``'s, waiting
+        as ``block`` and ``timeout`` say for the first one only.  ``group`` is keyword-only.
+        ``ack``: messages to acknowledge first, as ``ack_many(ack)`` would (``StaleAck`` and
+        nothing got when some were stale; the others are applied); over TCP in the same
+        request, as ``get``'s.
+
+        Raises ``Empty``, ``StaleAck``, ``InvalidArgument`` (``max_messages`` below 1, a bad
+        timeout), ``InvalidName``, ``LimitExceeded``, ``QueueNotFound``."""
+
+    def get_nowait(self, *, group: str = options.DEFAULT_GROUP, visibility_timeout: float | None = None,
+                   ack: Message | None = None) -> Message:
+        """``get(block=False, ...)``, as ``queue.Queue.get_nowait``: lease a message of
+        ``group`` that is ready now.  Raises ``Empty`` at once when there is none, and
+        otherwise what ``get`` raises."""
+        return self.get(False, group=group, visibility_timeout=visibility_timeout, ack=ack)
 
     @abstractmethod
     def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:
@@ -368,7 +472,11 @@ class Queue(ABC):
         delivery of the same offset."""
 
     @abstractmethod
-    def read(self, offset: int, max_messages: int = 1) -> list[Message]: ...
+    def read(self, offset: int, max_messages: int = 1) -> list[Message]:
+        """Replay: up to ``max_messages`` retained messages from ``max(offset, the first
+        retained)`` on, in order, without leasing them (no group sees a difference; they
+        cannot be settled).  An empty list past the last one.  Raises ``InvalidArgument``
+        (``offset`` below 0, ``max_messages`` below 1), ``QueueNotFound``."""
 
     def read_columns(self, offset: int, max_messages: int = 1) -> RecordColumns:
         """``read`` as columns (:class:`RecordColumns`), with no object per record: the
@@ -402,30 +510,56 @@ class Queue(ABC):
         return self.put_many(batch.payloads(), block, timeout, producer=producer, seq=seq)[0]
 
     @abstractmethod
-    def create_group(self, name: str, start: Start = "earliest") -> None:
-        """A new group: at the earliest retained message, the latest, or the first produced
-        at or after a time (seconds since the epoch, or a datetime with a timezone)."""
+    def create_group(self, name: str, start: Start = "earliest", exist_ok: bool = False) -> None:
+        """Create consumer group ``name``: it gets every message from ``start`` on, each
+        once, independently of the queue's other groups.  ``start``: ``"earliest"`` (the
+        default: the earliest message the queue retains, so the messages already there are
+        delivered too), ``"latest"`` (only the messages produced from now on), or a time
+        (seconds since the epoch, or a datetime with a timezone: the first retained message
+        produced at or after it).
+
+        Raises ``GroupExists`` (a ``QueueExists``) when the queue has a group of that name,
+        unless ``exist_ok=True``: then the group is left as it is (its position and leases
+        unchanged; ``start`` is not applied).  Also ``InvalidName``, ``InvalidArgument``
+        (a bad ``start``), ``LimitExceeded`` (the queue's ``max_groups``), ``QueueNotFound``."""
 
     @abstractmethod
     def seek(self, group: str, when: When) -> int:
-        """Move ``group`` to the first retained message produced at or after ``when``; that
-        offset.  Below it every message is settled for the group (as ``commit``); from it on
-        the retained ones are delivered again (docs/operations.md, "Seek by time")."""
+        """Move ``group`` to the first retained message produced at or after ``when``
+        (seconds since the epoch, or a datetime with a timezone); that offset.  Below it
+        every message is settled for the group (as ``commit``); from it on the retained ones
+        are delivered again (docs/operations.md, "Seek by time").  Raises
+        ``GroupNotFound``, ``InvalidArgument``, ``QueueNotFound``."""
 
     @abstractmethod
-    def delete_group(self, name: str) -> None: ...
+    def delete_group(self, name: str) -> None:
+        """Delete consumer group ``name``: its leases turn stale, and the messages only it
+        still held are freed.  Raises ``GroupNotFound``, ``InvalidArgument`` (the default
+        group cannot be deleted), ``QueueNotFound``."""
 
     @abstractmethod
-    def groups(self) -> list[str]: ...
+    def groups(self) -> list[str]:
+        """The names of the queue's consumer groups (the default group among them).
+        Raises ``QueueNotFound``."""
 
     @abstractmethod
-    def commit(self, group: str, offset: int) -> None: ...
+    def commit(self, group: str, offset: int) -> None:
+        """Settle every message of ``group`` below ``offset``, whatever its state (a
+        consumer-managed position, as Kafka's commit: a lease on one of them turns stale);
+        the group goes on from ``offset``.  Raises ``GroupNotFound``, ``InvalidArgument``
+        (a negative offset), ``QueueNotFound``."""
 
     @abstractmethod
-    def purge(self) -> int: ...
+    def purge(self) -> int:
+        """Drop every retained message, for every group (their leases turn stale); the
+        number dropped.  Raises ``QueueNotFound``."""
 
     @abstractmethod
-    def stats(self) -> dict[str, Any]: ...
+    def stats(self) -> dict[str, Any]:
+        """The queue's numbers, as a dict: ``retained``, ``bytes_used``, ``capacity``,
+        ``max_bytes``, ``first_offset``, ``next_offset``, ``fill`` (0 to 1), ``config``, and
+        under ``groups`` each group's (``depth``, ``ready``, ``in_flight``, ``cursor``,
+        ``acked``, ...); ``shmq stats`` prints them.  Raises ``QueueNotFound``."""
 
     @abstractmethod
     def _settle(self, msg: Message, action: Settle, arg: float | None) -> None: ...
@@ -471,25 +605,51 @@ class Queue(ABC):
 
 
 class Broker(ABC):
+    """A broker handle (``shmq.connect(url)``): makes, finds and deletes queues.  Close it
+    when done (``close()``, or ``with shmq.connect(...) as broker:``).  Errors are
+    :class:`shmq.ShmqError` subclasses; over TCP any call may raise ``ConnectionLost``."""
+
     url: str
 
     @abstractmethod
-    def create_queue(self, name: str, **limits: Any) -> Queue: ...
+    def create_queue(self, name: str, **limits: Any) -> Queue:
+        """Create queue ``name``; a :class:`Queue` handle on it.  ``limits``: the fields of
+        :class:`QueueConfig` (``capacity``, ``max_bytes``, ``max_message_size``,
+        ``visibility_timeout``, ``max_deliveries``, ``max_groups``, ``durability``,
+        ``message_ttl``, ``expired_to_dlq``, ``replication``), each checked against its
+        limit in ``shmq.options``.  Over ``shm://`` the queue's shared memory is allocated
+        at once (``max_bytes`` and its slots, in /dev/shm) and stays until the queue or the
+        instance is deleted.
+
+        Raises ``QueueExists``, ``InvalidName``, ``InvalidArgument`` (an unknown or out of
+        range limit), ``LimitExceeded`` (the instance's queues)."""
 
     @abstractmethod
-    def queue(self, name: str) -> Queue: ...
+    def queue(self, name: str) -> Queue:
+        """A handle on existing queue ``name``.  Raises ``QueueNotFound`` (the asyncio
+        client's, made without a round trip, raises it on first use), ``InvalidName``."""
 
     @abstractmethod
-    def list_queues(self) -> list[QueueInfo]: ...
+    def list_queues(self) -> list[QueueInfo]:
+        """Every queue of the broker, dead-letter queues too, as :class:`QueueInfo` (name,
+        ``is_dlq``, config), by name."""
 
     @abstractmethod
-    def delete_queue(self, name: str) -> None: ...
+    def delete_queue(self, name: str) -> None:
+        """Delete queue ``name`` and its messages (and its journal); handles on it raise
+        ``QueueNotFound`` from then on, and consumers waiting in it wake with that error.
+        Raises ``QueueNotFound``, ``InvalidName``."""
 
     @abstractmethod
-    def info(self) -> BrokerInfo: ...
+    def info(self) -> BrokerInfo:
+        """What the broker says about itself: a :class:`BrokerInfo` (version, instance,
+        owner pid and uptime, attached clients, workers, replication)."""
 
     @abstractmethod
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Let go of this handle: over TCP the broker gives this connection's leases back;
+        over ``shm://`` the process detaches (the instance and its queues stay: see
+        ``shmq.connect``).  Closing twice does nothing."""
 
     def _reply_dropped(self, what: str) -> None:  # noqa: B027 (a hook: nothing to do by default)
         """A reply dropped by this broker handle's requester: as ``Queue._reply_dropped``."""

@@ -34,10 +34,21 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from shmq import options, tls
-from shmq.api import BrokerInfo, Headers, Message, Payload, QueueInfo, RecordColumns
+from shmq.api import (
+    Broker,
+    BrokerInfo,
+    Headers,
+    Message,
+    Payload,
+    Queue,
+    QueueInfo,
+    RecordColumns,
+    group_as_block,
+    shares_docs,
+)
 from shmq.api import reply as _reply
 from shmq.client.aio_reply import AsyncRequester, send_reply
-from shmq.errors import ConnectionLost, ProtocolError, ShmqError
+from shmq.errors import ConnectionLost, GroupExists, ProtocolError, ShmqError
 from shmq.joined import Joined
 from shmq.names import check_queue_name
 from shmq.protocol import commands as cmd
@@ -136,6 +147,8 @@ async def _connect(url: str, token: str | None, *, connect_timeout: float, clien
                              "is it a shmq broker?") from None
     except BaseException as e:
         await broker._shutdown("the handshake failed")
+        if broker._malformed is not None and isinstance(e, ConnectionLost):
+            raise broker._malformed from None  # no shmq broker: named for what it looks like, as by tcp's
         if u.tls and isinstance(e, ConnectionLost):  # closed during TLS: a client certificate?
             raise tls.handshake_lost(e, u) from None
         raise
@@ -145,6 +158,7 @@ async def _connect(url: str, token: str | None, *, connect_timeout: float, clien
     return broker
 
 
+@shares_docs(Broker)
 class AsyncBroker:
     """A connection to ``shmq serve``; make one with :func:`connect`."""
 
@@ -160,6 +174,7 @@ class AsyncBroker:
         self.nowait_errors = self._conn.nowait_errors  # the latest errors of unwaited acks
         self._loop = asyncio.get_running_loop()
         self._received = 0  # bytes read so far: the heartbeat task's sign of life
+        self._malformed: ProtocolError | None = None  # what the reader found, if the peer sent no frame
         self._beating: asyncio.Task[None] | None = None
         self._requester: AsyncRequester | None = None  # made on the first request
         self._reader_task = self._loop.create_task(self._read_loop(), name=f"shmq.client.aio reader {url}")
@@ -250,6 +265,7 @@ class AsyncBroker:
                 self._dispatch(self._conn.receive_data(data))
         except ProtocolError as e:
             reason = f"closed: the broker sent a malformed frame ({e})"
+            self._malformed = e
         except OSError as e:
             reason = f"lost: {e}"
         except Exception as e:  # noqa: BLE001 - whatever it was, the waiting requests must hear of it
@@ -396,6 +412,7 @@ class AsyncBroker:
 
     @property
     def closed(self) -> bool:
+        """True once the connection is closed (``close()``, or lost)."""
         return self._conn.closed
 
 
@@ -433,6 +450,7 @@ class AsyncMessage(Message):
         return "Async" + super().__repr__()
 
 
+@shares_docs(Queue)
 class AsyncQueue:
     """A queue of an :class:`AsyncBroker`: the methods of ``shmq.Queue``, awaitable."""
 
@@ -458,17 +476,29 @@ class AsyncQueue:
         return await self.broker._execute(cmd.put_many(self, payloads, block, timeout, producer, seq, headers,
                                                     delay, ttl))
 
-    async def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
-                  visibility_timeout: float | None = None, *, ack: Message | None = None) -> AsyncMessage:
-        """``shmq.Queue.get``: with ``ack``, that message is acked first, in the same request."""
+    async def put_nowait(self, payload: Payload, *, headers: Headers | None = None,
+                         delay: float | None = None, ttl: float | None = None) -> int:
+        return await self.put(payload, False, headers=headers, delay=delay, ttl=ttl)
+
+    async def get_nowait(self, *, group: str = options.DEFAULT_GROUP, visibility_timeout: float | None = None,
+                         ack: Message | None = None) -> AsyncMessage:
+        return await self.get(False, group=group, visibility_timeout=visibility_timeout, ack=ack)
+
+    async def get(self, block: bool = True, timeout: float | None = None, *,
+                  group: str = options.DEFAULT_GROUP, visibility_timeout: float | None = None,
+                  ack: Message | None = None) -> AsyncMessage:
+        if block.__class__ is str:  # get("billing"): the order before group became a keyword
+            raise group_as_block("get", block)
         if ack is not None and not rides(self, group, (ack,)):
             await self._settle(ack, Settle.ACK, 0.0)  # not a lease of this queue and group here
             ack = None
         return await self.broker._execute(cmd.get(self, group, block, timeout, visibility_timeout, ack))
 
-    async def get_many(self, max_messages: int, group: str = options.DEFAULT_GROUP, block: bool = True,
-                       timeout: float | None = None, visibility_timeout: float | None = None, *,
+    async def get_many(self, max_messages: int, block: bool = True, timeout: float | None = None, *,
+                       group: str = options.DEFAULT_GROUP, visibility_timeout: float | None = None,
                        ack: Iterable[Message] = ()) -> list[AsyncMessage]:
+        if block.__class__ is str:
+            raise group_as_block("get_many", block)
         acks = list(ack)
         if acks and not rides(self, group, acks):
             await self.ack_many(acks)  # not all leases of this queue and group here: acked apart
@@ -512,8 +542,12 @@ class AsyncQueue:
         """``shmq.Queue.put_joined``: one produce made of the lengths and the bytes as they are."""
         return await self.broker._execute(cmd.put_joined(self, batch, block, timeout, producer, seq))
 
-    async def create_group(self, name: str, start: Start = "earliest") -> None:
-        await self.broker._execute(gcmd.create_group(self, name, start))
+    async def create_group(self, name: str, start: Start = "earliest", exist_ok: bool = False) -> None:
+        try:
+            await self.broker._execute(gcmd.create_group(self, name, start))
+        except GroupExists:
+            if not exist_ok:
+                raise
 
     async def delete_group(self, name: str) -> None:
         await self.broker._execute(gcmd.delete_group(self, name))

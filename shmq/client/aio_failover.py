@@ -36,7 +36,18 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from typing import Any, TypeVar
 
 from shmq import options
-from shmq.api import BrokerInfo, Headers, Message, Payload, QueueInfo, RecordColumns
+from shmq.api import (
+    Broker,
+    BrokerInfo,
+    Headers,
+    Message,
+    Payload,
+    Queue,
+    QueueInfo,
+    RecordColumns,
+    group_as_block,
+    shares_docs,
+)
 from shmq.client.aio_reply import AsyncRequester
 from shmq.client.failover import FAILS_OVER, Search, check_failover_timeout, not_primary, url_list
 from shmq.errors import ConnectionLost, Timeout
@@ -51,6 +62,7 @@ Conn = Any  # a connection: a shmq.client.aio.AsyncBroker
 Opener = Callable[..., Awaitable[Conn]]  # connects to one URL: opener(url, token, **settings)
 
 
+@shares_docs(Broker)
 class AsyncFailoverBroker:
     """A broker handle over a list of URLs: the primary's, failing over (see the module's doc).
     Made by ``await shmq.client.aio.connect(URLS, ...)`` (or ``await AsyncFailoverBroker.open``).
@@ -222,9 +234,11 @@ class AsyncFailoverBroker:
 
     @property
     def closed(self) -> bool:
+        """True once ``close()`` was called."""
         return self._closing
 
 
+@shares_docs(Queue)
 class AsyncFailoverQueue:
     """A queue of an :class:`AsyncFailoverBroker`: each call goes to the ``AsyncQueue`` of the
     primary's connection, made again after a fail-over (what is retried: the module's doc)."""
@@ -262,24 +276,39 @@ class AsyncFailoverQueue:
         return await self._call(lambda q: q.put_many(payloads, block, timeout, producer=producer, seq=seq,
                                                      headers=headers, delay=delay, ttl=ttl))
 
+    async def put_nowait(self, payload: Payload, *, headers: Headers | None = None,
+                         delay: float | None = None, ttl: float | None = None) -> int:
+        return await self.put(payload, False, headers=headers, delay=delay, ttl=ttl)
+
+    async def get_nowait(self, *, group: str = options.DEFAULT_GROUP, visibility_timeout: float | None = None,
+                         ack: Message | None = None) -> Message:
+        return await self.get(False, group=group, visibility_timeout=visibility_timeout, ack=ack)
+
     async def put_joined(self, batch: Joined, block: bool = True, timeout: float | None = None, *,
                          producer: str | None = None, seq: int | None = None) -> int:
         return await self._call(lambda q: q.put_joined(batch, block, timeout, producer=producer, seq=seq))
 
-    async def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
-                  visibility_timeout: float | None = None, *, ack: Message | None = None) -> Message:
+    async def get(self, block: bool = True, timeout: float | None = None, *,
+                  group: str = options.DEFAULT_GROUP, visibility_timeout: float | None = None,
+                  ack: Message | None = None) -> Message:
         """``AsyncQueue.get``: the message's ``queue_handle`` is the ``AsyncQueue`` of the
         connection that leased it, which settles it.  Retried after a fail-over unless ``ack``."""
-        return await self._call(lambda q: q.get(group, block, timeout, visibility_timeout, ack=ack),
+        if block.__class__ is str:  # get("billing"): the order before group became a keyword
+            raise group_as_block("get", block)
+        return await self._call(lambda q: q.get(block, timeout, group=group,
+                                                visibility_timeout=visibility_timeout, ack=ack),
                                 retry=ack is None)
 
-    async def get_many(self, max_messages: int, group: str = options.DEFAULT_GROUP, block: bool = True,
-                       timeout: float | None = None, visibility_timeout: float | None = None, *,
+    async def get_many(self, max_messages: int, block: bool = True, timeout: float | None = None, *,
+                       group: str = options.DEFAULT_GROUP, visibility_timeout: float | None = None,
                        ack: Iterable[Message] = ()) -> list[Message]:
         """``AsyncQueue.get_many``, as ``get``: retried after a fail-over unless it carries acks."""
+        if block.__class__ is str:
+            raise group_as_block("get_many", block)
         acks = list(ack)
-        return await self._call(lambda q: q.get_many(max_messages, group, block, timeout, visibility_timeout,
-                                                     ack=acks), retry=not acks)
+        return await self._call(lambda q: q.get_many(max_messages, block, timeout, group=group,
+                                                     visibility_timeout=visibility_timeout, ack=acks),
+                                retry=not acks)
 
     async def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:
         """``AsyncQueue.ack_many`` over the connection that leased the messages, never retried:
@@ -311,8 +340,8 @@ class AsyncFailoverQueue:
                 return
             start = c.offsets[-1] + 1
 
-    async def create_group(self, name: str, start: Start = "earliest") -> None:
-        await self._call(lambda q: q.create_group(name, start))
+    async def create_group(self, name: str, start: Start = "earliest", exist_ok: bool = False) -> None:
+        await self._call(lambda q: q.create_group(name, start, exist_ok))
 
     async def seek(self, group: str, when: When) -> int:
         return await self._call(lambda q: q.seek(group, when))

@@ -27,8 +27,8 @@ that try was applied before the connection went: a retried ``put``, ``put_many``
 ``put_joined`` may store its messages twice (fail-over makes a put *at-least-once*;
 an idempotent producer's ``put_many(producer=, seq=)`` raises ``Duplicate`` instead);
 a retried ``create_queue`` may raise ``QueueExists``, a retried ``delete_queue``
-``QueueNotFound``, a retried ``create_group`` ``GroupExists``; a retried ``purge``
-counts only what the second try removed.  A blocking ``get`` retried waits its
+``QueueNotFound``, a retried ``create_group`` ``GroupExists`` (unless ``exist_ok``); a
+retried ``purge`` counts only what the second try removed.  A blocking ``get`` retried waits its
 ``timeout`` again on the new primary.
 
 Not retried: the settling of a delivery.  A message is settled (``ack``, ``nack``,
@@ -62,7 +62,18 @@ from collections.abc import Callable, Generator, Iterable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 from shmq import options
-from shmq.api import Broker, BrokerInfo, Headers, Message, Payload, Queue, QueueInfo, RecordColumns
+from shmq.api import (
+    Broker,
+    BrokerInfo,
+    Headers,
+    Message,
+    Payload,
+    Queue,
+    QueueInfo,
+    RecordColumns,
+    group_as_block,
+    shares_docs,
+)
 from shmq.api.publisher import Publisher
 from shmq.api.reply import end_requests
 from shmq.client.tcp import Box, TcpBroker, TcpQueue
@@ -159,6 +170,7 @@ class Search:
         return pause
 
 
+@shares_docs(Broker)
 class FailoverBroker(Broker):
     """A broker handle over a list of URLs: the primary's, failing over (see the module's doc).
 
@@ -305,6 +317,7 @@ class FailoverBroker(Broker):
             state[0].close(timeout)
 
 
+@shares_docs(Queue)
 class FailoverQueue(Queue):
     """A queue of a :class:`FailoverBroker`: each call goes to the ``TcpQueue`` of the primary's
     connection, made again after a fail-over (what is retried: the module's doc)."""
@@ -382,20 +395,25 @@ class FailoverQueue(Queue):
     def _confirm_many(self, token: tuple[TcpQueue, Any]) -> list[int]:
         return token[0]._confirm_many(token[1])
 
-    def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
-            visibility_timeout: float | None = None, *, ack: Message | None = None) -> Message:
+    def get(self, block: bool = True, timeout: float | None = None, *, group: str = options.DEFAULT_GROUP,
+            visibility_timeout: float | None = None, ack: Message | None = None) -> Message:
         """``Queue.get``: the message's ``queue_handle`` is the ``TcpQueue`` of the connection
         that leased it, which settles it.  Retried after a fail-over unless ``ack`` is given."""
-        return self._call(lambda q: q.get(group, block, timeout, visibility_timeout, ack=ack),
-                          retry=ack is None)
+        if block.__class__ is str:  # get("billing"): the order before group became a keyword
+            raise group_as_block("get", block)
+        return self._call(lambda q: q.get(block, timeout, group=group, visibility_timeout=visibility_timeout,
+                                          ack=ack), retry=ack is None)
 
-    def get_many(self, max_messages: int, group: str = options.DEFAULT_GROUP, block: bool = True,
-                 timeout: float | None = None, visibility_timeout: float | None = None, *,
+    def get_many(self, max_messages: int, block: bool = True, timeout: float | None = None, *,
+                 group: str = options.DEFAULT_GROUP, visibility_timeout: float | None = None,
                  ack: Iterable[Message] = ()) -> list[Message]:
         """``Queue.get_many``, as ``get``: retried after a fail-over unless it carries acks."""
+        if block.__class__ is str:
+            raise group_as_block("get_many", block)
         acks = list(ack)
-        return self._call(lambda q: q.get_many(max_messages, group, block, timeout, visibility_timeout,
-                                               ack=acks), retry=not acks)
+        return self._call(lambda q: q.get_many(max_messages, block, timeout, group=group,
+                                               visibility_timeout=visibility_timeout, ack=acks),
+                          retry=not acks)
 
     def ack_many(self, messages: Iterable[Message], wait: bool = True) -> None:
         """``Queue.ack_many`` over the connection that leased the messages, never retried: after
@@ -416,8 +434,8 @@ class FailoverQueue(Queue):
     def read_columns(self, offset: int, max_messages: int = 1) -> RecordColumns:
         return self._call(lambda q: q.read_columns(offset, max_messages))
 
-    def create_group(self, name: str, start: Start = "earliest") -> None:
-        self._call(lambda q: q.create_group(name, start))
+    def create_group(self, name: str, start: Start = "earliest", exist_ok: bool = False) -> None:
+        self._call(lambda q: q.create_group(name, start, exist_ok))
 
     def seek(self, group: str, when: When) -> int:
         return self._call(lambda q: q.seek(group, when))

@@ -22,9 +22,20 @@ from collections.abc import Generator, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from shmq import options
-from shmq.api import Broker, BrokerInfo, Headers, Message, Payload, Queue, QueueInfo, RecordColumns
+from shmq.api import (
+    Broker,
+    BrokerInfo,
+    Headers,
+    Message,
+    Payload,
+    Queue,
+    QueueInfo,
+    RecordColumns,
+    group_as_block,
+    shares_docs,
+)
 from shmq.api.reply import end_requests
-from shmq.errors import ConnectionLost, ProtocolError, ShmqError
+from shmq.errors import ConnectionLost, GroupExists, ProtocolError, ShmqError
 from shmq.joined import Joined
 from shmq.protocol import commands as cmd
 from shmq.protocol import group_commands as gcmd
@@ -45,6 +56,7 @@ R = TypeVar("R")
 Box = deque[Any]  # where the reader files the frames one waiter waits for
 
 
+@shares_docs(Broker)
 class TcpBroker(Broker):
     """A broker handle talking to ``shmq serve``."""
 
@@ -323,6 +335,7 @@ class TcpBroker(Broker):
             self._cond.notify_all()
 
 
+@shares_docs(Queue)
 class TcpQueue(Queue):
     message_class = Message  # what its messages are made of (shmq.protocol.commands)
 
@@ -367,16 +380,20 @@ class TcpQueue(Queue):
     def _confirm_many(self, token: tuple[Request[list[int]], Box]) -> list[int]:
         return self.broker._finish(*token)
 
-    def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
-            visibility_timeout: float | None = None, *, ack: Message | None = None) -> Message:
+    def get(self, block: bool = True, timeout: float | None = None, *, group: str = options.DEFAULT_GROUP,
+            visibility_timeout: float | None = None, ack: Message | None = None) -> Message:
+        if block.__class__ is str:  # get("billing"): the order before group became a keyword
+            raise group_as_block("get", block)
         if ack is not None and not rides(self, group, (ack,)):
             ack.ack()  # not a lease of this queue and group here: acked apart
             ack = None
         return self.broker._execute(cmd.get(self, group, block, timeout, visibility_timeout, ack))
 
-    def get_many(self, max_messages: int, group: str = options.DEFAULT_GROUP, block: bool = True,
-                 timeout: float | None = None, visibility_timeout: float | None = None, *,
+    def get_many(self, max_messages: int, block: bool = True, timeout: float | None = None, *,
+                 group: str = options.DEFAULT_GROUP, visibility_timeout: float | None = None,
                  ack: Iterable[Message] = ()) -> list[Message]:
+        if block.__class__ is str:
+            raise group_as_block("get_many", block)
         acks = list(ack)
         if acks and not rides(self, group, acks):
             self.ack_many(acks)  # not all leases of this queue and group here: acked apart
@@ -438,8 +455,12 @@ class TcpQueue(Queue):
         of the lengths and the bytes as they are, no object per payload."""
         return self.broker._execute(cmd.put_joined(self, batch, block, timeout, producer, seq))
 
-    def create_group(self, name: str, start: Start = "earliest") -> None:
-        self.broker._execute(gcmd.create_group(self, name, start))
+    def create_group(self, name: str, start: Start = "earliest", exist_ok: bool = False) -> None:
+        try:
+            self.broker._execute(gcmd.create_group(self, name, start))
+        except GroupExists:
+            if not exist_ok:
+                raise
 
     def delete_group(self, name: str) -> None:
         self.broker._execute(gcmd.delete_group(self, name))

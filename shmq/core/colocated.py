@@ -24,7 +24,7 @@ from typing import Any
 import posix_ipc
 
 from shmq import crashpoints, options
-from shmq.api import Broker, BrokerInfo, QueueConfig, QueueInfo
+from shmq.api import Broker, BrokerInfo, QueueConfig, QueueInfo, shares_docs
 from shmq.api.limits import check_config
 from shmq.api.reply import end_requests
 from shmq.core import layout as L
@@ -381,12 +381,15 @@ def _exit_hooks() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+@shares_docs(Broker)
 class ShmBroker(Broker):
     """A co-located broker handle (``shmq.connect("shm://name")``).
 
     Attaching creates the instance's registry when none exists (with ``create=False``:
-    ``InstanceNotFound`` instead).  The instance lives until ``destroy()`` (or
-    ``shmq.reclaim`` once every process that used it is dead).
+    ``InstanceNotFound`` instead), and each queue reserves its memory in /dev/shm when it
+    is created (``shmq.connect`` says how much).  The instance outlives the process
+    (``close()`` only detaches) until ``destroy()``, or ``shmq.reclaim`` (``shmq doctor
+    --clean``) once every process that used it is gone.
     """
 
     def __init__(self, instance: str = options.DEFAULT_INSTANCE, *,
@@ -410,8 +413,10 @@ class ShmBroker(Broker):
         return f"ShmBroker({self.url!r})"
 
     def create_queue(self, name: str, *, dead_letter: bool = False, **limits: Any) -> ShmQueue:
-        """A new queue.  ``dead_letter=True`` makes ``<queue>.dlq`` before the broker would
-        (at ``<queue>``'s first dead letter), with limits of its own."""
+        """``Broker.create_queue``, in shared memory (about 18 MiB of /dev/shm with the default
+        limits; ``LimitExceeded`` when /dev/shm has no room).  ``dead_letter=True`` makes
+        ``<queue>.dlq`` before the broker would (at ``<queue>``'s first dead letter), with
+        limits of its own."""
         check_new_queue_name(name, dead_letter=bool(dead_letter))
         return self._att.create_queue(name, check_config(dict(limits)), is_dlq=bool(dead_letter))
 
@@ -471,7 +476,10 @@ class ShmBroker(Broker):
         att.close()
 
     def destroy(self) -> None:
-        """Remove the instance's shared memory (every queue, semaphore and the registry)."""
+        """Remove the instance's shared memory from /dev/shm (every queue, semaphore and the
+        registry) and close this handle: other processes' handles on it raise
+        ``QueueNotFound`` / ``InstanceError`` from then on.  Do not destroy the instance a
+        running ``shmq serve`` serves (it removes its own when it stops)."""
         att = self._att
         reg = att.registry
         with reg.lock:

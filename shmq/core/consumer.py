@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from shmq import crashpoints, options
 from shmq.accel import ext
-from shmq.api import Message, own_leases
+from shmq.api import Message, Queue, group_as_block, own_leases, shares_docs
 from shmq.core.durability import Mark
 from shmq.core.groups import ACK, DEAD, FREED, NACK, OK, STALE, TO_DLQ, TOUCH, DeadItem
 from shmq.core.handle import QueueHandle, _ms, _sync
@@ -71,12 +71,15 @@ def _deadline(timeout: float | None) -> float | None:
     raise InvalidArgument("timeout must be >= 0")
 
 
+@shares_docs(Queue)
 class Consuming(_Handle):
     """get / get_many, and the settling of what they lease: a mixin of ``ShmQueue``, on its
     ``QueueHandle``."""
 
-    def get(self, group: str = options.DEFAULT_GROUP, block: bool = True, timeout: float | None = None,
-            visibility_timeout: float | None = None, *, ack: Message | None = None) -> Message:
+    def get(self, block: bool = True, timeout: float | None = None, *, group: str = options.DEFAULT_GROUP,
+            visibility_timeout: float | None = None, ack: Message | None = None) -> Message:
+        if block is not True and block.__class__ is str:  # get("billing"): group is a keyword now
+            raise group_as_block("get", block)
         if ack is not None:
             ack.ack()
         if visibility_timeout is None:
@@ -116,9 +119,11 @@ class Consuming(_Handle):
             unlock(addr)
         return m, gi, now
 
-    def get_many(self, max_messages: int, group: str = options.DEFAULT_GROUP, block: bool = True,
-                 timeout: float | None = None, visibility_timeout: float | None = None, *,
+    def get_many(self, max_messages: int, block: bool = True, timeout: float | None = None, *,
+                 group: str = options.DEFAULT_GROUP, visibility_timeout: float | None = None,
                  ack: Iterable[Message] = ()) -> list[Message]:
+        if block.__class__ is str:
+            raise group_as_block("get_many", block)
         if max_messages < 1:
             raise InvalidArgument("max_messages must be >= 1")
         acks = list(ack)

@@ -124,6 +124,7 @@ class QueueHandle:
 
     @property
     def config(self) -> QueueConfig:
+        """The limits the queue was created with (``QueueConfig``)."""
         r = self.ring
         return QueueConfig(r.capacity, r.size, r.max_message_size, r.visibility_ms / 1000,
                            r.max_deliveries, r.max_groups, options.DURABILITY_MODES[r.durability],
@@ -132,6 +133,7 @@ class QueueHandle:
 
     @property
     def is_dlq(self) -> bool:
+        """True for a dead-letter queue (``<queue>.dlq``)."""
         return bool(self.ring.flags & L.F_DLQ)
 
     def _alive(self) -> None:

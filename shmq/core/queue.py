@@ -26,6 +26,7 @@ from shmq.api import (
     check_producer,
     check_read,
     delay_ms,
+    shares_docs,
     ttl_ms,
 )
 from shmq.api import Queue as QueueABC
@@ -36,7 +37,7 @@ from shmq.core.durability import Mark
 from shmq.core.handle import Host, QueueHandle, _sync, monotonic_ms
 from shmq.core.layout import Q_STATE, QS_ACTIVE
 from shmq.core.ring import producer_key
-from shmq.errors import InvalidArgument, MessageTooLarge
+from shmq.errors import GroupExists, InvalidArgument, MessageTooLarge
 from shmq.joined import Joined
 from shmq.names import check_group_name as _check_group_name
 from shmq.seektime import Start, When, start_ns, to_ns
@@ -44,6 +45,7 @@ from shmq.seektime import Start, When, start_ns, to_ns
 READ_COLUMNS_BYTES = 64 << 20  # bytes of records one read_columns copies at most (but one record at least)
 
 
+@shares_docs(QueueABC)
 class ShmQueue(Consuming, QueueHandle, QueueABC):
     """One queue of a co-located instance, in three parts: ``QueueHandle``
     (``shmq.core.handle``), the base: the queue's words and semaphores, sleeping and
@@ -96,10 +98,7 @@ class ShmQueue(Consuming, QueueHandle, QueueABC):
                  seq: int | None = None, wait_durable: bool = True,
                  headers: Sequence[Headers | None] | None = None, delay: float | None = None,
                  ttl: float | None = None) -> list[int]:
-        """Append a batch atomically.  With ``producer`` and ``seq`` (an idempotent
-        producer): raise :class:`Duplicate` and write nothing when this producer already
-        wrote ``seq`` or a later sequence to this queue.  ``headers``: one mapping (or
-        None) per payload; ``delay``, ``ttl``: one for the whole batch."""
+        # (its docstring is Queue.put_many's)
         key = producer_key(producer) if check_producer(producer, seq) else 0  # type: ignore[arg-type]
         if set(map(type, payloads)) == {bytes}:  # the usual case, checked at C speed
             items = list(payloads)
@@ -196,12 +195,14 @@ class ShmQueue(Consuming, QueueHandle, QueueABC):
     # ------------------------------------------------------------ groups, replay, stats
     # Each change of group state has an ``_unsynced`` form that returns the mark confirming
     # it on an ``always`` queue instead of waiting for it (``shmq.core.serverqueue`` uses those).
-    def create_group(self, name: str, start: Start = "earliest") -> None:
-        """A new group, at the earliest retained message, the latest, or the first produced
-        at or after a time (as ``seek``)."""
+    def create_group(self, name: str, start: Start = "earliest", exist_ok: bool = False) -> None:
         at = start_ns(start)
-        _sync(self._create_group_unsynced(name, str(start)) if at is None
-              else self._create_group_at_unsynced(name, at)[1])
+        try:
+            _sync(self._create_group_unsynced(name, str(start)) if at is None
+                  else self._create_group_at_unsynced(name, at)[1])
+        except GroupExists:
+            if not exist_ok:
+                raise
 
     def _create_group_unsynced(self, name: str, start: str) -> Mark | None:
         self._alive()
@@ -219,8 +220,7 @@ class ShmQueue(Consuming, QueueHandle, QueueABC):
         return offset, self.durability.settle_mark()
 
     def seek(self, group: str, when: When) -> int:
-        """Move ``group`` to the first retained message produced at or after ``when``
-        (``Groups.seek`` says what happens to the messages on either side); its offset."""
+        # Queue.seek's docstring; Groups.seek says what happens to the messages on either side
         offset, mark = self._seek_unsynced(group, to_ns(when))
         _sync(mark)
         return offset
@@ -257,7 +257,6 @@ class ShmQueue(Consuming, QueueHandle, QueueABC):
         return [name for _, name in self.consumer_groups.active()]
 
     def commit(self, group: str, offset: int) -> None:
-        """Settle every message of ``group`` below ``offset`` (leases on them turn stale)."""
         _sync(self._commit_unsynced(group, offset))
 
     def _commit_unsynced(self, group: str, offset: int) -> Mark | None:
@@ -279,7 +278,6 @@ class ShmQueue(Consuming, QueueHandle, QueueABC):
         self._att.registry.count_reply_dropped(what)
 
     def purge(self) -> int:
-        """Drop every retained message for every group; the number dropped."""
         n, mark = self._purge_unsynced()
         _sync(mark)
         return n
@@ -295,7 +293,6 @@ class ShmQueue(Consuming, QueueHandle, QueueABC):
         return int(nxt - first), self.durability.settle_mark()
 
     def read(self, offset: int, max_messages: int = 1) -> list[Message]:
-        """Retained messages from ``offset`` on, without leasing them (replay)."""
         self._alive()
         if max_messages < 1 or offset < 0:
             raise InvalidArgument("offset must be >= 0 and max_messages >= 1")

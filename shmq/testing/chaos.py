@@ -277,7 +277,7 @@ def _drain(b: ShmBroker, specs: list[QueueSpec], corrupted: list[str], offsets: 
 def _empty(q: Any, group: str) -> Iterator[Message]:
     while True:
         try:
-            msgs = q.get_many(100, group, timeout=DRAIN_TIMEOUT)
+            msgs = q.get_many(100, timeout=DRAIN_TIMEOUT, group=group)
         except Empty:
             return
         yield from msgs
@@ -312,7 +312,7 @@ def _after_drain(b: ShmBroker, specs: list[QueueSpec], fates: list[GroupFate], r
         try:
             off = q.put(b"chaos: still works", timeout=2)
             for g in q.groups():
-                m = q.get(g, timeout=2)
+                m = q.get(timeout=2, group=g)
                 if (m.offset, m.payload) != (off, b"chaos: still works"):
                     result.problems.append(f"{name}/{g}: after the storm a put at {off} came back as {m!r}")
                 m.ack()

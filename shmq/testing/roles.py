@@ -242,9 +242,9 @@ def _consumer(role: Role, env: Env) -> None:
             vis = SHORT_LEASE if short else None
             try:
                 if n == 1:
-                    msgs = [q.get(g, timeout=GET_TIMEOUT, visibility_timeout=vis)]
+                    msgs = [q.get(timeout=GET_TIMEOUT, group=g, visibility_timeout=vis)]
                 else:
-                    msgs = q.get_many(n, g, timeout=GET_TIMEOUT, visibility_timeout=vis)
+                    msgs = q.get_many(n, timeout=GET_TIMEOUT, group=g, visibility_timeout=vis)
             except Empty:
                 continue
             got: list[tuple[Message, str]] = []

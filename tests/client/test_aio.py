@@ -338,7 +338,7 @@ def test_groups_read_commit_purge_dead_letter(server: Server, request: pytest.Fi
             with pytest.raises(shmq.StaleAck):
                 await recs[0].ack()  # read() is not a lease
             await q.commit("g2", 2)
-            assert (await q.get("g2", timeout=5)).payload == b"c"
+            assert (await q.get(timeout=5, group="g2")).payload == b"c"
             m = await q.get(timeout=5)
             await m.dead_letter()
             dlq = b.queue(q.name + ".dlq")

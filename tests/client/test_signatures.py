@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from shmq import api
-from shmq.client.aio import AsyncBroker, AsyncQueue
+from shmq.client.aio import AsyncBroker, AsyncMessage, AsyncQueue
 from shmq.client.aio_failover import AsyncFailoverBroker, AsyncFailoverQueue
 from shmq.client.failover import FailoverBroker, FailoverQueue
 from shmq.client.tcp import TcpBroker, TcpQueue
@@ -116,3 +116,64 @@ def test_each_listed_difference_is_still_there() -> None:
         mine = {p.name for p in parameters(getattr(impl, name))}
         theirs = {p.name for p in parameters(getattr(iface, name))}
         assert extra <= mine - theirs, f"{impl.__name__}.{name}: {extra - (mine - theirs)} no longer differ"
+
+
+# The declaration itself: the stdlib's shape (``queue.Queue``'s ``put(item, block, timeout)`` /
+# ``get(block, timeout)``, ``put_nowait`` / ``get_nowait``), every other parameter a keyword.
+# Each client is held to ``shmq.api.Queue`` above, so this table holds for every one of them.
+P, K = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
+DECLARED: dict[str, list[tuple[str, inspect._ParameterKind, Any]]] = {
+    "put": [("payload", P, inspect.Parameter.empty), ("block", P, True), ("timeout", P, None),
+            ("headers", K, None), ("delay", K, None), ("ttl", K, None)],
+    "put_many": [("payloads", P, inspect.Parameter.empty), ("block", P, True), ("timeout", P, None),
+                 ("producer", K, None), ("seq", K, None), ("headers", K, None), ("delay", K, None),
+                 ("ttl", K, None)],
+    "put_nowait": [("payload", P, inspect.Parameter.empty), ("headers", K, None), ("delay", K, None),
+                   ("ttl", K, None)],
+    "get": [("block", P, True), ("timeout", P, None), ("group", K, "default"),
+            ("visibility_timeout", K, None), ("ack", K, None)],
+    "get_many": [("max_messages", P, inspect.Parameter.empty), ("block", P, True), ("timeout", P, None),
+                 ("group", K, "default"), ("visibility_timeout", K, None), ("ack", K, ())],
+    "get_nowait": [("group", K, "default"), ("visibility_timeout", K, None), ("ack", K, None)],
+    "create_group": [("name", P, inspect.Parameter.empty), ("start", P, "earliest"), ("exist_ok", P, False)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(DECLARED))
+def test_the_interface_has_the_stdlibs_shape(name: str) -> None:
+    got = [shape(p) for p in parameters(getattr(api.Queue, name))][1:]  # (self)
+    assert got == DECLARED[name], f"Queue.{name}{inspect.signature(getattr(api.Queue, name))}"
+
+
+MESSAGES = [api.Message, AsyncMessage]
+
+
+def documented(cls: type) -> list[str]:
+    """The public methods and properties of ``cls``, its bases' included (but ``object``'s and
+    ``tuple``'s: a message is a tuple underneath)."""
+    return sorted(n for n in dir(cls) if not n.startswith("_") and not hasattr(tuple, n)
+                  and (callable(getattr(cls, n)) or isinstance(inspect.getattr_static(cls, n), property))
+                  and not isinstance(inspect.getattr_static(cls, n), (str, type)))
+
+
+@pytest.mark.parametrize("cls", [api.Queue, api.Broker, *QUEUES, *BROKERS, *MESSAGES],
+                         ids=lambda c: c.__name__)
+def test_every_public_method_says_what_it_does(cls: type) -> None:
+    """``help(q.put)`` explains the call on every client: a method with no docstring of its own
+    shows the interface's (``inspect.getdoc`` follows the bases; the asyncio classes, which
+    have none, take the interface's: ``shmq.api.shares_docs``)."""
+    missing = [n for n in documented(cls) if not (inspect.getdoc(getattr(cls, n)) or "").strip()]
+    assert missing == [], f"{cls.__name__}: no docstring for {missing}"
+
+
+@pytest.mark.parametrize("cls", QUEUES, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("name", ["get", "get_many", "put", "put_nowait", "get_nowait", "create_group"])
+def test_the_main_calls_explain_their_arguments_and_errors(cls: type, name: str) -> None:
+    doc = inspect.getdoc(getattr(cls, name)) or ""
+    if name.endswith("nowait"):
+        assert ("Empty" if name.startswith("get") else "Full") in doc
+        return
+    for word in {"get": ["block", "timeout", "group", "Empty"], "get_many": ["max_messages", "Empty"],
+                 "put": ["block", "timeout", "Full", "MessageTooLarge"],
+                 "create_group": ["exist_ok", "GroupExists", "earliest", "latest"]}[name]:
+        assert word in doc, f"{cls.__name__}.{name}'s docstring does not mention {word}"

@@ -367,7 +367,7 @@ def _one_message_script(q: Any) -> list[int]:
     with pytest.raises(StaleAck):
         m[0].ack()
     q.create_group("other", "earliest")  # two groups (from offset 2): the free offset is recomputed
-    o = [q.get("other", block=False) for _ in range(2)]
+    o = [q.get(False, group="other") for _ in range(2)]
     assert [x.payload for x in o] == [b"c", b"d"]
     m[2].ack()
     assert q.offsets()[0] == 2  # "other" holds it back
@@ -383,7 +383,7 @@ def _one_message_script(q: Any) -> list[int]:
         want = str(lap).encode() if lap % 3 else None
         assert (x.payload, x.headers.get("lap")) == (bytes([lap]) * 700, want)
         x.ack()
-        o = q.get("other", block=False)
+        o = q.get(False, group="other")
         o.ack()
     q.put(b"y" * 3000)
     with pytest.raises(Full):  # no room in the byte ring (4096 B) for 3000 B more
@@ -492,7 +492,7 @@ def _batch_ack_script(q: Any) -> list[Any]:
     q.ack_many(list(reversed(rest[:2])))  # not in order: the twin's
     with pytest.raises(StaleAck):
         q.ack_many(rest[1:])  # rest[1] is acked already: the twin reports it
-    g2 = q.get_many(12, "g2")
+    g2 = q.get_many(12, group="g2")
     q.ack_many(tuple(g2[:3]))  # not a list: the twin's
     with pytest.raises(StaleAck):
         q.ack_many([g2[3], g2[4], a[0]])  # two groups (a[0] acked already): the twin's
