@@ -98,7 +98,9 @@ def produce(url: str, seconds: float, rate: int, truth: str) -> None:
 
 # ---------------------------------------------------------------- the Spark side
 def session(master: str | None, shuffle_partitions: int, tmp: str) -> Any:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # No PYSPARK_PYTHON needed in local mode: shmq.spark.register points Spark's workers at
+    # this Python when the default one (python3) cannot import shmq and pyarrow.  On a
+    # cluster, set it (spark-submit --conf spark.pyspark.python=...): docs/spark.md.
     from pyspark.sql import SparkSession
 
     import shmq.spark

@@ -70,6 +70,12 @@ def data_dir_for(instance: str, data_dir: str | None = None) -> Path:
     env = os.environ.get(options.DATA_DIR_ENV)
     if env:
         return Path(env).expanduser().resolve()
+    return default_data_dir(instance)
+
+
+def default_data_dir(instance: str) -> Path:
+    """The data dir shmq chooses for an instance when none is given: a folder of shmq's own,
+    which it removes once it is empty (``remove_retired``)."""
     xdg = os.environ.get("XDG_DATA_HOME")
     base = Path(xdg) / "shmq" if xdg else Path(options.DEFAULT_DATA_DIR).expanduser()
     return (base / instance).resolve()
@@ -287,8 +293,9 @@ class JournalService:
             wr.join()
             if self.hub is not None:
                 self.hub.remove_writer(wr, deleted=qid not in queues)
-        if gone:
-            remove_retired(self.root)
+        if gone:  # (with no writer left, journals are made in this thread only: none races the rmdir)
+            own = not self.writers and self.root == default_data_dir(self.broker.instance)
+            remove_retired(self.root, own=own)
             self.broker.prune()
         self.unopened = set()
         for qid, q in queues.items():
@@ -384,8 +391,12 @@ def _published() -> None:
 # ---------------------------------------------------------------------------- recovery
 
 
-def remove_retired(root: Path) -> None:
-    """Remove the journals of deleted queues (see ``journal.files.retire_journal``)."""
+def remove_retired(root: Path, own: bool = False) -> None:
+    """Remove the journals of deleted queues (see ``journal.files.retire_journal``).
+    ``own``: ``root`` is the folder shmq chose (``default_data_dir``), not one it was given:
+    when nothing is left in it (the last durable queue was deleted), it goes too, and so does
+    the ``shmq`` folder above it if that is empty; the first durable queue makes them again.
+    A data dir that was given (``--data-dir``, ``$SHMQ_DATA_DIR``) stays, empty or not."""
     try:
         names = os.listdir(root)
     except FileNotFoundError:
@@ -393,6 +404,12 @@ def remove_retired(root: Path) -> None:
     for n in names:
         if n.startswith(".deleted-"):
             shutil.rmtree(root / n, ignore_errors=True)
+    if own:
+        for folder in (root, root.parent):
+            try:
+                os.rmdir(folder)  # only if empty
+            except OSError:
+                break
 
 
 def check_data_dir(root: Path) -> None:

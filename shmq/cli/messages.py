@@ -29,12 +29,13 @@ from shmq.cli.session import (
     TokenFileOpt,
     TokenOpt,
     UrlOpt,
+    Waiting,
     fail,
     note,
     session,
 )
 from shmq.errors import Full, InvalidArgument, ShmqError
-from shmq.text import plural
+from shmq.text import as_line, plural
 
 if TYPE_CHECKING:
     from shmq.api import Broker, Message, Queue
@@ -142,64 +143,97 @@ ROOM_POLL = 0.01  # s between a produce's tries while the queue is full
 
 class _Waiting:
     """``produce``'s wait for room (tries every ``ROOM_POLL``): a line on stderr once the queue
-    has been full for a second, and ``Full`` once ``timeout`` has passed."""
+    has been full for a second (``session.Waiting``), and ``Full`` once ``timeout`` has passed."""
 
     def __init__(self, name: str, q: Queue, timeout: float | None) -> None:
-        self.name, self.q, self.timeout = name, q, timeout
-        self.since = 0.0  # when the batch in hand first found the queue full (0: it did not)
-        self.said = False
+        self.name, self.timeout = name, timeout
+
+        def say() -> str:
+            st = q.stats()
+            return (f"queue {name!r} is full ({st['retained']:,} of {st['capacity']:,} messages): "
+                    "waiting for room; Ctrl-C stops")
+
+        self.wait = Waiting(say, again=lambda: f"queue {name!r} has room again")
 
     def full(self, e: Full) -> None:
         if "can never fit" in str(e):  # a batch larger than the queue: waiting would not help
             raise e
-        now = time.monotonic()
-        if not self.since:
-            self.since = now
-        if self.timeout is not None and now - self.since >= self.timeout:
+        waited = self.wait.tick()
+        if self.timeout is not None and waited >= self.timeout:
             raise Full(f"queue {self.name!r} stayed full for --timeout {self.timeout:g} s")
-        if not self.said and now - self.since >= 1.0:
-            st = self.q.stats()
-            note(f"queue {self.name!r} is full ({st['retained']:,} of {st['capacity']:,} messages): "
-                 "waiting for room; Ctrl-C stops")
-            self.said = True
 
     def done(self) -> None:
-        if self.said:
-            note(f"queue {self.name!r} has room again")
-        self.since, self.said = 0.0, False
+        self.wait.over()
 
 
 def _show(m: Message, raw: bool, as_json: bool) -> None:
-    """One message on stdout, flushed (a consumer acknowledges only what is written out)."""
+    """One message on stdout, flushed (a consumer acknowledges only what is written out).
+    Text shows a payload as it is when it is UTF-8 without control characters, else escaped
+    (``shmq.text.as_line``), saying so on stderr the first time; --raw writes its bytes."""
     if as_json:
         sys.stdout.write(json.dumps(_as_dict(m)) + "\n")
     elif raw:
         sys.stdout.flush()
         sys.stdout.buffer.write(bytes(m.payload) + b"\n")
     else:
-        h = "".join(f" {k}={v.decode(errors='replace')}" for k, v in m.headers.items())
-        sys.stdout.write(f"[{m.offset}] {bytes(m.payload).decode(errors='replace')}"
-                         + (f"  [headers:{h}]" if h else "") + "\n")
+        text, why = as_line(bytes(m.payload))
+        if why:
+            _escaped.say(f"payload of message {m.offset} {why}: shown escaped; --raw writes the bytes "
+                         "as they are")
+        h = "".join(f" {k}={as_line(bytes(v))[0]}" for k, v in m.headers.items())
+        sys.stdout.write(f"[{m.offset}] {text}" + (f"  [headers:{h}]" if h else "") + "\n")
     sys.stdout.flush()
 
 
 def _as_dict(m: Message) -> dict[str, Any]:
+    """A message as JSON: a payload that is no UTF-8 comes escaped (``shmq.text.as_line``)
+    and, exactly, as ``payload_base64``."""
     from shmq.headers import as_json
 
-    return {"offset": m.offset, "deliveries": m.deliveries, "timestamp": m.timestamp,
-            "payload": bytes(m.payload).decode(errors="replace"), "headers": as_json(m.headers),
-            "origin": m.origin.__dict__ if m.origin else None}
+    data = bytes(m.payload)
+    out = {"offset": m.offset, "deliveries": m.deliveries, "timestamp": m.timestamp, "payload": "",
+           "headers": as_json(m.headers), "origin": m.origin.__dict__ if m.origin else None}
+    try:
+        out["payload"] = data.decode()
+    except UnicodeDecodeError:
+        import base64
+
+        out["payload"] = as_line(data)[0]
+        out["payload_base64"] = base64.b64encode(data).decode()
+        _escaped.say(f"payload of message {m.offset} is not UTF-8: \"payload\" shows it escaped, "
+                     "\"payload_base64\" holds its bytes")
+    return out
+
+
+class _Once:
+    """A note said once per command (``reset`` as the command starts)."""
+
+    def __init__(self) -> None:
+        self.said = False
+
+    def reset(self) -> None:
+        self.said = False
+
+    def say(self, text: str) -> None:
+        if not self.said:
+            self.said = True
+            note(text)
+
+
+_escaped = _Once()  # the first payload shown escaped, said
 
 
 def consume(
     queue: str = QueueArg,
-    n: int | None = typer.Option(None, "-n", help="messages to take (0: no limit)",
+    n: int | None = typer.Option(None, "-n", metavar="N", help="messages to take (0: no limit)",
                                  show_default="1; with --follow, no limit"),
-    group: str = typer.Option(options.DEFAULT_GROUP, "--group", "-g", help="the consumer group"),
+    group: str = typer.Option(options.DEFAULT_GROUP, "--group", "-g", metavar="GROUP",
+                              help="the consumer group"),
     follow: bool = typer.Option(False, "--follow", help="keep consuming until interrupted (Ctrl-C: "
                                 "exit 130, after the message in hand is printed and acknowledged)"),
     ack: bool = typer.Option(True, "--ack/--no-ack", help="acknowledge what is printed"),
-    timeout: float = typer.Option(1.0, help="seconds to wait for a message (without --follow)"),
+    timeout: float = typer.Option(1.0, metavar="SECONDS",
+                                  help="seconds to wait for a message (without --follow)"),
     raw: bool = typer.Option(False, "--raw", help="payloads only, one per line"),
     url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
     token_file: str | None = TokenFileOpt,
@@ -207,7 +241,9 @@ def consume(
 ) -> None:
     """Consume messages (and acknowledge each once printed, unless --no-ack).
 
-    Exit code 2 when no message came within --timeout; with --follow, Ctrl-C ends it (130).
+    A wait of more than a second for a message is said on stderr (once); the first Ctrl-C
+    stops at once (after the message in hand is printed and acknowledged) and says how many
+    were consumed (exit 130).  Exit code 2 when no message came within --timeout.
 
     Example: shmq consume orders -n 10 --json
     """
@@ -216,12 +252,14 @@ def consume(
     limit = (0 if follow else 1) if n is None else n
     if limit < 0:
         fail(InvalidArgument("-n must be 0 (no limit) or more"))
+    _escaped.reset()
     got = 0
+    waiting = Waiting(lambda: f"waiting for messages on {queue!r} (group {group!r}); Ctrl-C stops", once=True)
     with session(url, shm, token, token_file) as b, Stop() as stop:
         q = b.queue(queue)
         while not stop.requested and (limit == 0 or got < limit):
             try:
-                m = _get(q, group, None if follow else timeout, stop)
+                m = _get(q, group, None if follow else timeout, stop, waiting)
                 if m is None:  # stopped
                     break
                 _show(m, raw, as_json)
@@ -234,16 +272,18 @@ def consume(
                 m.ack()
             got += 1
     if stop.requested:
+        note(f"consumed {plural(got, 'message')}" + ("" if ack or not got else " (not acknowledged)"))
         raise typer.Exit(INTERRUPTED)
     if got == 0:
         note(f"no message on {queue} (group {group}) within {timeout} s")
         raise typer.Exit(2)
 
 
-def _get(q: Queue, group: str, timeout: float | None, stop: Stop) -> Message | None:
+def _get(q: Queue, group: str, timeout: float | None, stop: Stop, waiting: Waiting) -> Message | None:
     """The next message, waiting at most ``timeout`` (None: no limit) in slices, so a Ctrl-C
-    (``stop``) is seen within one; None once stopped.  Empty when the time is up;
-    BrokenPipeError when waiting with no limit for a reader that has gone."""
+    (``stop``) is seen within one, and a long wait is said (``waiting``); None once stopped.
+    Empty when the time is up; BrokenPipeError when waiting with no limit for a reader
+    that has gone."""
     from shmq.errors import Empty
 
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -251,11 +291,15 @@ def _get(q: Queue, group: str, timeout: float | None, stop: Stop) -> Message | N
         if deadline is None and _reader_gone():
             raise BrokenPipeError
         left = SLICE if deadline is None else min(SLICE, deadline - time.monotonic())
+        waiting.tick()  # (the first starts the wait: said once it has lasted WAIT_NOTICE)
         try:
-            return q.get(group=group, timeout=max(left, 0))
+            m = q.get(group=group, timeout=max(left, 0))
         except Empty:
             if deadline is not None and time.monotonic() >= deadline:
                 raise
+        else:
+            waiting.over()
+            return m
     return None
 
 
@@ -298,8 +342,9 @@ def _list(messages: list[Message], raw: bool, as_json: bool) -> None:
 
 
 def peek(queue: str = QueueArg,
-         offset: int | None = typer.Option(None, help="first offset", show_default="the oldest retained"),
-         n: int = typer.Option(10, "-n", help="messages to show at most"),
+         offset: int | None = typer.Option(None, metavar="OFFSET", help="first offset",
+                                           show_default="the oldest retained"),
+         n: int = typer.Option(10, "-n", metavar="N", help="messages to show at most"),
          url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
          token_file: str | None = TokenFileOpt,
          raw: bool = typer.Option(False, "--raw", help="payloads only, one per line"),
@@ -308,6 +353,7 @@ def peek(queue: str = QueueArg,
 
     Example: shmq peek orders -n 5
     """
+    _escaped.reset()
     with session(url, shm, token, token_file) as b:
         q = b.queue(queue)
         start = q.stats()["first_offset"] if offset is None else offset
@@ -320,10 +366,11 @@ def peek(queue: str = QueueArg,
 
 def dlq(queue: str = typer.Argument(..., metavar="QUEUE", help="the source queue (or its QUEUE.dlq)"),
         redrive: bool = typer.Option(False, help="move the dead letters back to the queue each came from"),
-        n: int | None = typer.Option(None, "-n", help="at most this many",
+        n: int | None = typer.Option(None, "-n", metavar="N", help="at most this many",
                                      show_default="100 listed; every one redriven"),
         url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
         token_file: str | None = TokenFileOpt,
+        raw: bool = typer.Option(False, "--raw", help="the dead letters' payloads only, one per line"),
         as_json: bool = typer.Option(False, "--json", help="a JSON array of the dead letters; with "
                                      "--redrive, the count moved")) -> None:
     """List a queue's dead letters, or redrive them back to it.
@@ -336,6 +383,7 @@ def dlq(queue: str = typer.Argument(..., metavar="QUEUE", help="the source queue
     from shmq.names import dlq_name, is_dlq_name, source_name
 
     name = queue if is_dlq_name(queue) else dlq_name(queue)
+    _escaped.reset()
     with session(url, shm, token, token_file) as b:
         if name != queue:
             b.queue(queue)  # the source must exist: QueueNotFound otherwise
@@ -354,7 +402,7 @@ def dlq(queue: str = typer.Argument(..., metavar="QUEUE", help="the source queue
             return
         found = [] if d is None else _read(d, d.stats()["first_offset"], 100 if n is None else n)
     if found or as_json:
-        _list(found, False, as_json)
+        _list(found, raw, as_json)
     else:
         note(f"no dead letters: {name} is empty")
 

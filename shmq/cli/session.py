@@ -11,6 +11,8 @@ Ctrl-C ends a command with exit code 130 (``INTERRUPTED``), no traceback.  A com
 loops (``consume``, ``produce``, ``dlq --redrive``) runs its loop under ``Stop``: Ctrl-C
 then only asks the loop to stop after the message in hand (so no shared-memory update is
 cut in the middle, and nothing received is left half done); a second Ctrl-C stops at once.
+A command that waits (for messages, for room in a full queue) says so on stderr once it has
+waited ``WAIT_NOTICE`` (``Waiting``), so a silent terminal is never a mystery.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import os
 import signal
 import sys
 import threading
+import time
+from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -33,6 +37,7 @@ if TYPE_CHECKING:
 INTERRUPTED = 130  # the exit code of a command ended by Ctrl-C (128 + SIGINT, as shells report it)
 BROKEN_PIPE = 141  # consume's, when its reader went away (128 + SIGPIPE)
 SLICE = 0.25  # s: the longest wait of a loop under Stop before it looks at the flag again
+WAIT_NOTICE = 1.0  # s a command waits (for messages, for room) before it says so on stderr
 
 UrlOpt = typer.Option(None, "--url", envvar="SHMQ_URL", show_default=options.DEFAULT_URL,
                       help="the broker: tcp://HOST:PORT, tcps://HOST:PORT?ca=FILE or unix://PATH; "
@@ -172,6 +177,37 @@ class Stop:
         if self._old is not None:
             signal.signal(signal.SIGINT, self._old)
             self._old = None
+
+
+class Waiting:
+    """A command's wait (for a message, for room in a full queue), said on stderr: call
+    ``tick()`` at each try while it waits (the first starts it); once it has lasted ``WAIT_NOTICE``
+    seconds, the line ``say()`` makes goes to stderr (stdout keeps only the command's
+    output), once per wait -- or once per command with ``once``.  ``over()`` ends a wait
+    (saying ``again()``'s line if the wait was said); the next ``tick()`` starts another."""
+
+    def __init__(self, say: Callable[[], str], again: Callable[[], str] | None = None,
+                 once: bool = False) -> None:
+        self.say, self.again, self.once = say, again, once
+        self.since = 0.0  # when this wait began (0: no wait now)
+        self.said = False  # this wait was said
+        self.ever = False  # some wait was said
+
+    def tick(self) -> float:
+        """Seconds this wait has lasted (0 at its first try); says it once it is WAIT_NOTICE."""
+        now = time.monotonic()
+        if not self.since:
+            self.since = now
+        waited = now - self.since
+        if waited >= WAIT_NOTICE and not self.said and not (self.once and self.ever):
+            note(self.say())
+            self.said = self.ever = True
+        return waited
+
+    def over(self) -> None:
+        if self.said and self.again is not None:
+            note(self.again())
+        self.since, self.said = 0.0, False
 
 
 def session(url: str | None, shm: str | None, token_: str | None, token_file: str | None) -> Session:

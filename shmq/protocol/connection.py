@@ -39,6 +39,10 @@ Invariants:
 
 * a message id is 1 .. NO_REPLY_ID-1: never 0 (the broker's, for what is about the
   whole connection) nor NO_REPLY_ID (every unwaited request's: ACK_NO_REPLY and the like);
+* the HANDSHAKE, sent before anything is heard, has the id ``HANDSHAKE_ID`` (0x0D0A): its
+  header then ends in ``\r\n``, so a server of a line protocol reached by mistake (an HTTP
+  server reads a request line before it answers) answers at once, and ``receive_data``
+  names it, rather than both sides waiting for the connect timeout;
 * an id is *in use* from ``send``/``subscribe`` until its Reply (``end`` or refusal for a
   subscription) or ``lost``, and no id in use is given out again; ids go up from the last
   one given, wrapping after NO_REPLY_ID-1 (a CREDIT's id, which is never answered, is not
@@ -66,6 +70,7 @@ from shmq.protocol.codec import NO_REPLY_ID, Frame, FrameDecoder, T, error_of, f
 R = TypeVar("R")
 
 MAX_ID = NO_REPLY_ID - 1  # request ids are 1 .. MAX_ID, wrapping
+HANDSHAKE_ID = 0x0D0A  # the HANDSHAKE's: b"\r\n" ends its header, and a line-reading peer's line
 NOWAIT_ERRORS = 100  # how many errors of unwaited requests are kept, the latest
 
 
@@ -194,7 +199,10 @@ class ClientConnection:
         then nothing is pending and the connection stays usable."""
         if self.closed:
             raise self.lost_error()
-        msg_id = self._next_id()
+        if not self.heard and request.args[:1] == (T.HANDSHAKE,) and HANDSHAKE_ID not in self._pending:
+            msg_id = HANDSHAKE_ID  # (see the invariants: a line-reading peer answers it at once)
+        else:
+            msg_id = self._next_id()
         data = request.encode(msg_id, *request.args)
         if len(data) > self.max_frame:
             raise MessageTooLarge(f"a request of {len(data)} bytes is over the frame limit of "
@@ -307,6 +315,9 @@ def describe_peer(first: bytes) -> str:
     line = first.split(b"\r\n", 1)[0][:60].decode("latin-1")
     if first.startswith(b"HTTP/"):
         return f"it answered like an HTTP server ({line!r})"
+    if first.lstrip()[:1] == b"<" and b"html" in first.lower():  # an HTTP/0.9 answer: no status line
+        page = first.lstrip().split(b"\n", 1)[0].strip()[:60].decode("latin-1")
+        return f"it answered like an HTTP server (an HTML page: {page!r})"
     if first[:1] in (b"\x15", b"\x16") and first[1:2] == b"\x03":
         return "it answered like a TLS server"
     if first[:1] and first[:1] in b"+-:$*%_#,(=~>|" and b"\r\n" in first:
@@ -318,5 +329,5 @@ def describe_peer(first: bytes) -> str:
     return f"its first bytes, 0x{first[:8].hex()}, are no shmq frame (magic 0xdeadbeef)"
 
 
-__all__ = ["MAX_ID", "ClientConnection", "Closing", "Event", "NowaitFailed", "Push", "Reply", "Request",
-           "describe_peer"]
+__all__ = ["HANDSHAKE_ID", "MAX_ID", "ClientConnection", "Closing", "Event", "NowaitFailed", "Push", "Reply",
+           "Request", "describe_peer"]

@@ -18,8 +18,8 @@ numbers from (batch id, chunk), so a replayed batch or a retried task writes not
 
 Only this module imports pyspark (``import shmq`` does not), with the two it is split into:
 ``spark.source`` (the readers) and ``spark.sink`` (the writers); ``spark.options`` holds
-the options both check.  Every name is importable from here.  Every option is documented
-in ``docs/spark.md``.
+the options both check; ``spark.workers`` checks the Python of Spark's workers.  Every name
+is importable from here.  Every option is documented in ``docs/spark.md``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
 from shmq.errors import InvalidArgument
+from shmq.spark import workers
 from shmq.spark.arrow import ARROW_SCHEMA
 from shmq.spark.options import (
     DEFAULT_GROUP,
@@ -71,7 +72,10 @@ FORMAT = "shmq"
 def register(spark: Any) -> None:
     """Register the data source with a SparkSession under the name ``shmq``; its reads
     default ``minPartitions`` to the session's parallelism (``local[N]``: N), so a range
-    is read by as many tasks in parallel as Spark has cores."""
+    is read by as many tasks in parallel as Spark has cores.  First, in local mode, the
+    Python that Spark's workers will run must import shmq and pyarrow (``spark.workers``):
+    when nobody chose it, they run the driver's Python instead; else ``InvalidArgument``."""
+    workers.check(spark)
     spark.dataSource.register(source_for(default_parallelism(spark)))
 
 

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.server
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -91,9 +93,46 @@ def test_a_peer_of_another_protocol_is_named_for_what_it_is(answer: bytes, descr
             TcpBroker(url, connect_timeout=5)
         assert str(info.value) == f"{url} is not a shmq broker: {described}"
         assert info.value.code == Status.BAD_MAGIC
-        with pytest.raises(ConnectionLost) as ainfo:  # the asyncio client: its connection is lost, saying why
+        with pytest.raises(ProtocolError) as ainfo:  # the asyncio client alike
             asyncio.run(aio.connect(url, connect_timeout=5))
-        assert f"{url} is not a shmq broker: {described}" in str(ainfo.value)
+        assert str(ainfo.value) == f"{url} is not a shmq broker: {described}"
+
+
+class _QuietHandler(http.server.BaseHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # (not on the test's stderr)
+        pass
+
+
+@contextlib.contextmanager
+def http_server() -> Iterator[str]:
+    """``python3 -m http.server``'s server, in a thread: it answers once it has read a request line."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _QuietHandler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"tcp://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join()
+
+
+def test_an_http_server_is_named_at_once_not_at_connect_timeout() -> None:
+    """An HTTP server reads a whole request line before it answers: the handshake's header
+    ends in CRLF, so it answers at once (Python's, to a request line that is no HTTP, with
+    an HTML page), and both clients raise ProtocolError long before connect_timeout."""
+    with http_server() as url:
+        start = time.monotonic()
+        with pytest.raises(ProtocolError) as info:
+            shmq.connect(url, connect_timeout=30)
+        assert time.monotonic() - start < 15  # not the 30 s of connect_timeout
+        assert str(info.value) == (f"{url} is not a shmq broker: it answered like an HTTP server "
+                                   "(an HTML page: '<!DOCTYPE HTML>')")
+        start = time.monotonic()
+        with pytest.raises(ProtocolError) as ainfo:
+            asyncio.run(aio.connect(url, connect_timeout=30))
+        assert time.monotonic() - start < 15
+        assert str(ainfo.value) == str(info.value)
 
 
 def test_describe_peer_reads_the_first_line_only() -> None:
@@ -102,6 +141,8 @@ def test_describe_peer_reads_the_first_line_only() -> None:
     assert describe_peer(b"+PONG\r\n") == "it answered like a Redis server ('+PONG')"
     assert describe_peer(b"SSH-2.0-OpenSSH_9.6\r\n").startswith("it answered like an SSH server")
     assert describe_peer(b"+") == "its first bytes, 0x2b, are no shmq frame (magic 0xdeadbeef)"
+    assert describe_peer(b"\n<!DOCTYPE html>\n<html>") == (
+        "it answered like an HTTP server (an HTML page: '<!DOCTYPE html>')")
 
 
 def test_no_broker_on_the_port_is_connection_lost_not_internal() -> None:

@@ -28,7 +28,15 @@ from shmq.protocol.codec import (
     encode_frame,
     frame,
 )
-from shmq.protocol.connection import MAX_ID, ClientConnection, Closing, NowaitFailed, Push, Reply
+from shmq.protocol.connection import (
+    HANDSHAKE_ID,
+    MAX_ID,
+    ClientConnection,
+    Closing,
+    NowaitFailed,
+    Push,
+    Reply,
+)
 from shmq.protocol.subscription import Feed
 from shmq.settle import Settle
 from tests.support.connect import connect_tcp
@@ -53,12 +61,15 @@ def sent(data: bytes) -> Frame:
 
 # ---------------------------------------------------------------- message ids
 def test_ids_count_up_from_one_and_each_send_makes_its_request_pending() -> None:
+    """The handshake has its own id, whose bytes end its header in CRLF (a line-reading peer
+    answers it at once); the requests count up from 1."""
     conn = ClientConnection()
     first, data = conn.send(cmd.handshake("t", "c", ""), "w1")
     want = encode_body(T.HANDSHAKE, token="t", client="c", affinity="", heartbeat_ms=0)
-    assert first == 1 and sent(data) == Frame(T.HANDSHAKE, 1, 0, want)
-    assert [conn.send(LIST)[0] for _ in range(3)] == [2, 3, 4]
-    assert set(conn.pending) == {1, 2, 3, 4} and not conn.subscriptions
+    assert first == HANDSHAKE_ID and sent(data) == Frame(T.HANDSHAKE, HANDSHAKE_ID, 0, want)
+    assert data[:16].endswith(b"\r\n")  # a line ends with the header, whatever the body holds
+    assert [conn.send(LIST)[0] for _ in range(3)] == [1, 2, 3]
+    assert set(conn.pending) == {HANDSHAKE_ID, 1, 2, 3} and not conn.subscriptions
 
 
 def test_ids_wrap_below_no_reply_id_and_skip_ids_in_use() -> None:

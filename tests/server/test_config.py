@@ -182,9 +182,20 @@ def test_the_sample_config_is_valid_and_names_every_key() -> None:
     for s in cfg.SETTINGS:
         if s.in_file:
             assert re.search(rf"^(# )?{s.name} = ", text, re.M), f"examples/shmq.toml does not show {s.name}"
-    assert {q.name for q in file.queues} == {"orders", "events"}
-    orders = next(q for q in file.queues if q.name == "orders")
-    assert orders.limits["durability"] == "always" and orders.groups == ("billing", "audit")
+    assert {q.name for q in file.queues} == {"payments", "events"}
+    payments = next(q for q in file.queues if q.name == "payments")
+    assert payments.limits["durability"] == "always" and payments.groups == ("billing", "audit")
+
+
+def test_the_sample_config_shares_nothing_with_the_quick_start() -> None:
+    """The sample's queues come back at every start of its instance (a durable one from its
+    journal): it has an instance (so a data dir) of its own, and no queue of the README's
+    quick start (``shmq create orders`` there would fail with QUEUE_EXISTS)."""
+    file = cfg.load(str(ROOT / "examples" / "shmq.toml"))
+    assert file.settings["instance"] not in ("", options.DEFAULT_INSTANCE)
+    assert "data_dir" not in file.settings  # so: the instance's own, ~/.local/share/shmq/example
+    created = set(re.findall(r"shmq create ([\w.-]+)", (ROOT / "README.md").read_text()))
+    assert created and not created & {q.name for q in file.queues}, created
 
 
 def test_the_docs_name_every_key_and_variable() -> None:
