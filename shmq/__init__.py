@@ -51,7 +51,7 @@ __all__ = [
     "InvalidName", "LimitExceeded", "Message", "MessageTooLarge", "NotPrimary", "Origin", "ProtocolError",
     "Queue",
     "QueueConfig", "QueueExists", "QueueInfo", "QueueNotFound", "ShmqError", "StaleAck", "Status",
-    "StorageError", "Timeout", "aio", "connect", "reclaim", "scan",
+    "StorageError", "Timeout", "aio", "connect", "mp", "reclaim", "scan",
 ]
 
 # Loaded on first use: shmq.core.cleanup imports posix_ipc, which ``import shmq`` does not need
@@ -60,8 +60,9 @@ __all__ = [
 _LAZY = {"InstanceReport": "core.cleanup", "reclaim": "core.cleanup", "scan": "core.cleanup",
          **dict.fromkeys(("Broker", "BrokerInfo", "Message", "Origin", "Queue", "QueueConfig", "QueueInfo"),
                          "api")}
-# modules: ``from shmq import aio`` (the asyncio client) keeps working
-_LAZY_MODULES = {"aio": "client.aio"}
+# modules: ``from shmq import aio`` (the asyncio client) keeps working; ``shmq.mp`` (the
+# drop-in for multiprocessing's queues) loads the shared-memory core only when used
+_LAZY_MODULES = {"aio": "client.aio", "mp": "mp"}
 
 
 def __getattr__(name: str) -> Any:
@@ -84,9 +85,19 @@ def __dir__() -> list[str]:
 def connect(url: str = "shm://default", token: str | None = None, **kwargs: Any) -> Broker:
     """Open a broker handle.
 
-    ``shm://NAME`` attaches the shared memory of instance NAME on this host
-    (creating it when absent, unless ``create=False``: then ``InstanceNotFound``;
-    ``token`` is not needed there).  ``tcp://HOST:PORT``
+    ``shm://NAME`` attaches the shared memory of instance NAME on this host (``token`` is
+    not needed there), the one ``shmq serve --instance NAME`` serves; ``connect()`` with no
+    URL is ``shm://default``, the instance ``shmq serve`` serves by default.  **When no
+    such instance exists, it is created** (``create=False``: ``InstanceNotFound`` instead),
+    in /dev/shm: a registry of about 300 KiB (``shmq.<uid>.NAME.reg``), then for each queue
+    made its reserved memory (``shmq.<uid>.NAME.q<N>``, about 18 MiB with the default
+    limits: ``max_bytes`` and the slots, docs/operations.md) and four semaphores.  It
+    outlives this process: ``broker.close()`` only detaches.  It goes with
+    ``broker.destroy()`` (every queue of the instance, at once, whoever is attached),
+    with ``shmq doctor --clean`` (or ``shmq.reclaim()``) once no process is attached, and,
+    for the instance a broker serves, when ``shmq serve`` stops (unless ``--keep``).
+
+    ``tcp://HOST:PORT``
     (``tcps://HOST:PORT?ca=FILE`` for TLS, or ``unix://PATH``) talks to ``shmq serve``,
     presenting ``token`` (default the URL's ``?token=``, else ``$SHMQ_TOKEN``, else the
     token a broker on this host left for this user; URL parameters: ``shmq.urls``); its other

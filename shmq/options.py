@@ -123,6 +123,13 @@ FAILOVER_TIMEOUT = 30.0  # s a URL list is searched for a primary from the first
 FAILOVER_BACKOFF = 0.05  # s between two looks through the list while none is the primary: first this,...
 FAILOVER_BACKOFF_MAX = 1.0  # ...doubled each time, up to this
 
+# --- shmq.mp (the drop-in for multiprocessing's queues: shmq/mp/__init__.py) ---------------
+MP_CAPACITY = 65_536  # objects an mp.Queue(maxsize=0) holds
+MP_MAX_BYTES = 16 * 1024 * 1024  # bytes of pickled objects an mp.Queue holds (max_bytes=), in /dev/shm
+MP_GET_MANY = 1000  # objects one mp.Queue.get_many returns at most, by default
+MP_JOIN_POLL_MIN = 0.0005  # s JoinableQueue.join first waits between two looks,...
+MP_JOIN_POLL_MAX = 0.02  # ...doubled each time, up to this
+
 # --- shmq serve's settings (server/config.py): flag > $SHMQ_<NAME> > config file > default ---
 ENV_PREFIX = "SHMQ_"  # each setting's environment variable: SHMQ_PORT, SHMQ_WORKERS, ...
 CONFIG_ENV = "SHMQ_CONFIG"  # the config file, when no --config is given

@@ -34,14 +34,16 @@ CONTRACT: dict[str, tuple[str, frozenset[str]]] = {
              "the co-located transport, the server's interface",
              frozenset({"api", "journal", "protocol", "leaf"})),
     "spark": ("the PySpark data source and sink", frozenset({"api", "shmq", "leaf"})),
+    "mp": ("the drop-in for multiprocessing's queues (shmq.mp)", frozenset({"api", "core", "leaf"})),
     "testing": ("the SIGKILL storm used by the tests and the benchmarks",
                 frozenset({"api", "core", "shmq", "leaf"})),
     "server": ("shmq serve: supervisor, workers, journal writer, metrics (installed as shmq.server)",
                frozenset({"core", "journal", "protocol", "api", "leaf"})),
     "cli": ("the shmq command line (it may import anything)",
-            frozenset({"server", "testing", "client", "core", "journal", "protocol", "api", "shmq", "leaf"})),
+            frozenset({"server", "testing", "client", "core", "journal", "protocol", "api", "shmq", "mp",
+                       "leaf"})),
     "shmq": ("shmq/__init__.py: connect() and the public names",
-             frozenset({"api", "core", "client", "leaf"})),
+             frozenset({"api", "core", "client", "mp", "leaf"})),
 }
 # where an edge is allowed only to some modules of the package imported
 NARROW = {

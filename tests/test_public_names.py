@@ -14,7 +14,7 @@ PUBLIC = [
     "GroupNotFound", "InstanceError", "InstanceNotFound", "InstanceReport", "InvalidArgument", "InvalidName",
     "LimitExceeded", "Message", "MessageTooLarge", "NotPrimary", "Origin", "ProtocolError", "Queue",
     "QueueConfig", "QueueExists", "QueueInfo", "QueueNotFound", "ShmqError", "StaleAck", "Status",
-    "StorageError", "Timeout", "aio", "connect", "reclaim", "scan",
+    "StorageError", "Timeout", "aio", "connect", "mp", "reclaim", "scan",
 ]
 
 

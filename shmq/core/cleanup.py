@@ -250,6 +250,20 @@ def reclaim(instance: str | None = None, dry_run: bool = False) -> list[Instance
     return acted
 
 
+def reclaim_dead(prefix: str) -> list[InstanceReport]:
+    """``reclaim`` of each dead instance of ours whose name starts with ``prefix`` (those
+    ``shmq.mp`` makes: no process may keep them once every user is gone); live ones are
+    only probed (one flock), not judged."""
+    acted = []
+    me = os.geteuid()
+    for inst, uid in {k for k in _objects() if k[0].startswith(prefix) and k[1] == me}:
+        with _exclusive(_registry_file(inst, uid)) as free:
+            pass
+        if free:
+            acted += reclaim(inst)
+    return acted
+
+
 def _remove_orphans(report: InstanceReport) -> None:
     from shmq.core.registry import Registry
     reg = Registry.open(report.instance, create=False)

@@ -457,3 +457,90 @@ def _a_diverged_tail_is_kept() -> None:
             f(self, h)
         return queue
     _wrap(standby.Follower, "_queue", make)
+
+
+# ---------------------------------------------------------------- shmq.mp
+MP = "tests/mp/"
+
+
+@mutant("mp_get_keeps_the_object", "shmq.mp passes CPython's own tests of multiprocessing.Queue",
+        MP + "test_cpython_queue.py::TestQueueSpawn::test_put")
+def _mp_get_keeps_the_object() -> None:
+    from shmq.mp import Queue
+    Queue._joinable = True  # every get leases and nothing settles it: the object stays counted
+
+
+@mutant("mp_put_under_a_plain_lock", "a shmq.mp producer SIGKILLed mid-put never stalls the others",
+        MP + "test_mp.py::test_a_producer_sigkilled_mid_put_leaves_every_other_process_working", slow=True)
+def _mp_put_under_a_plain_lock() -> None:
+    import multiprocessing
+
+    from shmq.mp import Queue
+    lock = multiprocessing.Lock()  # the stdlib queue's design: a lock its dead holder keeps
+
+    def make(f: Callable[..., None]) -> Callable[..., None]:
+        def put(self: Any, obj: Any, block: bool = True, timeout: float | None = None) -> None:
+            with lock:
+                f(self, obj, block, timeout)
+        return put
+    _wrap(Queue, "put", make)
+
+
+@mutant("mp_get_under_a_plain_lock", "a shmq.mp consumer SIGKILLed mid-get never stalls the others",
+        MP + "test_mp.py::test_a_consumer_sigkilled_mid_get_never_stalls_the_others", slow=True)
+def _mp_get_under_a_plain_lock() -> None:
+    import multiprocessing
+    import queue
+
+    from shmq.mp import Queue
+    lock = multiprocessing.Lock()  # the stdlib queue's reader lock: its dead holder keeps it
+
+    def make(f: Callable[..., Any]) -> Callable[..., Any]:
+        def get(self: Any, block: bool = True, timeout: float | None = None) -> Any:
+            if not lock.acquire(block, timeout):
+                raise queue.Empty
+            try:
+                return f(self, block, timeout)
+            finally:
+                lock.release()
+        return get
+    _wrap(Queue, "get", make)
+
+
+@mutant("mp_task_settled_when_got", "a JoinableQueue task whose worker dies is delivered again",
+        MP + "test_mp.py::test_a_task_whose_worker_is_sigkilled_is_done_by_another_and_join_returns")
+def _mp_task_settled_when_got() -> None:
+    from shmq.mp import JoinableQueue
+    JoinableQueue._joinable = False  # acked as it is got: a worker that dies loses its task
+
+    def task_done(self: Any) -> None:  # (and task_done has nothing left to settle)
+        self._check_open()
+    JoinableQueue.task_done = task_done  # type: ignore[method-assign]
+
+
+@mutant("mp_sweep_takes_live_queues", "after a SIGKILL the next queue made reclaims it, never a live one",
+        MP + "test_mp.py::test_a_sigkilled_last_user_leaves_it_to_the_next_queue_made_never_a_live_one")
+def _mp_sweep_takes_live_queues() -> None:
+    import os
+
+    import shmq.mp
+    from shmq.core.cleanup import _objects, reclaim_dead
+    from shmq.core.colocated import ShmBroker
+
+    def reclaim_every(prefix: str) -> list[Any]:
+        acted = reclaim_dead(prefix)
+        mine = f"{prefix}{os.getpid()}-"  # (only this test's own: the suite's others run beside it)
+        for inst, _uid in {k for k in _objects() if k[0].startswith(mine)}:
+            try:
+                ShmBroker(inst, create=False).destroy()  # live or not
+            except Exception:  # noqa: BLE001 - gone meanwhile
+                pass
+        return acted
+    shmq.mp.reclaim_dead = reclaim_every
+
+
+@mutant("mp_last_user_leaves_it", "a queue is removed when the last process using it lets go",
+        MP + "test_mp.py::test_a_queue_is_removed_when_its_last_user_lets_go")
+def _mp_last_user_leaves_it() -> None:
+    import shmq.mp
+    shmq.mp.reclaim = lambda instance=None, dry_run=False: []
