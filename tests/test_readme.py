@@ -34,6 +34,28 @@ def test_every_test_the_readme_names_exists() -> None:
             assert name in tests, f"README names {path}::{name}, which does not exist"
 
 
+def test_the_cli_list_names_every_command() -> None:
+    import typer.main
+
+    from shmq.cli.app import app
+    listed = re.search(r"The CLI: `shmq ([^`]+)`", README)
+    assert listed, "the README's list of commands is gone"
+    names = {n.strip() for n in listed.group(1).split("|")}
+    assert names == set(typer.main.get_command(app).commands)  # type: ignore[attr-defined]
+
+
+def test_the_mp_snippet_runs_as_written_and_leaves_nothing(tmp_path: Path) -> None:
+    from tests.support.instances import leftovers
+    code = [b for b in _blocks("python") if "from shmq import mp" in b][0]
+    (tmp_path / "snippet.py").write_text(code)  # spawn and forkserver children import __main__
+    with subprocess.Popen([sys.executable, "snippet.py"], cwd=tmp_path, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as p:
+        out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert out.splitlines() == ["[0, 2, 4]"]
+    assert leftovers(f"mp-{p.pid}-") == []  # its queues went with it
+
+
 def test_the_readme_names_only_the_two_set_up_commands() -> None:
     first = _blocks("")[0]
     assert [line.split()[:2] for line in first.splitlines()] == [["make", "run"], ["make", "test"]]
@@ -64,5 +86,11 @@ def test_the_quick_start_then_the_python_section_run_as_written(tmp_path: Path) 
                            timeout=60)
         assert r.returncode == 0, r.stderr
         assert r.stdout.splitlines() == ["b'order #42'", "[b'order #42', b'a', b'b']", "1002"], r.stdout
+        # and again, as a reader trying it twice would: the group it makes exists now (exist_ok)
+        r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        # billing's depth: the first run's 1002, the second's 1005, less the 100 it got this time
+        assert r.stdout.splitlines()[-1] == str(1002 + 1005 - 100), r.stdout
     finally:
         assert srv.stop() == 0
