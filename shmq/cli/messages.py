@@ -105,19 +105,23 @@ def produce(
         waiting = _Waiting(queue, q, timeout)
         try:
             for chunk in batches:
-                while not stop.requested:  # room is waited for here: Ctrl-C and a full queue are seen
-                    try:  # (without waiting for room: the wait for the journal is not cut short)
-                        offsets += q.put_many(chunk, block=False,
-                                              headers=[hdrs] * len(chunk) if hdrs else None,
+                parts = [chunk]  # a batch that can never fit a small queue goes in halves
+                while parts and not stop.requested:  # room is waited for here: Ctrl-C and a full
+                    part = parts[0]  # queue are seen (without waiting for room: the wait for the
+                    try:  # journal is not cut short)
+                        offsets += q.put_many(part, block=False,
+                                              headers=[hdrs] * len(part) if hdrs else None,
                                               delay=delay, ttl=ttl)
-                        break
                     except Full as e:
+                        if len(part) > 1 and "can never fit" in str(e):
+                            parts[:1] = [part[:len(part) // 2], part[len(part) // 2:]]
+                            continue
                         waiting.full(e)  # (raises Full once --timeout has passed)
                         time.sleep(ROOM_POLL)
-                else:
-                    break
-                waiting.done()
-                progress.advance(len(chunk))
+                        continue
+                    parts.pop(0)
+                    waiting.done()
+                    progress.advance(len(part))
                 if stop.requested:
                     break
         except ShmqError as e:

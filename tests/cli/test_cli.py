@@ -475,6 +475,21 @@ def test_create_says_what_it_did_and_takes_exist_ok_and_replication(inst: tuple[
     assert out.exit_code == 1 and "replication must be one of async, sync" in out.output
 
 
+def test_produce_splits_a_batch_bigger_than_a_small_queue(shm_broker: ShmBroker) -> None:
+    """``seq 12 | shmq produce small`` (batches of 100 by default) into a queue of 8: the
+    batch can never fit, so it goes in halves (6, then 6 waits for room), in order."""
+    q = shm_broker.create_queue("small", capacity=8)
+    args = [sys.executable, "-c", "from shmq.cli.app import app; app()", "produce", "small", "--timeout", "1",
+            "--shm", shm_broker.instance]
+    out = subprocess.run(args, input=b"".join(b"%d\n" % i for i in range(12)), capture_output=True,
+                         timeout=60)
+    assert out.returncode == 1 and out.stdout == b"", out.stderr
+    assert out.stderr.decode().splitlines()[-2:] == [
+        "produced 6 messages before the error",
+        "error: queue 'small' stayed full for --timeout 1 s (QUEUE_FULL)"]
+    assert [bytes(m.payload) for m in q.read(0, 20)] == [b"%d" % i for i in range(6)]
+
+
 def test_produce_into_a_full_queue_says_so_honours_timeout_and_stops_at_the_first_ctrl_c(
         shm_broker: ShmBroker) -> None:
     """``seq 30 | shmq produce big`` into a queue of 10: it says the queue is full within a
