@@ -16,7 +16,10 @@ from tests.support.instances import reg_path, session_tmp, unique_instance
 from tests.support.server import Server, kill_tree
 from tests.support.wait import wait_until
 
-TOKEN = "replication-test-token"
+# one token per test process: a standby of another pytest worker's test, still reconnecting
+# to its dead primary's port, may find one of ours there once the port is reused (ports are
+# ephemeral), and would follow it and ack its sync rounds if it held the same token
+TOKEN = f"replication-test-token-{os.getpid()}"
 
 
 class Standby:
