@@ -1,5 +1,5 @@
 # make run  - install what the broker needs, then start it on its defaults
-# make test - install everything (tests, benchmarks, Spark), then lint, type-check and run the whole suite (CI)
+# make test - install everything (tests, benchmarks, Spark, Celery, Dramatiq), then lint, type-check and run the whole suite (CI)
 # make check - the inner loop: lint, type-check and the tests not marked slow, spark or crash
 # make bench - install, run the benchmarks, then the plot sweeps: bench/results/<date>-<host>.json
 #              and its PNGs in bench/results/<date>-<host>/ (redraw: python bench/plot.py FILE)
@@ -20,9 +20,9 @@ $(BASE): pyproject.toml setup.py shmq/_speedups.c shmq/_speedups_one.c shmq/_spe
 	$(PIP) install --quiet -e .
 	touch $(BASE)
 
-# everything: the broker, the test tools, the benchmarks' peers and plots, PySpark
+# everything: the broker, the test tools, the benchmarks' peers and plots, PySpark, Celery, Dramatiq
 $(FULL): pyproject.toml setup.py shmq/_speedups.c shmq/_speedups_one.c shmq/_speedups.h | $(VENV)/bin/python
-	$(PIP) install --quiet -e '.[test,bench,spark]'
+	$(PIP) install --quiet -e '.[test,bench,spark,celery,dramatiq]'
 	touch $(FULL) $(BASE)
 
 install: $(BASE)

@@ -56,6 +56,15 @@ def test_the_mp_snippet_runs_as_written_and_leaves_nothing(tmp_path: Path) -> No
     assert leftovers(f"mp-{p.pid}-") == []  # its queues went with it
 
 
+def test_the_celery_snippet_makes_an_app_on_the_shmq_transport() -> None:
+    code = [b for b in _blocks("python") if "import shmq.kombu" in b][0]
+    scope: dict[str, object] = {}
+    exec(code, scope)  # makes the app; nothing connects until a task is sent
+    from shmq.kombu import Transport
+    with scope["app"].connection_for_write() as conn:  # type: ignore[attr-defined]
+        assert isinstance(conn.transport, Transport)
+
+
 def test_the_readme_names_only_the_two_set_up_commands() -> None:
     first = _blocks("")[0]
     assert [line.split()[:2] for line in first.splitlines()] == [["make", "run"], ["make", "test"]]

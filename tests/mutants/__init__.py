@@ -544,3 +544,15 @@ def _mp_sweep_takes_live_queues() -> None:
 def _mp_last_user_leaves_it() -> None:
     import shmq.mp
     shmq.mp.reclaim = lambda instance=None, dry_run=False: []
+
+
+# ---------------------------------------------------------------- the kombu transport (Celery)
+@mutant("kombu_ack_settles_nothing", "under acks_late an acked Celery task never runs again",
+        "tests/integrations/test_celery.py::"
+        "test_a_worker_killed_mid_task_has_it_run_again_by_the_other_within_a_second", slow=True)
+def _kombu_ack_settles_nothing() -> None:
+    from shmq.kombu.transport import Leases
+
+    def ack(self: Any, delivery_tag: int, multiple: bool = False) -> None:
+        self._take(delivery_tag, multiple)  # forgotten here, never acked at the broker
+    Leases.ack = ack  # type: ignore[method-assign]
