@@ -54,6 +54,7 @@ class Worker:
                  "--pool", "prefork", "-c", "2", "--loglevel", "info", "-n", f"{name}@%h", "-Q", queues,
                  "-E", "--without-mingle", "--without-gossip"],
                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.termed = False  # a SIGTERM was sent: a second one during the warm shutdown kills it (-15)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -74,13 +75,18 @@ class Worker:
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
 
+    def terminate(self) -> None:
+        """SIGTERM, once: a warm shutdown starts."""
+        if not self.termed and self.proc.poll() is None:
+            self.termed = True
+            self.proc.send_signal(signal.SIGTERM)
+
     def stop(self) -> int | None:
         """SIGTERM (a warm shutdown: Celery's blocking loop sees it within two of its 2 s
         waits), then SIGKILL for whatever of its session is left; its exit status (None when
         it had to be killed)."""
         code: int | None = None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+        self.terminate()
         try:
             code = self.proc.wait(20)
         except subprocess.TimeoutExpired:
@@ -147,8 +153,7 @@ def setup(own_server: Server, tmp_path_factory: pytest.TempPathFactory) -> Itera
         yield s
     finally:
         for w in s.workers:  # all told at once: their shutdowns overlap
-            if w.proc.poll() is None:
-                w.proc.send_signal(signal.SIGTERM)
+            w.terminate()
         codes = [w.stop() for w in s.workers]
         celery_app.app.close()
     assert codes == [0] * len(codes), "a worker did not shut down cleanly"
