@@ -100,7 +100,7 @@ def one_run(kind: str, url: str, tasks: int, timeout: float, tmp: str, seq: int)
     else:
         cmd = [sys.executable, "-m", "dramatiq", "bench_celery_app", "--processes", "2", "--threads", "4"]
     os.environ.update({k: env[k] for k in ("BENCH_KIND", "BENCH_BROKER", "BENCH_QUEUE", "BENCH_DONE")})
-    app = _app(kind)
+    app = _app()
     send = app.noop.delay if kind == "celery" else app.noop_actor.send
     worker = subprocess.Popen(cmd, cwd=BENCH, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               start_new_session=True)
@@ -117,7 +117,7 @@ def one_run(kind: str, url: str, tasks: int, timeout: float, tmp: str, seq: int)
         _close(kind, app)
 
 
-def _app(kind: str) -> Any:
+def _app() -> Any:
     """The bench's app module, loaded afresh for this run's broker (its settings are read at import)."""
     import importlib
     sys.modules.pop("bench_celery_app", None)
@@ -125,10 +125,7 @@ def _app(kind: str) -> Any:
 
 
 def _close(kind: str, app: Any) -> None:
-    if kind == "celery":
-        app.app.close()
-    else:
-        app.broker.close()
+    (app.app if kind == "celery" else app.broker).close()
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
