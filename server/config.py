@@ -132,7 +132,7 @@ assert SETTING["token"].env == options.TOKEN_ENV and SETTING["data_dir"].env == 
 QUEUE_KEYS: dict[str, type] = {
     "capacity": int, "max_bytes": int, "max_message_size": int, "visibility_timeout": float,
     "max_deliveries": int, "max_groups": int, "durability": str, "message_ttl": float,
-    "expired_to_dlq": bool, "replication": str, "groups": list}
+    "expired_to_dlq": bool, "replication": str, "priorities": int, "groups": list}
 _KINDS = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
           list: "a list of group names", dict: "a table"}
 

@@ -27,7 +27,7 @@ from functools import partial
 from typing import Any
 
 from shmq import crashpoints, options
-from shmq.core.durability import Mark
+from shmq.core.durability import Mark, Marks
 from shmq.core.serverqueue import ServerBroker, ServerQueue
 from shmq.errors import ShmqError
 from shmq.protocol.codec import Frame
@@ -122,7 +122,7 @@ class Core:
         return self.broker.queue(name)
 
     # ------------------------------------------------------------ replies
-    def answer(self, conn: ServerConnection, msg_id: int, data: bytes, mark: Mark | None) -> None:
+    def answer(self, conn: ServerConnection, msg_id: int, data: bytes, mark: Mark | Marks | None) -> None:
         """Send the reply ``data`` now, or once the journal has what it confirms (``mark``)."""
         if mark is None or mark.reached():
             conn.send(data)

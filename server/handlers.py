@@ -20,7 +20,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from shmq import crashpoints, options
-from shmq.core.durability import Mark
+from shmq.core.durability import Mark, Marks
 from shmq.core.serverqueue import ServerQueue
 from shmq.errors import InvalidArgument, LimitExceeded, ProtocolError, ShmqError, StaleAck, Status
 from shmq.names import is_reply_name
@@ -239,7 +239,7 @@ def _ack_many(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any], o
 
 
 def _ack_offsets(core: Core, conn: ServerConnection, d: dict[str, Any], offsets: list[int],
-                 asked: list[int]) -> tuple[list[int], Mark | None]:
+                 asked: list[int]) -> tuple[list[int], Mark | Marks | None]:
     """Ack the leases of ours among (``offsets``, ``asked`` deliveries): (the offsets that
     were stale, the mark confirming the others)."""
     q, ref = _leases(core, d)
@@ -261,6 +261,7 @@ def get(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> None
     if acks is None:
         deliver_or_park(core, conn, f, d)
         return
+    mark: Mark | Marks | None
     if f.type == T.CONSUME:
         (off, dc), = acks
         mark = _ack_one(core, conn, d, off, dc)

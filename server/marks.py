@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from shmq.core.durability import Mark
+from shmq.core.durability import Mark, Marks
 from shmq.errors import ShmqError
 
 from .connection import ServerConnection
@@ -45,8 +45,20 @@ class HeldReplies:
         self._lock = threading.Lock()
         self._tie = itertools.count()  # ties in the heap never compare the callbacks
 
-    def after(self, mark: Mark, conn: ServerConnection, done: Done) -> None:
-        """Call ``done`` on the loop once ``mark`` is reached (it sends ``conn`` a reply)."""
+    def after(self, mark: Mark | Marks, conn: ServerConnection, done: Done) -> None:
+        """Call ``done`` on the loop once ``mark`` is reached (it sends ``conn`` a reply);
+        ``Marks`` (a change in several queues): once each is, waited for one after the other."""
+        if isinstance(mark, Marks):
+            pending = [m for m in mark if not m.reached()]
+            if not pending:
+                done(None)
+            elif len(pending) == 1:
+                self.after(pending[0], conn, done)
+            else:
+                rest = Marks(pending[1:])
+                self.after(pending[0], conn,
+                           lambda err: done(err) if err is not None else self.after(rest, conn, done))
+            return
         key = (id(mark.durability), mark.word)  # the _Waiting keeps it alive: the id is not reused
         with self._lock:
             mw = self._waiting.get(key)

@@ -21,7 +21,7 @@ from shmq import crashpoints, headers
 from shmq.errors import Empty, Full, QueueNotFound, ShmqError, Status
 from shmq.names import is_reply_name
 from shmq.protocol.codec import WAIT_FOREVER, Frame, T, decode_body, decode_joined, frame, produce_ok_frame
-from shmq.protocol.produce import PREFIX_FLAGS, split_prefixes
+from shmq.protocol.produce import PREFIX_FLAGS, split_prefixes, split_priority
 
 from .connection import ServerConnection
 from .core import Core, Waiter
@@ -49,12 +49,14 @@ def produce(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any]) -> 
 
 def decode_produce(f: Frame) -> dict[str, Any]:
     """The fields of a PRODUCE* request, its frame flags undone: with
-    ``producing.DELAY_FLAG`` / ``TTL_FLAG``, ``delay_ms`` and ``ttl_ms``; with ``headers.FLAG``,
+    ``producing.DELAY_FLAG`` / ``TTL_FLAG`` / ``PRIORITY_FLAG``, ``delay_ms``, ``ttl_ms`` and
+    ``priority``; with ``headers.FLAG``,
     each payload parted from its header block (``meta`` / ``metas``).  A malformed block or
     prefix raises here, before anything is stored."""
     if f.status & PREFIX_FLAGS:
-        ms, tms, body = split_prefixes(f.status, f.body)
-        d = {**decode_body(f.type, body), "delay_ms": ms, "ttl_ms": tms}
+        prio, body = split_priority(f.status, f.body)
+        ms, tms, body = split_prefixes(f.status, body)
+        d = {**decode_body(f.type, body), "delay_ms": ms, "ttl_ms": tms, "priority": prio}
     elif f.type != T.PRODUCE and not f.status & headers.FLAG:  # plain payloads: one Joined, no copies
         return decode_joined(f.type, f.body)
     else:
@@ -80,10 +82,11 @@ def try_produce(core: Core, conn: ServerConnection, f: Frame, d: dict[str, Any],
     one = f.type == T.PRODUCE
     try:
         if one:
-            off, mark = q.put(d["payload"], d.get("meta", b""), d.get("delay_ms", 0), d.get("ttl_ms", 0))
+            off, mark = q.put(d["payload"], d.get("meta", b""), d.get("delay_ms", 0), d.get("ttl_ms", 0),
+                              d.get("priority", 0))
         else:  # a batch, maybe an idempotent producer's
             offs, mark = q.put_many(d["payloads"], d.get("producer"), d.get("seq"), d.get("metas"),
-                                    d.get("delay_ms", 0), d.get("ttl_ms", 0))
+                                    d.get("delay_ms", 0), d.get("ttl_ms", 0), d.get("priority", 0))
     except Full:
         if not one and not q.could_fit(d["payloads"], d.get("metas")):
             raise  # a batch that can never fit: waiting would never help

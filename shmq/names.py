@@ -2,7 +2,8 @@
 
 A queue that exists is reached by any name of the alphabet (``check_queue_name``); a new
 one's name must also begin with a letter or digit (never ``-``: a command line would
-read it as an option) and must not end in ``.dlq``, which names dead-letter queues
+read it as an option) and must not end in ``.dlq``, which names dead-letter queues, nor
+in ``.prio1`` .. ``.prio9``, which name the levels of a priority queue
 (``check_new_queue_name``; the broker makes those itself).  Error messages show a long
 name cut short (``text.shown``).
 """
@@ -39,6 +40,9 @@ def check_new_queue_name(name: object, dead_letter: bool = False) -> str:
     if dead_letter and (not is_dlq_name(name) or is_dlq_name(source_name(name))):
         raise InvalidName(f"invalid dead-letter queue name {shown(name)}: the name of a queue followed "
                           f"by {options.DLQ_SUFFIX} (and not itself a dead-letter queue's)")
+    if level_of(name)[1]:
+        raise InvalidName(f"invalid queue name {shown(name)}: names ending in {options.LEVEL_SUFFIX}1 .. "
+                          f"{options.LEVEL_SUFFIX}9 hold the levels of a priority queue, made with it")
     if not dead_letter and is_dlq_name(name):
         raise InvalidName(f"invalid queue name {shown(name)}: names ending in {options.DLQ_SUFFIX} are "
                           f"dead-letter queues, made by the broker when {shown(source_name(name))} first "
@@ -73,6 +77,22 @@ def is_dlq_name(name: str) -> bool:
 
 def dlq_name(name: str) -> str:
     return name + options.DLQ_SUFFIX
+
+
+_LEVEL_RE = re.compile(rf"(.+){re.escape(options.LEVEL_SUFFIX)}([1-9])\Z")
+
+
+def level_name(name: str, level: int) -> str:
+    """The queue that holds level ``level`` of priority queue ``name``: ``name`` itself for
+    level 0, else the hidden ``<name>.prio<level>``."""
+    return f"{name}{options.LEVEL_SUFFIX}{level}" if level else name
+
+
+def level_of(name: str) -> tuple[str, int]:
+    """(the priority queue, the level) that queue ``name`` holds: ``(name, 0)`` for any queue
+    that is no hidden level (``jobs.prio3`` is level 3 of ``jobs``)."""
+    m = _LEVEL_RE.match(name)
+    return (m[1], int(m[2])) if m else (name, 0)
 
 
 def source_name(name: str) -> str:

@@ -19,6 +19,9 @@ QUEUE_NAME_MAX = 200  # chars of [A-Za-z0-9._-], not "." or ".."
 GROUP_NAME_MAX = 64  # same alphabet as queue names
 DEFAULT_GROUP = "default"
 DLQ_SUFFIX = ".dlq"
+MAX_PRIORITIES = 10  # a queue's priority levels (create_queue(priorities=)): put(priority=) 0 .. N-1
+LEVEL_SUFFIX = ".prio"  # level k >= 1 of priority queue Q is the hidden queue Q.prio<k> (level 0 is Q)
+PRIORITY_SHIFT = 56  # a priority queue's offsets: level << PRIORITY_SHIFT | the offset in that level
 
 DEFAULT_CAPACITY = 16_384  # messages held (unacknowledged by some group)
 MAX_CAPACITY = 16_777_216

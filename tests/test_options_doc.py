@@ -63,6 +63,7 @@ DOCUMENTED = [
     ("`max_deliveries`", f"1 – {options.MAX_DELIVERIES_LIMIT}"),
     ("`max_groups` per queue", f"| {options.DEFAULT_MAX_GROUPS} |"),
     ("`max_groups` per queue", f"1 – {options.MAX_GROUPS_LIMIT}"),
+    ("`priorities`", f"0 – {options.MAX_PRIORITIES} (`MAX_PRIORITIES`)"),
     ("headers per message", f"{options.MAX_HEADERS} (`MAX_HEADERS`)"),
     ("headers' encoded bytes per message", f"{options.MAX_HEADERS_BYTES} (`MAX_HEADERS_BYTES`)"),
     ("idempotent producers remembered", _count(options.MAX_PRODUCERS)),

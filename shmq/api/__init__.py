@@ -78,6 +78,18 @@ def ttl_ms(ttl: float | None, delay: int = 0) -> int:
     return ms
 
 
+def check_priority(priority: object, levels: int, name: str) -> int:
+    """A put's priority for a queue of ``levels`` priority levels (0 for a plain queue): an
+    int in 0 .. levels-1, else ``InvalidArgument``."""
+    if priority.__class__ is not int or not 0 <= priority < max(levels, 1):  # type: ignore[operator]
+        if levels < 2 and priority.__class__ is int:
+            raise InvalidArgument(f"queue {name!r} has no priorities (create it with priorities=N): "
+                                  f"priority must be 0, not {priority!r}")
+        raise InvalidArgument(f"priority must be an int in 0..{max(levels, 1) - 1} for queue {name!r}, "
+                              f"not {priority!r}")
+    return priority  # type: ignore[return-value]
+
+
 @dataclass(frozen=True)
 class QueueConfig:
     """The limits a queue is created with (``create_queue`` keyword arguments)."""
@@ -92,6 +104,7 @@ class QueueConfig:
     message_ttl: float = 0.0  # seconds a message may wait for its first delivery to a group (0: forever)
     expired_to_dlq: bool = True  # an expired message is dead-lettered (reason "ttl_expired"); False: dropped
     replication: str = ""  # to a standby: "sync", "async", or "": the broker's --replication
+    priorities: int = 0  # levels of priority, 2..MAX_PRIORITIES (0 or 1: none): put(priority=0..N-1)
 
 
 @dataclass(frozen=True)
@@ -174,6 +187,12 @@ class Message(tuple):  # type: ignore[type-arg]
     def queue(self) -> str:
         """The name of the queue it was delivered (or read) from."""
         return str(self.queue_handle.name)
+
+    @property
+    def priority(self) -> int:
+        """Its priority in a priority queue (``create_queue(priorities=N)``: the level its
+        offset names), 0 in any other queue."""
+        return int(self[3] >> options.PRIORITY_SHIFT)
 
     @property
     def timestamp(self) -> float:
@@ -379,7 +398,8 @@ class Queue(ABC):
 
     @abstractmethod
     def put(self, payload: Payload, block: bool = True, timeout: float | None = None, *,
-            headers: Headers | None = None, delay: float | None = None, ttl: float | None = None) -> int:
+            headers: Headers | None = None, delay: float | None = None, ttl: float | None = None,
+            priority: int = 0) -> int:
         """Append one message; its offset in the queue (64-bit, from 0, one per message).
 
         ``payload``: bytes-like, or a ``str`` (stored UTF-8 encoded).  When the queue is full
@@ -389,7 +409,10 @@ class Queue(ABC):
         or bytes (``shmq.headers``).  ``delay``: seconds before any group may have it (stored
         now; messages put later may be delivered first).  ``ttl``: seconds from now within
         which a group must get it, else it expires for that group, as with the queue's
-        ``message_ttl`` (the shorter of the two counts); longer than ``delay``.
+        ``message_ttl`` (the shorter of the two counts); longer than ``delay``.  ``priority``:
+        in a queue made with ``priorities=N``, 0 (the lowest, the default) .. N-1: the highest
+        priority ready is delivered first, FIFO within one; its offset then names the level
+        in its top bits (``Message.priority``).  Any other queue takes only 0.
 
         Raises ``Full`` (no room in time), ``MessageTooLarge`` (payload and headers above
         the queue's ``max_message_size``), ``InvalidArgument`` (a bad payload type, timeout,
@@ -400,24 +423,24 @@ class Queue(ABC):
     def put_many(self, payloads: Sequence[Payload], block: bool = True,
                  timeout: float | None = None, *, producer: str | None = None,
                  seq: int | None = None, headers: Sequence[Headers | None] | None = None,
-                 delay: float | None = None, ttl: float | None = None) -> list[int]:
+                 delay: float | None = None, ttl: float | None = None, priority: int = 0) -> list[int]:
         """Append a batch atomically (all or none, in order); their offsets.
 
         ``block`` and ``timeout``: as ``put``'s, waiting for room for the whole batch.  With
         ``producer`` (an id of 1-``options.PRODUCER_ID_MAX`` chars) and ``seq`` (1 up), at
         most once per (producer, seq): a sequence not above the last one that producer wrote
         raises ``Duplicate`` and writes nothing.  ``headers``: one mapping (or None) per
-        payload.  ``delay``, ``ttl``: as for ``put``, for each.
+        payload.  ``delay``, ``ttl``, ``priority``: as for ``put``, for each.
 
         Raises ``Full`` (no room in time, or a batch that can never fit), ``Duplicate``,
         ``MessageTooLarge``, ``InvalidArgument``, ``StorageError``, ``QueueNotFound``."""
 
     def put_nowait(self, payload: Payload, *, headers: Headers | None = None, delay: float | None = None,
-                   ttl: float | None = None) -> int:
+                   ttl: float | None = None, priority: int = 0) -> int:
         """``put(payload, block=False, ...)``, as ``queue.Queue.put_nowait``: append one message
         if there is room now; its offset.  Raises ``Full`` at once when there is none, and
         otherwise what ``put`` raises."""
-        return self.put(payload, False, headers=headers, delay=delay, ttl=ttl)
+        return self.put(payload, False, headers=headers, delay=delay, ttl=ttl, priority=priority)
 
     @abstractmethod
     def get(self, block: bool = True, timeout: float | None = None, *, group: str = options.DEFAULT_GROUP,
@@ -500,14 +523,15 @@ class Queue(ABC):
             start = c.offsets[-1] + 1
 
     def put_joined(self, batch: Joined, block: bool = True, timeout: float | None = None, *,
-                   producer: str | None = None, seq: int | None = None) -> int:
+                   producer: str | None = None, seq: int | None = None, priority: int = 0) -> int:
         """``put_many`` of payloads given back to back (``shmq.joined.Joined``: their lengths
         and their bytes), atomically and, with ``producer`` and ``seq``, at most once per
-        (producer, seq); its first offset.  The errors of ``put_many``, and
+        (producer, seq), at ``priority`` (as ``put``'s); its first offset.  The errors of ``put_many``, and
         ``InvalidArgument`` for an empty batch or lengths that do not add up to the bytes.
         This default puts ``batch.payloads()``; the transports put the bytes as they are."""
         check_joined(batch)
-        return self.put_many(batch.payloads(), block, timeout, producer=producer, seq=seq)[0]
+        return self.put_many(batch.payloads(), block, timeout, producer=producer, seq=seq,
+                             priority=priority)[0]
 
     @abstractmethod
     def create_group(self, name: str, start: Start = "earliest", exist_ok: bool = False) -> None:

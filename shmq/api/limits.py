@@ -46,6 +46,10 @@ def check_config(limits: dict[str, Any]) -> QueueConfig:
     need(c.replication in options.REPLICATION_MODES,
          f"replication must be one of {', '.join(m for m in options.REPLICATION_MODES if m)}, or \"\" "
          "(the broker's --replication)")
+    need(not isinstance(c.priorities, bool) and isinstance(c.priorities, int)
+         and 0 <= c.priorities <= options.MAX_PRIORITIES,
+         f"priorities must be 0..{options.MAX_PRIORITIES} (0: none; N: put(priority=0..N-1), the highest "
+         "delivered first)")
     need(c.durability in options.DURABILITY_MODES,
          f"durability must be one of {', '.join(options.DURABILITY_MODES)}")
     return c

@@ -198,6 +198,9 @@ def create(
     replication: str = typer.Option("", help="to a standby (shmq serve --replica-of): sync (an always "
                                     "put waits for a standby's fsync too) or async; none: the broker's "
                                     "--replication", show_default="none"),
+    priorities: int = typer.Option(0, help=f"levels of priority, 2..{options.MAX_PRIORITIES}: "
+                                   "`shmq produce --priority P` (0..N-1), the highest delivered first; "
+                                   "0: none"),
     exist_ok: bool = typer.Option(False, "--exist-ok", help="a queue of that name already there is fine "
                                   "(it is left as it is: its settings are not compared)"),
     url: str | None = UrlOpt, shm: str | None = ShmOpt, token: str | None = TokenOpt,
@@ -220,6 +223,8 @@ def create(
         limits["max_message_size"] = max_message_size
     if replication:  # (an older broker does not know it)
         limits["replication"] = replication
+    if priorities:
+        limits["priorities"] = priorities
     with session(url, shm, token, token_file) as b:
         try:
             b.create_queue(queue, **limits)

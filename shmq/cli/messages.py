@@ -54,6 +54,9 @@ def produce(
     ttl: float | None = typer.Option(None, "--ttl", metavar="SECONDS",
                                      help="each message expires for a group that has not had it this many "
                                      "seconds from now (the queue's --message-ttl, if shorter, counts)"),
+    priority: int = typer.Option(0, "--priority", metavar="P",
+                                 help="each message's priority, in a queue made with --priorities N: "
+                                 "0 (the lowest) .. N-1, the highest delivered first"),
     timeout: float | None = typer.Option(None, "--timeout", metavar="SECONDS",
                                          help="the longest a batch waits for room in a full queue; then "
                                          "the error Full (exit 1)", show_default="wait"),
@@ -111,7 +114,7 @@ def produce(
                     try:  # journal is not cut short)
                         offsets += q.put_many(part, block=False,
                                               headers=[hdrs] * len(part) if hdrs else None,
-                                              delay=delay, ttl=ttl)
+                                              delay=delay, ttl=ttl, priority=priority)
                     except Full as e:
                         if len(part) > 1 and "can never fit" in str(e):
                             parts[:1] = [part[:len(part) // 2], part[len(part) // 2:]]

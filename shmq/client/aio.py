@@ -466,19 +466,21 @@ class AsyncQueue:
 
     async def put(self, payload: Payload, block: bool = True, timeout: float | None = None, *,
                   headers: Headers | None = None, delay: float | None = None,
-                  ttl: float | None = None) -> int:
-        return await self.broker._execute(cmd.put(self, payload, block, timeout, headers, delay, ttl))
+                  ttl: float | None = None, priority: int = 0) -> int:
+        return await self.broker._execute(cmd.put(self, payload, block, timeout, headers, delay, ttl,
+                                                  priority))
 
     async def put_many(self, payloads: Sequence[Payload], block: bool = True,
                        timeout: float | None = None, *, producer: str | None = None,
                        seq: int | None = None, headers: Sequence[Headers | None] | None = None,
-                       delay: float | None = None, ttl: float | None = None) -> list[int]:
+                       delay: float | None = None, ttl: float | None = None,
+                       priority: int = 0) -> list[int]:
         return await self.broker._execute(cmd.put_many(self, payloads, block, timeout, producer, seq, headers,
-                                                    delay, ttl))
+                                                    delay, ttl, priority))
 
     async def put_nowait(self, payload: Payload, *, headers: Headers | None = None,
-                         delay: float | None = None, ttl: float | None = None) -> int:
-        return await self.put(payload, False, headers=headers, delay=delay, ttl=ttl)
+                         delay: float | None = None, ttl: float | None = None, priority: int = 0) -> int:
+        return await self.put(payload, False, headers=headers, delay=delay, ttl=ttl, priority=priority)
 
     async def get_nowait(self, *, group: str = options.DEFAULT_GROUP, visibility_timeout: float | None = None,
                          ack: Message | None = None) -> AsyncMessage:
@@ -538,9 +540,10 @@ class AsyncQueue:
             start = c.offsets[-1] + 1
 
     async def put_joined(self, batch: Joined, block: bool = True, timeout: float | None = None, *,
-                         producer: str | None = None, seq: int | None = None) -> int:
+                         producer: str | None = None, seq: int | None = None, priority: int = 0) -> int:
         """``shmq.Queue.put_joined``: one produce made of the lengths and the bytes as they are."""
-        return await self.broker._execute(cmd.put_joined(self, batch, block, timeout, producer, seq))
+        return await self.broker._execute(cmd.put_joined(self, batch, block, timeout, producer, seq,
+                                                         priority))
 
     async def create_group(self, name: str, start: Start = "earliest", exist_ok: bool = False) -> None:
         try:

@@ -262,31 +262,34 @@ class AsyncFailoverQueue:
 
     async def put(self, payload: Payload, block: bool = True, timeout: float | None = None, *,
                   headers: Headers | None = None, delay: float | None = None,
-                  ttl: float | None = None) -> int:
+                  ttl: float | None = None, priority: int = 0) -> int:
         """``AsyncQueue.put``; retried after a fail-over: at-least-once."""
         return await self._call(lambda q: q.put(payload, block, timeout, headers=headers, delay=delay,
-                                                ttl=ttl))
+                                                ttl=ttl, priority=priority))
 
     async def put_many(self, payloads: Sequence[Payload], block: bool = True,
                        timeout: float | None = None, *, producer: str | None = None,
                        seq: int | None = None, headers: Sequence[Headers | None] | None = None,
-                       delay: float | None = None, ttl: float | None = None) -> list[int]:
+                       delay: float | None = None, ttl: float | None = None,
+                       priority: int = 0) -> list[int]:
         """``AsyncQueue.put_many``; retried after a fail-over: at-least-once, unless ``producer``
         and ``seq`` make it idempotent (then ``Duplicate`` when the first try was stored)."""
         return await self._call(lambda q: q.put_many(payloads, block, timeout, producer=producer, seq=seq,
-                                                     headers=headers, delay=delay, ttl=ttl))
+                                                     headers=headers, delay=delay, ttl=ttl,
+                                                     priority=priority))
 
     async def put_nowait(self, payload: Payload, *, headers: Headers | None = None,
-                         delay: float | None = None, ttl: float | None = None) -> int:
-        return await self.put(payload, False, headers=headers, delay=delay, ttl=ttl)
+                         delay: float | None = None, ttl: float | None = None, priority: int = 0) -> int:
+        return await self.put(payload, False, headers=headers, delay=delay, ttl=ttl, priority=priority)
 
     async def get_nowait(self, *, group: str = options.DEFAULT_GROUP, visibility_timeout: float | None = None,
                          ack: Message | None = None) -> Message:
         return await self.get(False, group=group, visibility_timeout=visibility_timeout, ack=ack)
 
     async def put_joined(self, batch: Joined, block: bool = True, timeout: float | None = None, *,
-                         producer: str | None = None, seq: int | None = None) -> int:
-        return await self._call(lambda q: q.put_joined(batch, block, timeout, producer=producer, seq=seq))
+                         producer: str | None = None, seq: int | None = None, priority: int = 0) -> int:
+        return await self._call(lambda q: q.put_joined(batch, block, timeout, producer=producer, seq=seq,
+                                                       priority=priority))
 
     async def get(self, block: bool = True, timeout: float | None = None, *,
                   group: str = options.DEFAULT_GROUP, visibility_timeout: float | None = None,

@@ -352,22 +352,25 @@ class FailoverQueue(Queue):
         return self._call(lambda q: q, retry=False)
 
     def put(self, payload: Payload, block: bool = True, timeout: float | None = None, *,
-            headers: Headers | None = None, delay: float | None = None, ttl: float | None = None) -> int:
+            headers: Headers | None = None, delay: float | None = None, ttl: float | None = None,
+            priority: int = 0) -> int:
         """``Queue.put``; retried after a fail-over: at-least-once (the module's doc)."""
-        return self._call(lambda q: q.put(payload, block, timeout, headers=headers, delay=delay, ttl=ttl))
+        return self._call(lambda q: q.put(payload, block, timeout, headers=headers, delay=delay, ttl=ttl,
+                                          priority=priority))
 
     def put_many(self, payloads: Sequence[Payload], block: bool = True,
                  timeout: float | None = None, *, producer: str | None = None,
                  seq: int | None = None, headers: Sequence[Headers | None] | None = None,
-                 delay: float | None = None, ttl: float | None = None) -> list[int]:
+                 delay: float | None = None, ttl: float | None = None, priority: int = 0) -> list[int]:
         """``Queue.put_many``; retried after a fail-over: at-least-once, unless ``producer``
         and ``seq`` make it idempotent (then ``Duplicate`` when the first try was stored)."""
         return self._call(lambda q: q.put_many(payloads, block, timeout, producer=producer, seq=seq,
-                                               headers=headers, delay=delay, ttl=ttl))
+                                               headers=headers, delay=delay, ttl=ttl, priority=priority))
 
     def put_joined(self, batch: Joined, block: bool = True, timeout: float | None = None, *,
-                   producer: str | None = None, seq: int | None = None) -> int:
-        return self._call(lambda q: q.put_joined(batch, block, timeout, producer=producer, seq=seq))
+                   producer: str | None = None, seq: int | None = None, priority: int = 0) -> int:
+        return self._call(lambda q: q.put_joined(batch, block, timeout, producer=producer, seq=seq,
+                                                 priority=priority))
 
     def publisher(self, window: int = options.DEFAULT_PUBLISH_WINDOW, block: bool = True,
                   timeout: float | None = None) -> FailoverPublisher:

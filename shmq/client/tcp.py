@@ -352,15 +352,16 @@ class TcpQueue(Queue):
         return f"TcpQueue({self.broker.url!r}, {self.name!r})"
 
     def put(self, payload: Payload, block: bool = True, timeout: float | None = None, *,
-            headers: Headers | None = None, delay: float | None = None, ttl: float | None = None) -> int:
-        return self.broker._execute(cmd.put(self, payload, block, timeout, headers, delay, ttl))
+            headers: Headers | None = None, delay: float | None = None, ttl: float | None = None,
+            priority: int = 0) -> int:
+        return self.broker._execute(cmd.put(self, payload, block, timeout, headers, delay, ttl, priority))
 
     def put_many(self, payloads: Sequence[Payload], block: bool = True,
                  timeout: float | None = None, *, producer: str | None = None,
                  seq: int | None = None, headers: Sequence[Headers | None] | None = None,
-                 delay: float | None = None, ttl: float | None = None) -> list[int]:
+                 delay: float | None = None, ttl: float | None = None, priority: int = 0) -> list[int]:
         return self.broker._execute(cmd.put_many(self, payloads, block, timeout, producer, seq, headers,
-                                                 delay, ttl))
+                                                 delay, ttl, priority))
 
     def _publish(self, payload: Payload, block: bool, timeout: float | None, headers: Headers | None = None,
                  delay: float | None = None, ttl: float | None = None) -> tuple[Request[int], Box]:
@@ -450,10 +451,10 @@ class TcpQueue(Queue):
             b._wait(ahead[2])  # not needed, but the connection's next answer: read it off
 
     def put_joined(self, batch: Joined, block: bool = True, timeout: float | None = None, *,
-                   producer: str | None = None, seq: int | None = None) -> int:
+                   producer: str | None = None, seq: int | None = None, priority: int = 0) -> int:
         """``Queue.put_joined``: one PRODUCE_BATCH (PRODUCE_IDEMPOTENT with ``producer``) made
         of the lengths and the bytes as they are, no object per payload."""
-        return self.broker._execute(cmd.put_joined(self, batch, block, timeout, producer, seq))
+        return self.broker._execute(cmd.put_joined(self, batch, block, timeout, producer, seq, priority))
 
     def create_group(self, name: str, start: Start = "earliest", exist_ok: bool = False) -> None:
         try:

@@ -19,6 +19,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import posix_ipc
@@ -29,6 +30,7 @@ from shmq.api.limits import check_config
 from shmq.api.reply import end_requests
 from shmq.core import layout as L
 from shmq.core.handle import QueueHandle, monotonic_ms
+from shmq.core.priority import PriorityQueue
 from shmq.core.queue import ShmQueue
 from shmq.core.registry import QueueEntry, Registry
 from shmq.core.ring import Ring
@@ -46,7 +48,7 @@ from shmq.core.segment import (
 )
 from shmq.errors import InstanceError, InvalidArgument, QueueExists, QueueNotFound, StorageError, Timeout
 from shmq.journal.files import retire_journal
-from shmq.names import check_new_queue_name, check_queue_name, dlq_name, is_dlq_name
+from shmq.names import check_new_queue_name, check_queue_name, dlq_name, is_dlq_name, level_name, level_of
 from shmq.version import __version__
 
 
@@ -74,6 +76,7 @@ class Attachment:
         self._pruned_gen = -1  # registry generation the queue cache was last pruned at
         self._lock = threading.RLock()
         self._letting_go: list[ShmQueue] = []  # let go of, but a thread of ours held a lock of it
+        self._priority: dict[int, PriorityQueue] = {}  # by level 0's queue id
         self.refs = 0
         self.bell_skip = -1  # a broker worker's own id: it does not ring its own doorbell
 
@@ -130,6 +133,32 @@ class Attachment:
                 q = ShmQueue(self, ring, *sems)
                 self._queues[entry.queue_id] = q
             return q
+
+    def priority_queue(self, base: ShmQueue) -> PriorityQueue:
+        """The priority queue whose level 0 is ``base`` (its levels attached, and made where
+        missing: a creator or a deleter killed halfway left them so; a level made again is
+        empty, and its messages, if any, went with the deleted one)."""
+        pq = self._priority.get(base.ring.queue_id)
+        if pq is not None and not pq.deleted:
+            return pq
+        n = (base.ring.flags & L.PRIO_MASK) >> L.PRIO_SHIFT
+        levels = [base]
+        for k in range(1, n):
+            name = level_name(base.name, k)
+            try:
+                q = self.queue(name)
+            except QueueNotFound:
+                try:
+                    q = self.create_queue(name, base.config)
+                except QueueExists:
+                    q = self.queue(name)
+            q._base = base
+            levels.append(q)
+        pq = PriorityQueue(levels)
+        with self._lock:
+            self._priority = {k: v for k, v in self._priority.items() if not v.deleted}
+            self._priority[base.ring.queue_id] = pq
+        return pq
 
     def prune(self) -> None:
         """Let go of the queues deleted by anyone since the last call, so that no process
@@ -188,7 +217,8 @@ class Attachment:
                 max_groups=config.max_groups, max_clients=reg.max_clients,
                 durability=options.DURABILITY_MODES.index(config.durability),
                 flags=(L.F_DLQ if is_dlq else 0) | (0 if is_dlq or config.expired_to_dlq else L.F_TTL_DROP)
-                | L.REPLICATION_FLAGS[config.replication],
+                | L.REPLICATION_FLAGS[config.replication]
+                | (0 if is_dlq else config.priorities << L.PRIO_SHIFT),
                 default_group=options.DEFAULT_GROUP,
                 message_ttl_ms=0 if is_dlq or not config.message_ttl else max(
                     1, round(config.message_ttl * 1000)))
@@ -251,15 +281,17 @@ class Attachment:
                 retire_journal(data_dir, name)
 
     def dead_letter_queue(self, q: QueueHandle) -> ShmQueue | None:
+        """The DLQ of ``q``, made at its first dead letter (a priority queue's levels share
+        their queue's: ``<queue>.dlq``, a plain queue)."""
         if q.is_dlq:
             return None
-        name = dlq_name(q.name)
+        name = dlq_name(q.base_name)
         try:
             return self.queue(name)
         except QueueNotFound:
             pass
         try:
-            return self.create_queue(name, q.config, is_dlq=True)
+            return self.create_queue(name, replace(q.config, priorities=0), is_dlq=True)
         except QueueExists:
             return self.queue(name)
 
@@ -418,16 +450,56 @@ class ShmBroker(Broker):
         ``<queue>.dlq`` before the broker would (at ``<queue>``'s first dead letter), with
         limits of its own."""
         check_new_queue_name(name, dead_letter=bool(dead_letter))
-        return self._att.create_queue(name, check_config(dict(limits)), is_dlq=bool(dead_letter))
+        config = check_config(dict(limits))
+        if config.priorities < 2:
+            return self._att.create_queue(name, config, is_dlq=bool(dead_letter))
+        # (a priority queue's handle is a PriorityQueue, the same api.Queue: the annotation
+        # names the plain queue's handle, whose internals the core's tools and tests reach)
+        return self._create_priority_queue(name, config, bool(dead_letter))  # type: ignore[return-value]
+
+    def _create_priority_queue(self, name: str, config: QueueConfig, dead_letter: bool) -> PriorityQueue:
+        """A queue of ``config.priorities`` levels: ``name`` (level 0) and its hidden levels
+        (``shmq.core.priority``), all or none.  A level left by a deleter killed halfway
+        (its queue gone) is removed first."""
+        if dead_letter:
+            raise InvalidArgument("a dead-letter queue has no priorities")
+        longest = level_name(name, config.priorities - 1)
+        if len(longest) > options.QUEUE_NAME_MAX:
+            raise InvalidArgument(f"a priority queue's name leaves room for its levels' ({longest!r}): "
+                                  f"at most {options.QUEUE_NAME_MAX - len(longest) + len(name)} chars")
+        att = self._att
+        base = att.create_queue(name, config)
+        made = [name]
+        try:
+            for k in range(1, config.priorities):
+                lname = level_name(name, k)
+                if att.registry.find(lname) is not None:
+                    att.delete_queue(lname)  # a leftover: its priority queue is the one just made
+                att.create_queue(lname, config)
+                made.append(lname)
+        except BaseException:
+            for lname in reversed(made):
+                with contextlib.suppress(QueueNotFound):
+                    att.delete_queue(lname)
+            raise
+        return att.priority_queue(base)
 
     def queue(self, name: str) -> ShmQueue:
         if not isinstance(name, str):
             check_queue_name(name)
-        return self._att.queue(name)
+        q = self._att.queue(name)
+        if q.level:
+            raise QueueNotFound(f"{name!r} is level {q.level} of priority queue {q.base_name!r}: "
+                                f"put(priority={q.level}) to {q.base_name!r} reaches it")
+        if q.ring.flags & L.PRIO_MASK > 1 << L.PRIO_SHIFT:
+            return self._att.priority_queue(q)  # type: ignore[return-value]  # (as create_queue's)
+        return q
 
     def list_queues(self) -> list[QueueInfo]:
         out = []
         for entry in self._att.registry.queues():
+            if level_of(entry.name)[1]:
+                continue  # a priority queue's hidden level
             try:
                 q = self._att._open(entry)
             except QueueNotFound:
@@ -436,7 +508,15 @@ class ShmBroker(Broker):
         return sorted(out, key=lambda i: i.name)
 
     def delete_queue(self, name: str) -> None:
+        """``Broker.delete_queue``; a priority queue goes with its levels (the highest first,
+        level 0 last: one killed halfway leaves the queue, whose next use makes the missing
+        levels again, empty)."""
         check_queue_name(name) if not is_dlq_name(name) else None
+        q: Any = self.queue(name)
+        if isinstance(q, PriorityQueue):
+            for lq in q.levels[:0:-1]:
+                with contextlib.suppress(QueueNotFound):
+                    self._att.delete_queue(lq.ring.name)
         self._att.delete_queue(name)
 
     @property
@@ -514,3 +594,4 @@ def _reduce_queue(q: ShmQueue) -> tuple[Any, ...]:
 
 
 copyreg.pickle(ShmQueue, _reduce_queue)  # a queue handle pickles as its URL and name, and reattaches
+copyreg.pickle(PriorityQueue, lambda q: _reduce_queue(q.base))

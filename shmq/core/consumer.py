@@ -231,6 +231,25 @@ class Consuming(_Handle):
             self._alive()
         self._sem_sleep(self._ne, wait)
 
+    def _due_in(self, group: str) -> float:
+        """Seconds before ``group`` may have a message here that a look found none of: 0
+        when one was published past its cursor, else until its next redelivery or lease
+        expiry, at most ``WAIT_SLICE`` (a priority queue's wait over its levels)."""
+        ref = self._gcache.get(group)
+        if ref is None or self.words[Q_STATE] != QS_ACTIVE:
+            return options.WAIT_SLICE
+        w = self.words
+        g = self.ring.groups_w + (ref & GI_MASK) * G_WORDS
+        if w[self.consumer_groups.tail_word] > w[g + G_CURSOR]:
+            return 0.0
+        now = self._now()
+        wait = options.WAIT_SLICE
+        if w[g + G_REDELIVER]:
+            wait = max(0.0, min(wait, (w[g + G_NEXT_READY] - now) / 1000))
+        if w[g + G_NEXT_EXPIRY]:
+            wait = max(0.0, min(wait, (w[g + G_NEXT_EXPIRY] - now) / 1000))
+        return wait
+
     def _stop_waiting(self) -> None:
         """This consumer is no longer one of Q_CONSUMER_WAITERS (a hint: never below 0)."""
         w = self.words

@@ -85,6 +85,25 @@ class Mark(NamedTuple):
         self.durability.wait(self.word, self.value, deadline)
 
 
+class Marks(list):  # type: ignore[type-arg]
+    """The marks of one change made in several queues (a priority queue's levels): reached
+    once each is; a held reply waits for them one after the other (``server.marks``)."""
+
+    def reached(self) -> bool:
+        return all(m.reached() for m in self)
+
+    @staticmethod
+    def of(marks: list[Mark | Marks | None]) -> Mark | Marks | None:
+        """One mark for them all: None when there is none to wait for."""
+        out = Marks()
+        for m in marks:
+            if isinstance(m, Marks):
+                out.extend(m)
+            elif m is not None:
+                out.append(m)
+        return None if not out else out[0] if len(out) == 1 else out
+
+
 class Snapshot(NamedTuple):
     """What one round of the writer journals: the group state, then the tail."""
 

@@ -39,7 +39,8 @@ def check_geometry(mapping: Mapping) -> None:
               ("Q_VISIBILITY_MS", 0, int(options.MAX_VISIBILITY_TIMEOUT * 1000)),
               ("Q_MAX_DELIVERIES", 0, L.DC_MASK),
               ("Q_MESSAGE_TTL_MS", 0, int(options.MAX_MESSAGE_TTL * 1000)),
-              ("Q_FLAGS", 0, L.F_DLQ | L.F_TTL_DROP | L.F_REPL_ASYNC | L.F_REPL_SYNC))
+              ("Q_FLAGS", 0, L.F_DLQ | L.F_TTL_DROP | L.F_REPL_ASYNC | L.F_REPL_SYNC
+                           | options.MAX_PRIORITIES << L.PRIO_SHIFT))
     for field, lo, hi in bounds:
         v = w[getattr(L, field)]
         if not lo <= v <= hi:

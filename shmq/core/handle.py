@@ -48,6 +48,7 @@ from shmq.headers import block_of
 from shmq.joined import nbytes as batch_bytes
 from shmq.journal.files import queue_dir
 from shmq.names import check_group_name as _check_group_name
+from shmq.names import level_of
 
 _ALWAYS = options.DURABILITY_MODES.index("always")
 _CLOSED = "closed"  # QueueHandle.release's reason when the broker handle was closed
@@ -102,6 +103,8 @@ class QueueHandle:
         self._durable = ring.durability != 0
         self._always = ring.durability == _ALWAYS
         self.name = ring.name
+        self.base_name, self.level = level_of(ring.name)  # a priority queue's level: its queue, its priority
+        self._base: QueueHandle | None = None  # a level above 0: its level 0, whose consumers it wakes
         self._max = ring.max_message_size
         self._gcache: dict[str, int] = {}  # group name -> reference (layout.group_ref)
         self._spin = options.SPIN_CHECKS  # header re-reads of a blocked get before it sleeps
@@ -129,7 +132,8 @@ class QueueHandle:
         return QueueConfig(r.capacity, r.size, r.max_message_size, r.visibility_ms / 1000,
                            r.max_deliveries, r.max_groups, options.DURABILITY_MODES[r.durability],
                            r.message_ttl_ms / 1000, not r.flags & L.F_TTL_DROP,
-                           "sync" if r.flags & L.F_REPL_SYNC else "async" if r.flags & L.F_REPL_ASYNC else "")
+                           "sync" if r.flags & L.F_REPL_SYNC else "async" if r.flags & L.F_REPL_ASYNC else "",
+                           (r.flags & L.PRIO_MASK) >> L.PRIO_SHIFT)
 
     @property
     def is_dlq(self) -> bool:
@@ -296,6 +300,8 @@ class QueueHandle:
         bells = self._mm[L.Q_BELLS:L.Q_BELLS + L.Q_BELLS_SIZE]
         if bells != NO_BELLS:
             RINGER.ring(bells, self.ring.instance_uid, self.ring.queue_id, self._att.bell_skip)
+        if self._base is not None:  # a priority queue's level: its consumers wait on level 0
+            self._base._wake_consumers(n)
 
     @staticmethod
     def _wake(sem: posix_ipc.Semaphore, waiters: int, n: int) -> None:
@@ -350,7 +356,8 @@ class QueueHandle:
         for gi, off, dc, reason in items:
             payload, meta, ts = ring.record(off)
             origin = meta if self.is_dlq else block_of(meta) + json.dumps(
-                {"queue": self.name, "offset": off, "group": names.get(gi, "?"), "reason": reason,
+                {"queue": self.base_name, "offset": self.level << options.PRIORITY_SHIFT | off,
+                 "group": names.get(gi, "?"), "reason": reason,
                  "deliveries": dc, "timestamp_ns": ts}).encode()
             try:
                 if dlq is None:

@@ -248,6 +248,8 @@ F_DLQ = 1
 F_TTL_DROP = 2  # Q_FLAGS: an expired message is dropped (settled DONE), not dead-lettered
 F_REPL_ASYNC = 4  # Q_FLAGS: replication="async" (neither this nor F_REPL_SYNC: the broker's --replication)
 F_REPL_SYNC = 8  # Q_FLAGS: replication="sync": a standby's fsync confirms a put too (server.replication)
+PRIO_SHIFT = 4  # Q_FLAGS bits 4..7: the queue's priority levels (QueueConfig.priorities; 0: none)
+PRIO_MASK = 0xF << PRIO_SHIFT
 REPLICATION_FLAGS = {"": 0, "async": F_REPL_ASYNC, "sync": F_REPL_SYNC}  # QueueConfig.replication -> Q_FLAGS
 
 # group table entry (32 words)

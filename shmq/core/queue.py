@@ -23,6 +23,7 @@ from shmq.api import (
     RecordColumns,
     as_bytes,
     check_joined,
+    check_priority,
     check_producer,
     check_read,
     delay_ms,
@@ -57,7 +58,9 @@ class ShmQueue(Consuming, QueueHandle, QueueABC):
     # ------------------------------------------------------------ produce
     def put(self, payload: Payload, block: bool = True, timeout: float | None = None,
             *, wait_durable: bool = True, headers: Headers | None = None, delay: float | None = None,
-            ttl: float | None = None) -> int:
+            ttl: float | None = None, priority: int = 0) -> int:
+        if priority:
+            check_priority(priority, 0, self.name)
         if type(payload) is not bytes:
             payload = as_bytes(payload)
         if delay is not None or ttl is not None:
@@ -97,8 +100,10 @@ class ShmQueue(Consuming, QueueHandle, QueueABC):
                  timeout: float | None = None, *, producer: str | None = None,
                  seq: int | None = None, wait_durable: bool = True,
                  headers: Sequence[Headers | None] | None = None, delay: float | None = None,
-                 ttl: float | None = None) -> list[int]:
+                 ttl: float | None = None, priority: int = 0) -> list[int]:
         # (its docstring is Queue.put_many's)
+        if priority:
+            check_priority(priority, 0, self.name)
         key = producer_key(producer) if check_producer(producer, seq) else 0  # type: ignore[arg-type]
         if set(map(type, payloads)) == {bytes}:  # the usual case, checked at C speed
             items = list(payloads)
@@ -109,11 +114,14 @@ class ShmQueue(Consuming, QueueHandle, QueueABC):
         return self._put_metas(items, metas, block, timeout, key, seq, wait_durable, ms, ttl_ms(ttl, ms))
 
     def put_joined(self, batch: Joined, block: bool = True, timeout: float | None = None, *,
-                   producer: str | None = None, seq: int | None = None, wait_durable: bool = True) -> int:
+                   producer: str | None = None, seq: int | None = None, priority: int = 0,
+                   wait_durable: bool = True) -> int:
         """``Queue.put_joined``: ``put_many`` of payloads given back to back (``Joined``), as
         one idempotent producer's with ``producer`` and ``seq``: the Spark sink's chunks and
         the broker's PRODUCE_BATCH bodies, with no object per payload on a memory-only queue
         (the ring copies the bytes in one run).  The first offset; the errors of ``put_many``."""
+        if priority:
+            check_priority(priority, 0, self.name)
         key = producer_key(producer) if check_producer(producer, seq) else 0  # type: ignore[arg-type]
         check_joined(batch)
         items = batch.payloads() if self._durable else batch  # the journal writes each payload: one by one

@@ -54,13 +54,15 @@ def read_columns(q: QueueHandle, offset: int, max_messages: int, max_bytes: int)
     return _read(q, offset, max_messages, max_bytes, False)  # type: ignore[return-value]
 
 
-def read_field(q: QueueHandle, offset: int, max_messages: int, max_bytes: int) -> bytes:
+def read_field(q: QueueHandle, offset: int, max_messages: int, max_bytes: int, shown: int = 0) -> bytes:
     """``read_columns``'s records as one ``records`` field (a READ_OK body,
-    ``protocol.bodies.records_field``): with the accelerator, built under the lock in one pass."""
-    c = _read(q, offset, max_messages, max_bytes, True)
+    ``protocol.bodies.records_field``): with the accelerator, built under the lock in one pass.
+    ``shown``: added to every offset in the field (a priority queue's level, in its top bits)."""
+    c = _read(q, offset, max_messages, max_bytes, not shown)
     if isinstance(c, bytes):
         return c
-    return records_field(range(c.first, c.first + len(c)), [0] * len(c), c.stamps, c.meta_lens,
+    first = shown | c.first
+    return records_field(range(first, first + len(c)), [0] * len(c), c.stamps, c.meta_lens,
                          c.payload_lens, c.data)
 
 

@@ -28,12 +28,13 @@ from dataclasses import asdict
 from typing import Any
 
 from shmq import crashpoints, options
-from shmq.api import BrokerInfo, Message, Payload, QueueConfig, QueueInfo, check_producer
+from shmq.api import BrokerInfo, Message, Payload, QueueConfig, QueueInfo, check_priority, check_producer
 from shmq.core import layout as L
 from shmq.core.colocated import ShmBroker
-from shmq.core.durability import Durability, Mark
+from shmq.core.durability import Durability, Mark, Marks
 from shmq.core.groups import NACK, OK, TO_DLQ, DeadItem
 from shmq.core.handle import _ms
+from shmq.core.priority import SHIFT, PriorityQueue, level_of
 from shmq.core.queue import ShmQueue
 from shmq.core.rawread import read_field
 from shmq.core.readings import QueueReading, read_queue
@@ -41,13 +42,14 @@ from shmq.core.registry import Registry
 from shmq.core.restore import restore_fill
 from shmq.core.ring import Ring, producer_key
 from shmq.core.segment import registry_name, shm_path
-from shmq.errors import Empty, GroupNotFound, QueueNotFound, ShmqError
+from shmq.errors import Empty, GroupExists, GroupNotFound, InvalidArgument, QueueNotFound, ShmqError, StaleAck
 from shmq.headers import Block as HeaderBlock
 from shmq.joined import Joined
 from shmq.joined import nbytes as batch_bytes
 from shmq.settle import Settle
 
-__all__ = ["Block", "Registry", "ServerBroker", "ServerQueue", "registry_path", "restore_fill"]
+__all__ = ["Block", "Marks", "Registry", "ServerBroker", "ServerPriorityQueue", "ServerQueue",
+           "registry_path", "restore_fill"]
 
 Block = tuple[int, list[int], list[int], bytes]  # first offset, timestamps, payload lengths, payloads
 
@@ -97,11 +99,13 @@ class ServerQueue:
         return bool(self.words[L.Q_STATE] != L.QS_ACTIVE)
 
     # ------------------------------------------------------------ produce
-    def put(self, payload: Payload, meta: bytes = b"", delay_ms: int = 0, ttl_ms: int = 0
+    def put(self, payload: Payload, meta: bytes = b"", delay_ms: int = 0, ttl_ms: int = 0, priority: int = 0
             ) -> tuple[int, Mark | None]:
         """Store one message now (``meta``: its header block, checked; ``delay_ms``: when it
-        is due; ``ttl_ms``: its own TTL, checked): (its offset, the mark confirming it).
-        :class:`Full` when there is no room now."""
+        is due; ``ttl_ms``: its own TTL, checked; ``priority``: 0, this is no priority queue):
+        (its offset, the mark confirming it).  :class:`Full` when there is no room now."""
+        if priority:
+            check_priority(priority, 0, self.name)
         if delay_ms or ttl_ms:
             offs, mark = self.put_many([payload], metas=[meta] if meta else None, delay_ms=delay_ms,
                                        ttl_ms=ttl_ms)
@@ -113,10 +117,12 @@ class ServerQueue:
 
     def put_many(self, payloads: Sequence[Payload], producer: str | None = None,
                  seq: int | None = None, metas: list[bytes] | None = None, delay_ms: int = 0,
-                 ttl_ms: int = 0) -> tuple[list[int], Mark | None]:
+                 ttl_ms: int = 0, priority: int = 0) -> tuple[list[int], Mark | None]:
         """Store a batch now, all or none (an idempotent producer's with ``producer`` and
         ``seq``; ``metas``: their header blocks, checked; ``delay_ms``: when they are due;
-        ``ttl_ms``: their own TTL): (the offsets, the mark confirming them)."""
+        ``ttl_ms``: their own TTL; ``priority``: 0): (the offsets, the mark confirming them)."""
+        if priority:
+            check_priority(priority, 0, self.name)
         if payloads.__class__ is Joined:  # a PRODUCE_BATCH's plain payloads (decode_joined)
             first = self._q.put_joined(payloads, False, producer=producer, seq=seq,  # type: ignore[arg-type]
                                        wait_durable=False)
@@ -209,7 +215,7 @@ class ServerQueue:
         return self.durability.settle_mark(poke=False) if self._journaled else None
 
     def ack_offsets(self, ref: int, offsets: list[int], deliveries: list[int]
-                    ) -> tuple[list[int], Mark | None]:
+                    ) -> tuple[list[int], Mark | Marks | None]:
         """Acknowledge many leases of one group: (the offsets that were stale, the mark
         confirming the others)."""
         q = self._q
@@ -261,26 +267,26 @@ class ServerQueue:
         return n + len(dead)
 
     # ------------------------------------------------------------ groups, replay, stats
-    def create_group(self, name: str, start: str = "earliest") -> Mark | None:
+    def create_group(self, name: str, start: str = "earliest") -> Mark | Marks | None:
         return self._q._create_group_unsynced(name, start)
 
-    def create_group_at(self, name: str, at_ns: int) -> tuple[int, Mark | None]:
+    def create_group_at(self, name: str, at_ns: int) -> tuple[int, Mark | Marks | None]:
         """A new group at the first message produced at or after the time (ns since the
         epoch): that offset, and the mark confirming the group."""
         return self._q._create_group_at_unsynced(name, at_ns)
 
-    def delete_group(self, name: str) -> Mark | None:
+    def delete_group(self, name: str) -> Mark | Marks | None:
         return self._q._delete_group_unsynced(name)
 
     def commit(self, group: str, offset: int) -> Mark | None:
         return self._q._commit_unsynced(group, offset)
 
-    def seek(self, group: str, at_ns: int) -> tuple[int, Mark | None]:
+    def seek(self, group: str, at_ns: int) -> tuple[int, Mark | Marks | None]:
         """Move ``group`` to the first message at or after the time (``ShmQueue.seek``):
         its offset, and the mark confirming the move."""
         return self._q._seek_unsynced(group, at_ns)
 
-    def purge(self) -> tuple[int, Mark | None]:
+    def purge(self) -> tuple[int, Mark | Marks | None]:
         return self._q._purge_unsynced()
 
     def groups(self) -> list[str]:
@@ -320,6 +326,240 @@ class ServerQueue:
             pass  # its mapping is gone (the queue was deleted)
 
 
+class ServerPriorityQueue(ServerQueue):
+    """A priority queue, for a broker process: the :class:`ServerQueue` interface over its
+    levels (``shmq.core.priority``).  Offsets name their level in their top bits; a group's
+    reference is level 0's, and each level's reference of that group is kept beside it,
+    serial and all, so that a lease of a group deleted and made again stays stale on every
+    level.  A change made on several levels is confirmed by their marks together (``Marks``)."""
+
+    __slots__ = ("_pq", "levels", "_top_down", "_refs")
+
+    def __init__(self, pq: PriorityQueue) -> None:  # (ServerQueue's fields: level 0's)
+        self._pq = pq
+        self.levels = [ServerQueue(q) for q in pq.levels]
+        base = self.levels[0]
+        self._q = pq.base
+        self._journaled = base._journaled
+        self.words = base.words
+        self._mm = base._mm
+        self.name = pq.name
+        self.queue_id = base.queue_id
+        self.durability = base.durability
+        self._top_down = list(enumerate(self.levels))[::-1]
+        self._refs: dict[int, tuple[str, list[int]]] = {}  # level 0's ref -> (group, every level's ref)
+
+    def __repr__(self) -> str:
+        return f"ServerPriorityQueue({self.name!r}, priorities={len(self.levels)})"
+
+    @property
+    def handle(self) -> PriorityQueue:  # type: ignore[override]
+        return self._pq
+
+    @property
+    def is_dlq(self) -> bool:
+        return False
+
+    @property
+    def config(self) -> QueueConfig:
+        return self._pq.config
+
+    @property
+    def deleted(self) -> bool:
+        return any(q.deleted for q in self.levels)
+
+    def _level(self, priority: int) -> ServerQueue:
+        return self.levels[check_priority(priority, len(self.levels), self.name)]
+
+    # ------------------------------------------------------------ produce
+    def put(self, payload: Payload, meta: bytes = b"", delay_ms: int = 0, ttl_ms: int = 0, priority: int = 0
+            ) -> tuple[int, Mark | None]:
+        off, mark = self._level(priority).put(payload, meta, delay_ms, ttl_ms)
+        return priority << SHIFT | off, mark
+
+    def put_many(self, payloads: Sequence[Payload], producer: str | None = None,
+                 seq: int | None = None, metas: list[bytes] | None = None, delay_ms: int = 0,
+                 ttl_ms: int = 0, priority: int = 0) -> tuple[list[int], Mark | None]:
+        offs, mark = self._level(priority).put_many(payloads, producer, seq, metas, delay_ms, ttl_ms)
+        return ([priority << SHIFT | o for o in offs] if priority else offs), mark
+
+    def could_fit(self, payloads: Sequence[Payload], metas: list[bytes] | None = None) -> bool:
+        return self.levels[0].could_fit(payloads, metas)  # (every level has the same limits)
+
+    # ------------------------------------------------------------ deliver
+    def _known(self, ref: int, group: str, create: bool) -> int:
+        """Keep every level's reference of ``group`` (level 0's: ``ref``); made where missing
+        when ``create``."""
+        if ref >= 0 and ref not in self._refs:
+            refs = [ref] + [q.group_ref(group) if create else q.group_ref_or_none(group)
+                            for q in self.levels[1:]]
+            if len(self._refs) > 4 * options.MAX_GROUPS_LIMIT:
+                self._refs.clear()  # (refs of deleted groups do not pile up)
+            self._refs[ref] = (group, refs)
+        return ref
+
+    def group_ref(self, group: str, create: bool = True) -> int:
+        return self._known(self.levels[0].group_ref(group, create), group, create)
+
+    def group_live(self, ref: int) -> bool:
+        return self.levels[0].group_live(ref)
+
+    def group_ref_or_none(self, group: str) -> int:
+        return self._known(self.levels[0].group_ref_or_none(group), group, False)
+
+    def poll(self, group: str, max_n: int, visibility_timeout: float | None = None,
+             max_bytes: int = 0) -> list[Message]:
+        """``ServerQueue.poll`` level after level, from the highest down, up to ``max_n``
+        messages (and ``max_bytes``); the messages carry level 0's group reference and this
+        queue's offsets."""
+        ref = self.group_ref(group)
+        out: list[Message] = []
+        budget = max_bytes
+        for k, q in self._top_down:
+            w = q.words
+            if w[L.Q_NEXT_OFFSET] == w[L.Q_FREE_OFFSET] and w[L.Q_STATE] == L.QS_ACTIVE:
+                continue  # the level retains nothing
+            got = q.poll(group, max_n - len(out), visibility_timeout, budget)
+            out += [tuple.__new__(Message, (m[0], ref, m[2], k << SHIFT | m[3], *m[4:])) for m in got]
+            if max_bytes and got:
+                budget -= sum(len(m[5]) + len(m[6]) for m in got)
+                if budget <= 0:
+                    break
+            if len(out) >= max_n:
+                break
+        return out
+
+    def take_block(self, group: str, max_n: int, visibility_timeout: float | None = None,
+                   max_bytes: int = 0) -> Block | None:
+        return None  # (the general path: poll, which looks at the levels in order)
+
+    # ------------------------------------------------------------ settle
+    def _route(self, ref: int, offset: int) -> tuple[int, ServerQueue, int, int]:
+        """(level, its queue, its reference of the group, the offset there) of a lease; a
+        lease of no group this worker gave out here is :class:`StaleAck`."""
+        k, off = level_of(offset)
+        known = self._refs.get(ref)
+        if k >= len(self.levels) or known is None or known[1][k] < 0:
+            raise StaleAck(f"message {offset} of {self.name!r} is not leased to this connection")
+        return k, self.levels[k], known[1][k], off
+
+    def ack(self, ref: int, offset: int, deliveries: int) -> Mark | None:
+        _, q, lref, off = self._route(ref, offset)
+        return q.ack(lref, off, deliveries)
+
+    def ack_offsets(self, ref: int, offsets: list[int], deliveries: list[int]
+                    ) -> tuple[list[int], Mark | Marks | None]:
+        stale: list[int] = []
+        marks: list[Mark | Marks | None] = []
+        for k, offs, dcs in self._by_level(offsets, deliveries):
+            try:
+                _, q, lref, _ = self._route(ref, k << SHIFT)
+            except StaleAck:
+                stale.extend(k << SHIFT | o for o in offs)
+                continue
+            more, mark = q.ack_offsets(lref, offs, dcs)
+            stale.extend(k << SHIFT | o for o in more)
+            marks.append(mark)
+        return stale, Marks.of(marks)
+
+    @staticmethod
+    def _by_level(offsets: list[int], deliveries: list[int]) -> list[tuple[int, list[int], list[int]]]:
+        split: dict[int, tuple[list[int], list[int]]] = {}
+        for o, dc in zip(offsets, deliveries, strict=True):
+            offs, dcs = split.setdefault(o >> SHIFT, ([], []))
+            offs.append(o & ((1 << SHIFT) - 1))
+            dcs.append(dc)
+        return [(k, offs, dcs) for k, (offs, dcs) in sorted(split.items())]
+
+    def settle(self, ref: int, offset: int, deliveries: int, action: Settle, arg: float | None
+               ) -> Mark | None:
+        _, q, lref, off = self._route(ref, offset)
+        return q.settle(lref, off, deliveries, action, arg)
+
+    def give_back(self, ref: int, offsets: list[int], deliveries: list[int]) -> int:
+        n = 0
+        for k, offs, dcs in self._by_level(offsets, deliveries):
+            try:
+                _, q, lref, _ = self._route(ref, k << SHIFT)
+            except StaleAck:
+                continue
+            n += q.give_back(lref, offs, dcs)
+        return n
+
+    # ------------------------------------------------------------ groups, replay, stats
+    def create_group(self, name: str, start: str = "earliest") -> Mark | Marks | None:
+        marks: list[Mark | Marks | None] = [self.levels[0].create_group(name, start)]
+        for q in self.levels[1:]:
+            try:
+                marks.append(q.create_group(name, start))
+            except GroupExists:
+                pass  # (a level made it on a delivery already)
+        return Marks.of(marks)
+
+    def create_group_at(self, name: str, at_ns: int) -> tuple[int, Mark | Marks | None]:
+        offset, mark = self.levels[0].create_group_at(name, at_ns)
+        marks: list[Mark | Marks | None] = [mark]
+        for q in self.levels[1:]:
+            try:
+                marks.append(q.create_group_at(name, at_ns)[1])
+            except GroupExists:
+                pass
+        return offset, Marks.of(marks)
+
+    def delete_group(self, name: str) -> Mark | Marks | None:
+        marks: list[Mark | Marks | None] = [self.levels[0].delete_group(name)]
+        for q in self.levels[1:]:
+            try:
+                marks.append(q.delete_group(name))
+            except GroupNotFound:
+                pass
+        return Marks.of(marks)
+
+    def commit(self, group: str, offset: int) -> Mark | None:
+        k, off = level_of(offset)
+        if offset < 0 or k >= len(self.levels):
+            raise InvalidArgument(f"offset {offset} names no level of {self.name!r} "
+                                  f"(0..{len(self.levels) - 1})")
+        return self.levels[k].commit(group, off)
+
+    def seek(self, group: str, at_ns: int) -> tuple[int, Mark | Marks | None]:
+        got = [q.seek(group, at_ns) for q in self.levels]
+        return got[0][0], Marks.of([m for _, m in got])
+
+    def purge(self) -> tuple[int, Mark | Marks | None]:
+        got = [q.purge() for q in self.levels]
+        return sum(n for n, _ in got), Marks.of([m for _, m in got])
+
+    def groups(self) -> list[str]:
+        return self.levels[0].groups()
+
+    def read(self, offset: int, max_messages: int = 1) -> list[Message]:
+        return self._pq.read(offset, max_messages)
+
+    def stats(self) -> dict[str, Any]:
+        return self._pq.stats()
+
+    def read_field(self, offset: int, max_messages: int, max_bytes: int) -> bytes:
+        k, off = level_of(offset)
+        if k >= len(self.levels):
+            raise InvalidArgument(f"offset {offset} names no level of {self.name!r} "
+                                  f"(0..{len(self.levels) - 1})")
+        return read_field(self._pq.levels[k], off, max_messages, max_bytes, k << SHIFT)
+
+    def reading(self) -> QueueReading:
+        return self.levels[0].reading()
+
+    def meta(self) -> dict[str, Any]:
+        return self.levels[0].meta()
+
+    # ------------------------------------------------------------ doorbell
+    def bell(self, worker: int) -> bool:
+        return self.levels[0].bell(worker)
+
+    def set_bell(self, worker: int, on: bool) -> None:
+        self.levels[0].set_bell(worker, on)  # (a put at any level rings level 0's bells)
+
+
 class ServerBroker:
     """An instance, for a broker process: :class:`ServerQueue` handles, and what the
     supervisor, workers and journal writer do to the instance as a whole."""
@@ -331,7 +571,8 @@ class ServerBroker:
         self.instance_uid: int = self._att.registry.uid
         self._queues: dict[str, ServerQueue] = {}
         self._registry_w = self._att.registry.w
-        self._known: dict[str, ServerQueue] = {}  # queue() answers of this registry generation
+        # queue() answers of this registry generation
+        self._known: dict[str, ServerQueue] = {}
         self._known_gen = -1
         self._pruned_gen = -1
 
@@ -381,10 +622,11 @@ class ServerBroker:
                 return sq
         else:
             self._known, self._known_gen = {}, gen
-        q = self._att.queue(name)
+        q: ShmQueue | PriorityQueue = self._b.queue(name)  # (a priority queue's levels are not found by name)
         sq = self._queues.get(name)
-        if sq is None or sq._q is not q:
-            sq = self._queues[name] = ServerQueue(q)
+        if sq is None or sq.handle is not q:
+            sq = self._queues[name] = (ServerPriorityQueue(q) if isinstance(q, PriorityQueue)
+                                       else ServerQueue(q))
         self._known[name] = sq
         return sq
 

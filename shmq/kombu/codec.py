@@ -32,12 +32,14 @@ _DROPPED = ("delivery_info", "delivery_tag", "body_encoding")  # the transport's
 class Encoded:
     """One kombu message ready to put: payload, headers and TTL (seconds or None)."""
 
-    __slots__ = ("headers", "payload", "ttl")
+    __slots__ = ("headers", "payload", "priority", "ttl")
 
-    def __init__(self, payload: bytes, headers: dict[str, bytes | str], ttl: float | None) -> None:
+    def __init__(self, payload: bytes, headers: dict[str, bytes | str], ttl: float | None,
+                 priority: int = 0) -> None:
         self.payload = payload
         self.headers = headers
         self.ttl = ttl
+        self.priority = priority  # the message's AMQP priority property (0 when it has none)
 
 
 def encode(message: dict[str, Any], exchange: str, routing_key: str) -> Encoded:
@@ -58,9 +60,11 @@ def encode(message: dict[str, Any], exchange: str, routing_key: str) -> Encoded:
         meta["d"] = extra
     blob = dumps(meta, separators=(",", ":")).encode("utf-8")
     ttl = expiration_ttl(props.get("expiration"))
+    prio = props.get("priority")
+    prio = prio if isinstance(prio, int) and not isinstance(prio, bool) and prio > 0 else 0
     if len(blob) <= _INLINE:
-        return Encoded(bytes(body), {META: blob}, ttl)
-    return Encoded(blob + bytes(body), {META_LEN: str(len(blob))}, ttl)
+        return Encoded(bytes(body), {META: blob}, ttl, prio)
+    return Encoded(blob + bytes(body), {META_LEN: str(len(blob))}, ttl, prio)
 
 
 def expiration_ttl(expiration: Any) -> float | None:

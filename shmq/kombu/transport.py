@@ -59,7 +59,6 @@ logger = get_logger(__name__)
 DEFAULT_BATCH = 64  # the most messages one fetch takes when prefetch does not bound it
 POLL_SLICE = 0.1  # polling_interval: the longest a wait on one queue keeps the others waiting
 MISS_REFRESH = 0.1  # a topic or fan-out publish that finds no queue reads the bindings again after this
-UNSUPPORTED_ARGS = {"x-max-priority": "priorities"}  # refused, never ignored
 # the limits of a queue that goes with its consumer (auto_delete, exclusive: Celery's reply,
 # event and broadcast queues), unless queue_limits names them: a few MiB of /dev/shm each,
 # not a work queue's 18 MiB
@@ -380,14 +379,17 @@ class Channel(virtual.Channel):
             self.connection.close_channel(self)
 
 
-def check_arguments(queue: str, arguments: dict[str, Any]) -> None:
-    """Refuse the queue arguments shmq cannot honour (and says so; never ignores them)."""
-    for arg, what in UNSUPPORTED_ARGS.items():
-        if arg in arguments:
-            raise shmq.InvalidArgument(
-                f"queue {queue!r}: {arg} asks for {what}, which shmq does not support yet (its queues are "
-                "FIFO); leave it out (Celery: task_queue_max_priority, Queue(max_priority=)); a message's "
-                "priority property is kept, not used for its order")
+def priorities(queue: str, arguments: dict[str, Any]) -> int:
+    """The shmq priority levels of a queue declared with AMQP's ``x-max-priority`` M (1..255,
+    as RabbitMQ takes it): M + 1 levels, at most ``options.MAX_PRIORITIES`` (a message's
+    priority past the top level counts as the top one, as RabbitMQ counts one past M); 0
+    without it."""
+    m = arguments.get("x-max-priority")
+    if m is None:
+        return 0
+    if not isinstance(m, int) or isinstance(m, bool) or not 1 <= m <= 255:
+        raise shmq.InvalidArgument(f"queue {queue!r}: x-max-priority must be an int in 1..255, not {m!r}")
+    return min(m + 1, options.MAX_PRIORITIES)
 
 
 class Transport(virtual.Transport):
@@ -422,6 +424,7 @@ class Transport(virtual.Transport):
         self.failover_timeout = opts.get("failover_timeout")
         self._handles: dict[str, shmq.Queue] = {}
         self._missing: dict[str, float] = {}  # queue -> until when it is taken not to exist
+        self._levels: dict[str, int] = {}  # queue -> its priority levels (0: none)
         self._subs: list[Subscription] = []
         self._fetched: deque[tuple[Subscription, shmq.Message]] = deque()
         self._turn = 0
@@ -513,8 +516,10 @@ class Transport(virtual.Transport):
     # ------------------------------------------------------------ queues
     def queue_limits(self, queue: str, arguments: dict[str, Any]) -> dict[str, Any]:
         """``create_queue``'s limits for kombu queue ``queue`` declared with ``arguments``."""
-        check_arguments(queue, arguments)
         limits = dict(self.limits)
+        levels = priorities(queue, arguments)
+        if levels:
+            limits["priorities"] = levels
         ttl = arguments.get("x-message-ttl")
         if ttl is not None:
             limits["message_ttl"] = max(float(ttl), 1.0) / 1000.0
@@ -535,16 +540,27 @@ class Transport(virtual.Transport):
                 return None
             try:
                 h = self._handles[name] = self._broker().queue(name)
+                self._levels[name] = self._levels_of(name, h)
             except shmq.QueueNotFound:
+                self._handles.pop(name, None)
                 self._missing[name] = now + self.polling_interval
                 return None
             self._missing.pop(name, None)
         return h
 
+    def _levels_of(self, name: str, h: shmq.Queue) -> int:
+        """The priority levels of queue ``name`` (0: none): a co-located handle knows them, a
+        TCP one asks the broker's list once."""
+        levels = getattr(h, "priorities", None)
+        if levels is None:
+            levels = next((i.config.priorities for i in self._broker().list_queues() if i.name == name), 0)
+        return int(levels)
+
     def create(self, name: str, limits: dict[str, Any]) -> None:
         if name not in self._handles:
             self._missing.pop(name, None)
-            self._handles[name] = ensure_queue(self._broker(), name, limits)
+            h = self._handles[name] = ensure_queue(self._broker(), name, limits)
+            self._levels[name] = self._levels_of(name, h)
 
     def delete(self, name: str) -> None:
         self._handles.pop(name, None)
@@ -561,8 +577,11 @@ class Transport(virtual.Transport):
             h = self.handle(name)
             if h is None:
                 return 0
+            levels = self._levels.get(name, 0)
+            prio = min(enc.priority, levels - 1) if levels > 1 else 0  # (past the top: the top, as AMQP)
             try:
-                h.put(enc.payload, wait, timeout if wait else None, headers=enc.headers, ttl=enc.ttl)
+                h.put(enc.payload, wait, timeout if wait else None, headers=enc.headers, ttl=enc.ttl,
+                      priority=prio)
                 return 1
             except shmq.QueueNotFound:  # deleted since (and maybe made again): once more, afresh
                 self._handles.pop(name, None)

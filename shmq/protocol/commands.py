@@ -45,6 +45,7 @@ from shmq.api import (
     QueueInfo,
     RecordColumns,
     as_bytes,
+    check_priority,
     check_read,
     delay_ms,
     own_leases,
@@ -237,12 +238,12 @@ def _fields_frame(msg_id: int, type_: int, fields: dict[str, Any]) -> bytes:
 
 
 def _produce_frame(msg_id: int, type_: int, fields: dict[str, Any], status: int, ms: int = 0,
-                   tms: int = 0) -> bytes:
-    """A PRODUCE* frame with its flags: header blocks (``status``), a delay (``ms``) and a TTL
-    (``tms``): their flags and prefixes, ``producing.prefixed``."""
-    if not ms and not tms:
+                   tms: int = 0, prio: int = 0) -> bytes:
+    """A PRODUCE* frame with its flags: header blocks (``status``), a delay (``ms``), a TTL
+    (``tms``) and a priority (``prio``): their flags and prefixes, ``producing.prefixed``."""
+    if not ms and not tms and not prio:
         return frame(type_, msg_id, status, **fields)
-    status, body = prefixed(status, encode_body(type_, **fields), ms, tms)
+    status, body = prefixed(status, encode_body(type_, **fields), ms, tms, prio)
     return encode_frame(type_, msg_id, body, status)
 
 
@@ -372,31 +373,37 @@ _ACKED = (T.ACK_OK, None)
 
 
 def put(q: Handle[Any], payload: Payload, block: bool, timeout: float | None,
-        headers: Headers | None = None, delay: float | None = None, ttl: float | None = None) -> Request[int]:
-    """One message; the result is its offset.  With headers, a delay or a TTL: a flagged
-    PRODUCE (``producing``)."""
+        headers: Headers | None = None, delay: float | None = None, ttl: float | None = None,
+        priority: int = 0) -> Request[int]:
+    """One message; the result is its offset.  With headers, a delay, a TTL or a priority: a
+    flagged PRODUCE (``producing``)."""
     if type(payload) is not bytes:
         payload = bytes(as_bytes(payload))
     meta = _headers.encode(headers) if headers is not None else b""
     ms = delay_ms(delay) if delay is not None else 0
     tms = ttl_ms(ttl, ms) if ttl is not None else 0
-    if not (meta or ms or tms):
+    if priority:
+        check_priority(priority, options.MAX_PRIORITIES, q.name)  # (the broker checks the queue's levels)
+    if not (meta or ms or tms or priority):
         return Request(produce_frame, (q.name_bytes, timeout_ms(block, timeout), payload), _pick, _OFFSET)
     fields = {"queue": q.name, "timeout_ms": timeout_ms(block, timeout),
               "payload": meta + payload if meta else payload}
-    return Request(_produce_frame, (T.PRODUCE, fields, _headers.FLAG if meta else 0, ms, tms), _pick, _OFFSET)
+    return Request(_produce_frame, (T.PRODUCE, fields, _headers.FLAG if meta else 0, ms, tms, priority),
+                   _pick, _OFFSET)
 
 
 def put_many(q: Handle[Any], payloads: Sequence[Payload], block: bool, timeout: float | None,
              producer: str | None, seq: int | None, headers: Sequence[Headers | None] | None = None,
-             delay: float | None = None, ttl: float | None = None) -> Command[list[int]]:
+             delay: float | None = None, ttl: float | None = None, priority: int = 0) -> Command[list[int]]:
     """A batch, atomically (at most once per (producer, seq)); the result is their offsets."""
     ms = delay_ms(delay)
     tms = ttl_ms(ttl, ms)
+    if priority:
+        check_priority(priority, options.MAX_PRIORITIES, q.name)
     req = produce_request(q.name, payloads, timeout_ms(block, timeout), producer, seq, headers)
     if req is None:
         return Batch([], [], _no_offsets)
-    return Request(_produce_frame, (*req, ms, tms), _offsets)
+    return Request(_produce_frame, (*req, ms, tms, priority), _offsets)
 
 
 def _offsets(f: Frame, _: Any) -> list[int]:
@@ -470,11 +477,16 @@ def _read_columns(f: Frame, _: Any) -> RecordColumns:
 
 
 def put_joined(q: Handle[Any], batch: Joined, block: bool, timeout: float | None, producer: str | None,
-               seq: int | None) -> Request[int]:
+               seq: int | None, priority: int = 0) -> Request[int]:
     """``Queue.put_joined``: one PRODUCE_BATCH (PRODUCE_IDEMPOTENT with ``producer``) made of
-    the lengths and the bytes (``produce.joined_request``); the result is the first offset."""
-    return Request(joined_frame, joined_request(q.name, batch, timeout_ms(block, timeout), producer, seq),
-                   _pick, (T.PRODUCE_BATCH_OK, "first"))
+    the lengths and the bytes (``produce.joined_request``), with its priority prefix when it
+    has one; the result is the first offset."""
+    type_, body = joined_request(q.name, batch, timeout_ms(block, timeout), producer, seq)
+    if not priority:
+        return Request(joined_frame, (type_, body), _pick, (T.PRODUCE_BATCH_OK, "first"))
+    check_priority(priority, options.MAX_PRIORITIES, q.name)
+    status, body = prefixed(0, body, 0, 0, priority)
+    return Request(joined_frame, (type_, body, status), _pick, (T.PRODUCE_BATCH_OK, "first"))
 
 
 def _ack_frame(msg_id: int, queue: bytes, group: bytes, offset: int, deliveries: int) -> bytes:

@@ -2,7 +2,9 @@
 
 A put with a delay has ``DELAY_FLAG`` in its status and its body starts with the
 delay in ms (u32), before the body it would have without.  A put with a TTL of its own
-has ``TTL_FLAG`` and a ``ttl_ms`` u64 prefix, after the delay's when both are there.
+has ``TTL_FLAG`` and a ``ttl_ms`` u64 prefix, after the delay's when both are there.  A put
+at a priority above 0 (a priority queue's) has ``PRIORITY_FLAG`` and a ``priority`` u8
+prefix before both.
 
 A batch with headers goes as a PRODUCE_BATCH or PRODUCE_IDEMPOTENT whose status field
 has ``headers.FLAG``: each payload is then sent after its header block (or 0x00 when
@@ -26,19 +28,40 @@ from shmq.protocol.codec import T, encode_body, encode_frame
 
 DELAY_FLAG = 0x0002  # the status field of a PRODUCE* request: the body starts with delay_ms u32
 TTL_FLAG = 0x0004  # ... then (after delay_ms, if any) with ttl_ms u64
-PREFIX_FLAGS = DELAY_FLAG | TTL_FLAG
+PRIORITY_FLAG = 0x0008  # ... and, before both, with priority u8 (1 .. options.MAX_PRIORITIES - 1)
+PREFIX_FLAGS = DELAY_FLAG | TTL_FLAG | PRIORITY_FLAG
 _DELAY = struct.Struct(">I")  # big-endian, as every integer of the protocol
 _TTL = struct.Struct(">Q")  # (a year of ms does not fit 32 bits)
 
 
-def prefixed(status: int, body: bytes, delay_ms: int, ttl_ms: int = 0) -> tuple[int, bytes]:
-    """(status, body) of a PRODUCE* request: with a delay and a TTL, their flags and prefixes."""
+def prefixed(status: int, body: bytes, delay_ms: int, ttl_ms: int = 0, priority: int = 0
+             ) -> tuple[int, bytes]:
+    """(status, body) of a PRODUCE* request: with a delay, a TTL and a priority, their flags
+    and prefixes."""
     if delay_ms:
         status |= DELAY_FLAG
         body = _DELAY.pack(delay_ms) + (_TTL.pack(ttl_ms) if ttl_ms else b"") + body
     elif ttl_ms:
         body = _TTL.pack(ttl_ms) + body
-    return (status | TTL_FLAG if ttl_ms else status), body
+    if ttl_ms:
+        status |= TTL_FLAG
+    if priority:
+        status |= PRIORITY_FLAG
+        body = bytes((priority,)) + body
+    return status, body
+
+
+def split_priority(status: int, body: bytes | bytearray | memoryview
+                   ) -> tuple[int, bytes | bytearray | memoryview]:
+    """(priority, the rest) of a PRODUCE* body: 0 and the body as it is without
+    ``PRIORITY_FLAG``.  A priority of 0 or past ``options.MAX_PRIORITIES - 1`` under the flag
+    is :class:`InvalidArgument` (the queue checks it against its own levels)."""
+    if not status & PRIORITY_FLAG:
+        return 0, body
+    if not body or not 0 < body[0] < options.MAX_PRIORITIES:
+        raise InvalidArgument("a produce's priority prefix is missing, 0, or past "
+                              f"{options.MAX_PRIORITIES - 1}")
+    return body[0], body[1:]
 
 
 def split_prefixes(status: int, body: bytes | bytearray | memoryview
@@ -129,6 +152,7 @@ def joined_request(queue: str, batch: Joined, timeout_ms: int, producer: str | N
     return type_, b"".join((head[:-4], _COUNT.pack(n), lens, batch.data))
 
 
-def joined_frame(msg_id: int, type_: int, body: bytes) -> bytes:
-    """The frame of a ``joined_request`` (a request's encoder: the message id first)."""
-    return encode_frame(type_, msg_id, body)
+def joined_frame(msg_id: int, type_: int, body: bytes, status: int = 0) -> bytes:
+    """The frame of a ``joined_request`` (a request's encoder: the message id first);
+    ``status``: its flags, when ``prefixed`` gave it a priority."""
+    return encode_frame(type_, msg_id, body, status)

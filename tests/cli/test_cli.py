@@ -523,3 +523,19 @@ def test_produce_into_a_full_queue_says_so_honours_timeout_and_stops_at_the_firs
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_create_priorities_and_produce_priority(inst: tuple[str, ShmBroker]) -> None:
+    name, b = inst
+    assert cli("create", "jobs", "--priorities", "3", "--shm", name).exit_code == 0
+    assert b.queue("jobs").config.priorities == 3
+    assert cli("produce", "jobs", "low", "--shm", name).exit_code == 0
+    out = cli("produce", "jobs", "high", "--priority", "2", "--shm", name)
+    assert out.exit_code == 0 and out.stdout == f"produced 1 message, offset {2 << 56}\n", out.output
+    bad = cli("produce", "jobs", "x", "--priority", "3", "--shm", name)
+    assert bad.exit_code == 1 and "priority must be an int in 0..2" in bad.output  # refused, nothing stored
+    q = b.queue("jobs")
+    got = [q.get(False) for _ in range(2)]
+    assert [(m.text, m.priority) for m in got] == [("high", 2), ("low", 0)]
+    q.ack_many(got)
+    assert q.stats()["produced"] == 2

@@ -21,9 +21,10 @@ from shmq.client.aio_failover import AsyncFailoverBroker, AsyncFailoverQueue
 from shmq.client.failover import FailoverBroker, FailoverQueue
 from shmq.client.tcp import TcpBroker, TcpQueue
 from shmq.core.colocated import ShmBroker
+from shmq.core.priority import PriorityQueue
 from shmq.core.queue import ShmQueue
 
-QUEUES = [TcpQueue, FailoverQueue, AsyncQueue, AsyncFailoverQueue, ShmQueue]
+QUEUES = [TcpQueue, FailoverQueue, AsyncQueue, AsyncFailoverQueue, ShmQueue, PriorityQueue]
 BROKERS = [TcpBroker, FailoverBroker, AsyncBroker, AsyncFailoverBroker, ShmBroker]
 
 # optional parameters an implementation adds to an interface method (none may be required)
@@ -32,6 +33,9 @@ EXTRAS: dict[tuple[type, str], set[str]] = {
     (ShmQueue, "put"): {"wait_durable"},
     (ShmQueue, "put_many"): {"wait_durable"},
     (ShmQueue, "put_joined"): {"wait_durable"},
+    (PriorityQueue, "put"): {"wait_durable"},  # (a priority queue's, in shared memory)
+    (PriorityQueue, "put_many"): {"wait_durable"},
+    (PriorityQueue, "put_joined"): {"wait_durable"},
     # the time a broker that does not answer the DISCONNECT is waited for
     (TcpBroker, "close"): {"timeout"},
     (FailoverBroker, "close"): {"timeout"},
@@ -124,12 +128,12 @@ def test_each_listed_difference_is_still_there() -> None:
 P, K = inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY
 DECLARED: dict[str, list[tuple[str, inspect._ParameterKind, Any]]] = {
     "put": [("payload", P, inspect.Parameter.empty), ("block", P, True), ("timeout", P, None),
-            ("headers", K, None), ("delay", K, None), ("ttl", K, None)],
+            ("headers", K, None), ("delay", K, None), ("ttl", K, None), ("priority", K, 0)],
     "put_many": [("payloads", P, inspect.Parameter.empty), ("block", P, True), ("timeout", P, None),
                  ("producer", K, None), ("seq", K, None), ("headers", K, None), ("delay", K, None),
-                 ("ttl", K, None)],
+                 ("ttl", K, None), ("priority", K, 0)],
     "put_nowait": [("payload", P, inspect.Parameter.empty), ("headers", K, None), ("delay", K, None),
-                   ("ttl", K, None)],
+                   ("ttl", K, None), ("priority", K, 0)],
     "get": [("block", P, True), ("timeout", P, None), ("group", K, "default"),
             ("visibility_timeout", K, None), ("ack", K, None)],
     "get_many": [("max_messages", P, inspect.Parameter.empty), ("block", P, True), ("timeout", P, None),

@@ -305,7 +305,7 @@ def test_the_documented_ttl_frames_are_what_clients_send_and_the_broker_reads() 
     read = {name: FrameDecoder().feed(raw)[0] for name, raw in docs.items()}
     assert read["produce_ttl"].status == TTL_FLAG
     assert decode_produce(read["produce_ttl"]) == {"queue": "orders", "timeout_ms": 0, "payload": b"hi",
-                                                   "delay_ms": 0, "ttl_ms": 60_000}
+                                                   "delay_ms": 0, "ttl_ms": 60_000, "priority": 0}
     both = decode_produce(read["produce_delay_ttl_headers"])
     assert (both["delay_ms"], both["ttl_ms"], both["payload"], bytes(both["meta"])) == (
         1500, 60_000, b"hi", bytes.fromhex("01 0001 0001 6b 0001 76"))

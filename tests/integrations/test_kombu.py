@@ -1,11 +1,7 @@
 """shmq.kombu against a real ``shmq serve``: kombu's own integration suite (its base classes,
 vendored in ``kombu_common.py``), as kombu runs it for every transport, over TCP and over a
-co-located attachment of the same instance; then what the transport adds or maps.
-
-Left out of kombu's suite: ``BasePriority``.  It checks that a queue declared with
-``max_priority`` hands the higher ``priority`` out first; shmq's queues have no priorities
-yet (they come with the core's priority work), and the transport refuses such a queue
-with a clear error instead of ignoring it (``test_a_priority_queue_is_refused``)."""
+co-located attachment of the same instance; then what the transport adds or maps
+(``x-max-priority`` M as a queue of M + 1 priority levels, at most 10: ``BasePriority``)."""
 
 from __future__ import annotations
 
@@ -33,6 +29,7 @@ from tests.integrations.kombu_common import (
     BaseExchangeTypes,
     BaseFailover,
     BaseMessage,
+    BasePriority,
     BaseTimeToLive,
     BasicFunctionality,
 )
@@ -88,6 +85,23 @@ class TestShmqTimeToLive(BaseTimeToLive):
 
 class TestShmqEventLoop(BaseEventLoop):
     pass
+
+
+class TestShmqPriority(BasePriority):
+    """(AMQP's order: a higher number goes first.)  kombu's requeue test leaves its four
+    messages unacked, so they stay in its queue, given back when the connection closes:
+    each test here starts with kombu's queues of the suite gone, so the second transport's
+    run does not find the first one's messages."""
+
+    @pytest.fixture(autouse=True)
+    def _fresh_queues(self, own_server: Server) -> None:
+        with shmq.connect(own_server.url) as b:
+            for name in ("priority_test", "priority_requeue_test", "priority_simple_queue_test",
+                         "priority_simple_buffer_test"):
+                try:
+                    b.delete_queue(queue_name(name))
+                except shmq.QueueNotFound:
+                    pass
 
 
 class TestShmqFailover(BaseFailover):
@@ -152,18 +166,26 @@ def test_metadata_too_large_for_a_header_block_travels_in_the_payload(own_server
         m.ack()
 
 
-def test_a_priority_queue_is_refused_and_a_priority_property_round_trips(own_server: Server) -> None:
+def test_max_priority_maps_to_levels_and_a_priority_property_round_trips(own_server: Server) -> None:
     name = _name()
     with kombu.Connection(_url(own_server, "tcp")) as conn:
-        with pytest.raises(shmq.InvalidArgument, match="x-max-priority.*not support"):
-            kombu.Queue(name, routing_key=name, max_priority=10)(conn.default_channel).declare()
+        with pytest.raises(shmq.InvalidArgument, match="x-max-priority must be an int in 1..255"):
+            kombu.Queue(name, routing_key=name, max_priority=0)(conn.default_channel).declare()
         with shmq.connect(own_server.url) as b, pytest.raises(shmq.QueueNotFound):
             b.queue(queue_name(name))  # nothing was made
-        with closing(conn.SimpleQueue(name)) as q:
-            q.put({"n": 1}, priority=9)
-            m = q.get(timeout=5)
-            assert m.properties["priority"] == 9 and m.payload == {"n": 1}
-            m.ack()
+        queue = kombu.Queue(name, routing_key=name, max_priority=255)
+        with closing(conn.SimpleQueue(queue)) as q:
+            for n, prio in ((1, 0), (2, 200), (3, 9), (4, 8)):
+                q.put({"n": n}, priority=prio)
+            got = []
+            for _ in range(4):
+                m = q.get(timeout=5)
+                got.append((m.payload["n"], m.properties["priority"]))
+                m.ack()
+            # 10 levels: 200 and 9 share the top one (FIFO there), then 8, then 0
+            assert got == [(2, 200), (3, 9), (4, 8), (1, 0)]
+        with shmq.connect(own_server.url) as b:
+            assert [i.config.priorities for i in b.list_queues() if i.name == queue_name(name)] == [10]
 
 
 def test_reject_without_requeue_dead_letters_and_the_dlq_is_a_kombu_queue(own_server: Server) -> None:

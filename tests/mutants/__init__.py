@@ -556,3 +556,32 @@ def _kombu_ack_settles_nothing() -> None:
     def ack(self: Any, delivery_tag: int, multiple: bool = False) -> None:
         self._take(delivery_tag, multiple)  # forgotten here, never acked at the broker
     Leases.ack = ack  # type: ignore[method-assign]
+
+
+# ---------------------------------------------------------------- priorities
+P = "tests/core/test_priority.py::"
+
+
+@mutant("priority_lowest_first", "a priority queue delivers the highest priority ready first, FIFO "
+        "within one",
+        P + "test_the_highest_priority_ready_goes_first_fifo_within_one[shm]",
+        P + "test_the_highest_priority_ready_goes_first_fifo_within_one[tcp]")
+def _priority_lowest_first() -> None:
+    from shmq.core.priority import PriorityQueue
+    from shmq.core.serverqueue import ServerPriorityQueue
+
+    def bottom_up(init: Callable[..., None]) -> Callable[..., None]:
+        def patched(self: Any, *a: Any) -> None:
+            init(self, *a)
+            self._top_down = self._top_down[::-1]  # the levels looked at from the lowest up
+        return patched
+    _wrap(PriorityQueue, "__init__", bottom_up)
+    _wrap(ServerPriorityQueue, "__init__", bottom_up)
+
+
+@mutant("priority_lease_lost_with_level", "a priority queue keeps every guarantee of a queue: a killed "
+        "consumer's message comes back",
+        P + "test_a_killed_consumer_gives_its_high_message_back_at_once[tcp]")
+def _priority_lease_lost_with_level() -> None:
+    from shmq.core.serverqueue import ServerPriorityQueue
+    ServerPriorityQueue.give_back = lambda self, ref, offsets, deliveries: 0  # type: ignore[method-assign]
