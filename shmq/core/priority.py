@@ -327,15 +327,19 @@ class PriorityQueue(QueueABC):
 
     def stats(self) -> dict[str, Any]:
         """``Queue.stats`` of level 0, with ``retained``, ``bytes_used`` and ``produced`` of all
-        levels, and ``levels``: each level's own stats (``priority`` 0 up)."""
+        levels, and ``levels``: each level's own (``priority`` 0 up), its offsets as this
+        queue's (its first and next offset, each group's cursor and floor)."""
         levels = [q.stats() for q in self.levels]
         s = dict(levels[0])
         for key in ("retained", "bytes_used", "produced"):
             s[key] = sum(x[key] for x in levels)
         s["fill"] = max(x["fill"] for x in levels)
         s["priorities"] = self.priorities
-        s["levels"] = [{"priority": k, **{key: x[key] for key in ("retained", "bytes_used", "first_offset",
-                                                                  "next_offset", "groups")}}
+        s["levels"] = [{"priority": k, "retained": x["retained"], "bytes_used": x["bytes_used"],
+                        "first_offset": k << SHIFT | x["first_offset"],
+                        "next_offset": k << SHIFT | x["next_offset"],
+                        "groups": {g: {**gs, "cursor": k << SHIFT | gs["cursor"],
+                                       "floor": k << SHIFT | gs["floor"]} for g, gs in x["groups"].items()}}
                        for k, x in enumerate(levels)]
         return s
 

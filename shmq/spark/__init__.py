@@ -52,6 +52,7 @@ from shmq.spark.sink import (
     Written,
     headers_column,
     payload_column,
+    priority_column,
     write_partition,
 )
 from shmq.spark.source import (
@@ -123,16 +124,18 @@ class ShmqDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> BatchWriter:
         if overwrite:
             raise InvalidArgument("a queue cannot be overwritten: write with mode('append')")
-        return BatchWriter(write_options(self.options), payload_column(schema), headers_column(schema))
+        return BatchWriter(write_options(self.options), payload_column(schema), headers_column(schema),
+                           priority_column(schema))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> StreamWriter:
         # overwrite is Spark's "complete" output mode: each batch appends the whole result again.
-        return StreamWriter(write_options(self.options), payload_column(schema), headers_column(schema))
+        return StreamWriter(write_options(self.options), payload_column(schema), headers_column(schema),
+                            priority_column(schema))
 
 
 __all__ = ["ARROW_SCHEMA", "DEFAULT_GROUP", "DEFAULT_SINK_BATCH", "DEFAULT_URL", "DEFAULT_WRITE_TIMEOUT",
            "DataLost", "FORMAT", "PARTITION_OFFSETS", "SCHEMA", "SEQS_PER_BATCH", "SINK_BATCH_BYTES",
            "BatchReader", "BatchWriter", "OffsetRange", "ReadOptions", "ShmqDataSource", "StreamReader",
            "StreamWriter", "WriteOptions", "Written", "default_parallelism", "headers_column",
-           "payload_column", "read_options", "read_range", "register", "source_for", "split", "to_arrow",
-           "write_options", "write_partition"]
+           "payload_column", "priority_column", "read_options", "read_range", "register", "source_for",
+           "split", "to_arrow", "write_options", "write_partition"]

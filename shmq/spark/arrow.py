@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from shmq import headers as _headers
+from shmq import options
 from shmq.api import Message
 from shmq.spark.records import Records
 
@@ -26,6 +27,7 @@ ARROW_SCHEMA = pa.schema([
     pa.field("timestamp", pa.timestamp("us", tz="UTC"), False),
     pa.field("delivery_count", pa.int32(), False),
     pa.field("headers", pa.map_(pa.string(), pa.field("value", pa.binary(), False)), False),
+    pa.field("priority", pa.int32(), False),
 ])
 _HEADERS_TYPE = ARROW_SCHEMA.field("headers").type
 _ENTRY = pa.struct([_HEADERS_TYPE.key_field, _HEADERS_TYPE.item_field])
@@ -109,6 +111,7 @@ def to_batch(queue: str, r: Records) -> pa.RecordBatch:
         _fixed(_TIMESTAMP, r.stamps // 1000),
         _fixed(pa.int32(), counts),
         heads,
+        _fixed(pa.int32(), (np.asarray(r.offsets, np.int64) >> options.PRIORITY_SHIFT).astype(_I32)),
     ], schema=ARROW_SCHEMA)
 
 

@@ -86,7 +86,7 @@ def from_messages(msgs: list[Message]) -> Records:
 
 # ---------------------------------------------------------------- the sink's puts
 def put_records(q: Queue, payload_lens: np.ndarray, data: np.ndarray, producer: str,
-                seq: int, timeout: float) -> int:
+                seq: int, timeout: float, priority: int = 0) -> int:
     """Put payloads given as their lengths and their bytes back to back, atomically and at
     most once per (``producer``, ``seq``), as ``put_many(..., producer=, seq=)`` would
     (``Queue.put_joined``: over TCP one frame made of the columns, co-located one copy into
@@ -96,5 +96,6 @@ def put_records(q: Queue, payload_lens: np.ndarray, data: np.ndarray, producer: 
     n = len(payload_lens)
     if not 1 <= n <= options.MAX_BATCH:
         raise LimitExceeded(f"{n} messages in one batch: 1 to {options.MAX_BATCH}")
-    q.put_joined(Joined(payload_lens.tolist(), data.data), timeout=timeout, producer=producer, seq=seq)
+    q.put_joined(Joined(payload_lens.tolist(), data.data), timeout=timeout, producer=producer, seq=seq,
+                 priority=priority)
     return n

@@ -4,7 +4,8 @@ Each task writes its partition in chunks, each one ``put_many`` of an idempotent
 named for (job or query, partition) with a sequence number from (batch id, chunk): a
 retried task or a replayed micro-batch finds its chunks written (``Duplicate``) and
 skips them, so nothing is written twice.  A ``headers`` column (map<string,binary> or
-map<string,string>) goes with each row as its message's headers, in the same put_many.
+map<string,string>) goes with each row as its message's headers, in the same put_many, and
+an integer ``priority`` column with each row as its priority (a priority queue's level).
 """
 
 from __future__ import annotations
@@ -12,12 +13,21 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
-from pyspark.sql.types import BinaryType, MapType, StringType, StructType
+from pyspark.sql.types import (
+    BinaryType,
+    ByteType,
+    IntegerType,
+    LongType,
+    MapType,
+    ShortType,
+    StringType,
+    StructType,
+)
 
 from shmq import options
 from shmq.api import Headers, Queue
@@ -65,6 +75,18 @@ def headers_column(schema: StructType) -> int | None:
     return None
 
 
+def priority_column(schema: StructType) -> int | None:
+    """Index of the ``priority`` column (an integer: each row's priority in a priority queue,
+    0 .. N-1; null: 0) the sink writes, None when the DataFrame has none."""
+    for i, f in enumerate(schema.fields):
+        if f.name == "priority":
+            if not isinstance(f.dataType, (ByteType, ShortType, IntegerType, LongType)):
+                raise InvalidArgument(f"the sink writes column 'priority' as an integer, not "
+                                      f"{f.dataType.simpleString()}: cast, rename or drop it")
+            return i
+    return None
+
+
 def _row_headers(entries: list[tuple[str, bytes | str | None]] | None) -> dict[str, bytes | str] | None:
     """One row's headers as put takes them: a null map, or a null value, is no header."""
     if not entries:
@@ -79,18 +101,21 @@ def _header_size(h: Headers | None) -> int:
 
 class _Chunks:
     """A partition's rows cut into chunks of at most ``limit`` rows and ``max_bytes`` bytes
-    (a larger row alone), across Arrow batches; each chunk one idempotent put, ``seq0 + chunk + 1``."""
+    (a larger row alone), across Arrow batches; each chunk one idempotent put, ``seq0 + chunk + 1``
+    (a chunk of rows of several priorities: one put per priority, with that sequence, in each
+    level of the priority queue: each level keeps its own producers' sequences)."""
 
     def __init__(self, q: Queue, producer: str, seq0: int, timeout: float, limit: int,
                  max_bytes: int) -> None:
         self.q, self.producer, self.seq0, self.timeout = q, producer, seq0, timeout
         self.limit, self.max_bytes = limit, max_bytes
         self.written = self.skipped = self.number = 0
-        self.pieces: list[tuple[Payloads, int, int, list[Headers | None] | None]] = []  # rows [a, b)
+        self.pieces: list[_Piece] = []  # rows [a, b) of a batch
         self.rows = self.size = 0
 
-    def add(self, p: Payloads, hs: list[Headers | None] | None) -> None:
-        """The rows of one batch: ``hs``, each row's headers, or None when none has any."""
+    def add(self, p: Payloads, hs: list[Headers | None] | None, ps: np.ndarray | None = None) -> None:
+        """The rows of one batch: ``hs``, each row's headers, or None when none has any; ``ps``,
+        each row's priority, or None when every one is 0."""
         n = len(p.offsets) - 1
         sizes = p.lens(0, n)
         if hs is not None:
@@ -106,7 +131,8 @@ class _Chunks:
                     self.flush()
                     continue
                 j = i + 1  # a row larger than max_bytes goes alone
-            self.pieces.append((p, i, j, hs[i:j] if hs is not None else None))
+            self.pieces.append(_Piece(p, i, j, hs[i:j] if hs is not None else None,
+                                      ps[i:j] if ps is not None else None))
             self.rows += j - i
             self.size += int(ends[j - 1]) - before
             i = j
@@ -120,32 +146,65 @@ class _Chunks:
             raise LimitExceeded(f"a sink partition wrote {self.number} chunks in one batch (limit "
                                 f"{SEQS_PER_BATCH - 1}); repartition into more partitions")
         seq = self.seq0 + self.number + 1
-        try:
-            if any(hs is not None for *_, hs in self.pieces):  # headers: one bytes object per row
-                payloads: list[bytes] = []
-                metas: list[Headers | None] = []
-                for p, a, b, hs in self.pieces:
-                    whole, o = p.bytes_of(a, b).tobytes(), p.offsets[a:b + 1] - p.offsets[a]
-                    payloads += [whole[x:y] for x, y in zip(o[:-1].tolist(), o[1:].tolist(), strict=True)]
-                    metas += hs if hs is not None else [None] * (b - a)
-                self.q.put_many(payloads, timeout=self.timeout, producer=self.producer, seq=seq,
-                                headers=metas)
-            else:
-                lens = np.concatenate([p.lens(a, b) for p, a, b, _ in self.pieces])
-                data = np.concatenate([p.bytes_of(a, b) for p, a, b, _ in self.pieces])
-                put_records(self.q, lens, data, self.producer, seq, self.timeout)
-            self.written += self.rows
-        except Duplicate:
-            self.skipped += self.rows
+        prios = None
+        if any(x.ps is not None for x in self.pieces):
+            prios = np.concatenate([x.ps if x.ps is not None else np.zeros(x.b - x.a, np.int64)
+                                    for x in self.pieces])
+        if prios is not None and prios.any():
+            payloads, metas = self._rows()
+            for pr in sorted(set(prios.tolist()), reverse=True):
+                rows = np.flatnonzero(prios == pr).tolist()
+                hs = [metas[r] for r in rows]
+                self._put(lambda rows=rows, hs=hs, pr=pr: self.q.put_many(
+                    [payloads[r] for r in rows], timeout=self.timeout, producer=self.producer, seq=seq,
+                    headers=hs if any(h is not None for h in hs) else None, priority=int(pr)), len(rows))
+        elif any(x.hs is not None for x in self.pieces):  # headers: one bytes object per row
+            payloads, metas = self._rows()
+            self._put(lambda: self.q.put_many(payloads, timeout=self.timeout, producer=self.producer, seq=seq,
+                                              headers=metas), self.rows)
+        else:
+            lens = np.concatenate([x.p.lens(x.a, x.b) for x in self.pieces])
+            data = np.concatenate([x.p.bytes_of(x.a, x.b) for x in self.pieces])
+            self._put(lambda: put_records(self.q, lens, data, self.producer, seq, self.timeout), self.rows)
         self.number += 1
         self.pieces = []
         self.rows = self.size = 0
 
+    def _rows(self) -> tuple[list[bytes], list[Headers | None]]:
+        """The chunk's rows as payloads, one bytes object each, and their headers."""
+        payloads: list[bytes] = []
+        metas: list[Headers | None] = []
+        for x in self.pieces:
+            whole, o = x.p.bytes_of(x.a, x.b).tobytes(), x.p.offsets[x.a:x.b + 1] - x.p.offsets[x.a]
+            payloads += [whole[i:j] for i, j in zip(o[:-1].tolist(), o[1:].tolist(), strict=True)]
+            metas += x.hs if x.hs is not None else [None] * (x.b - x.a)
+        return payloads, metas
+
+    def _put(self, put: Any, n: int) -> None:
+        """One idempotent put of ``n`` rows: written, or skipped when an earlier attempt wrote it."""
+        try:
+            put()
+            self.written += n
+        except Duplicate:
+            self.skipped += n
+
+
+class _Piece(NamedTuple):
+    """Rows ``[a, b)`` of a batch's payloads, with their headers and priorities (None: none)."""
+
+    p: Payloads
+    a: int
+    b: int
+    hs: list[Headers | None] | None
+    ps: np.ndarray | None
+
 
 def write_partition(q: Queue, batches: Iterable[pa.RecordBatch], column: int, producer: str, seq0: int,
-                    batch_size: int, timeout: float, headers: int | None = None) -> tuple[int, int]:
+                    batch_size: int, timeout: float, headers: int | None = None,
+                    priority: int | None = None) -> tuple[int, int]:
     """Write one partition's payloads in chunks, each one idempotent put with sequence
-    ``seq0 + chunk + 1``; ``headers``: the index of the headers column (None: none).  A chunk an
+    ``seq0 + chunk + 1``; ``headers``, ``priority``: the index of the headers column, of the
+    priority column (None: none).  A chunk an
     earlier attempt wrote raises Duplicate and is skipped, so a retried task resumes after the last
     chunk its predecessor wrote: exactly once as long as the partition's rows come in the same
     order.  A chunk without headers goes as its Arrow buffers (``spark.records.put_records``).
@@ -161,7 +220,13 @@ def write_partition(q: Queue, batches: Iterable[pa.RecordBatch], column: int, pr
         hs: list[Headers | None] | None = None
         if headers is not None and has_headers(rb.column(headers)):
             hs = [_row_headers(e) for e in rb.column(headers).to_pylist()]
-        chunks.add(Payloads.of(col), hs)
+        ps: np.ndarray | None = None
+        if priority is not None:
+            pcol = rb.column(priority)
+            ps = pcol.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+            if not ps.any():
+                ps = None
+        chunks.add(Payloads.of(col), hs, ps)
     chunks.flush()
     return chunks.written, chunks.skipped
 
@@ -186,10 +251,12 @@ class BatchWriter(DataSourceArrowWriter):
     """``df.write.format("shmq")``: each task writes its partition; a retried task writes
     nothing twice (one producer per (job, partition))."""
 
-    def __init__(self, opts: WriteOptions, column: int, headers: int | None = None) -> None:
+    def __init__(self, opts: WriteOptions, column: int, headers: int | None = None,
+                 priority: int | None = None) -> None:
         self.o = opts
         self.column = column
         self.headers = headers
+        self.priority = priority
         self.job = uuid.uuid4().hex  # made on the driver, the same in every task of this job
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Written:
@@ -198,7 +265,7 @@ class BatchWriter(DataSourceArrowWriter):
         with broker_for(self.o.url, self.o.token) as b:
             w, s = write_partition(b.queue(self.o.queue), iterator, self.column,
                                    f"spark-job:{self.job}:{pid}", 0, self.o.batch_size, self.o.write_timeout,
-                                   self.headers)
+                                   self.headers, self.priority)
         return Written(pid, w, s)
 
 
@@ -206,10 +273,12 @@ class StreamWriter(DataSourceStreamArrowWriter):
     """``df.writeStream.format("shmq")``: idempotent per (checkpoint, batch id).  The producer is
     (query id, partition): the query id is kept in the checkpoint, so it survives restarts."""
 
-    def __init__(self, opts: WriteOptions, column: int, headers: int | None = None) -> None:
+    def __init__(self, opts: WriteOptions, column: int, headers: int | None = None,
+                 priority: int | None = None) -> None:
         self.o = opts
         self.column = column
         self.headers = headers
+        self.priority = priority
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Written:
         tc = _task()
@@ -222,7 +291,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
         with broker_for(self.o.url, self.o.token) as b:
             w, s = write_partition(b.queue(self.o.queue), iterator, self.column, f"spark:{query}:{pid}",
                                    int(batch) * SEQS_PER_BATCH, self.o.batch_size, self.o.write_timeout,
-                                   self.headers)
+                                   self.headers, self.priority)
         return Written(pid, w, s)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

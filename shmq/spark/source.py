@@ -36,6 +36,7 @@ from pyspark.sql.types import (
 
 from shmq.api import Broker, Message, Queue
 from shmq.errors import ConnectionLost, GroupExists, GroupNotFound, InvalidArgument
+from shmq.names import level_name, level_of
 from shmq.seektime import to_ns
 from shmq.spark.arrow import to_batch
 from shmq.spark.options import DataLost, ReadOptions, broker_for
@@ -54,6 +55,7 @@ SCHEMA = StructType([
     StructField("timestamp", TimestampType(), False),
     StructField("delivery_count", IntegerType(), False),
     StructField("headers", MapType(StringType(), BinaryType(), False), False),  # empty: none
+    StructField("priority", IntegerType(), False),  # a priority queue's level; 0 in any other
 ])
 
 
@@ -156,8 +158,26 @@ def check_schema(schema: StructType) -> None:
                               f"do not pass another one ({schema.simpleString()})")
 
 
+def spans(queue: str, st: Mapping[str, Any]) -> list[tuple[str, int, int, Mapping[str, Any]]]:
+    """(offset key, first retained, next, groups) of each log the queue keeps, from its
+    ``stats()``: one for a queue without priorities; a priority queue's levels each as its
+    offsets name them, under its own key in a streaming offset (``<queue>``,
+    ``<queue>.prio1``, ...: docs/spark.md, "Priority queues")."""
+    levels = st.get("levels")
+    if not levels:
+        return [(queue, int(st["first_offset"]), int(st["next_offset"]), st["groups"])]
+    return [(level_name(queue, x["priority"]), int(x["first_offset"]), int(x["next_offset"]), x["groups"])
+            for x in levels]
+
+
+def _numbered(o: ReadOptions, what: str) -> InvalidArgument:
+    return InvalidArgument(f"queue {o.queue!r} has priorities: its levels have offsets of their own, so "
+                           f"{what} cannot be one number; use earliest, latest or startingTimestamp")
+
+
 class BatchReader(DataSourceReader):
-    """``spark.read.format("shmq")``: a snapshot of the retained offsets, read without leasing."""
+    """``spark.read.format("shmq")``: a snapshot of the retained offsets, read without leasing
+    (every level of a priority queue)."""
 
     def __init__(self, opts: ReadOptions) -> None:
         self.o = opts
@@ -166,11 +186,19 @@ class BatchReader(DataSourceReader):
         o = self.o
         with broker_for(o.url, o.token) as b:
             q = b.queue(o.queue)
-            st = q.stats()
-            first, nxt = st["first_offset"], st["next_offset"]
-            start = first if o.starting == "earliest" else nxt if o.starting == "latest" else int(o.starting)
-            if o.starting_timestamp is not None:
-                start = offset_at(q, to_ns(timestamp_start(o.starting_timestamp)), first, nxt)
+            logs = spans(o.queue, q.stats())
+            if len(logs) > 1 and (isinstance(o.starting, int) or isinstance(o.ending, int)):
+                raise _numbered(o, "startingOffsets or endingOffsets")
+            ranges = [self._range(q, first, nxt) for _, first, nxt, _ in logs]
+        parts = [p for start, end in ranges for p in split(o.queue, start, end, o.min_partitions)]
+        return parts or [OffsetRange(o.queue, ranges[0][0], ranges[0][0])]
+
+    def _range(self, q: Queue, first: int, nxt: int) -> tuple[int, int]:
+        """[start, end) of one log, retained ``[first, nxt)``, as the options say."""
+        o = self.o
+        start = first if o.starting == "earliest" else nxt if o.starting == "latest" else int(o.starting)
+        if o.starting_timestamp is not None:
+            start = offset_at(q, to_ns(timestamp_start(o.starting_timestamp)), first, nxt)
         end = nxt if o.ending == "latest" else int(o.ending)
         if start > nxt or end > nxt:
             raise InvalidArgument(f"offsets {start}..{end} of queue {o.queue!r} are past its next "
@@ -182,7 +210,7 @@ class BatchReader(DataSourceReader):
                 raise DataLost(f"startingOffsets {start} of queue {o.queue!r}: the oldest retained offset is "
                                f"{first}; set failOnDataLoss to false to start there")
             start = min(first, end)
-        return split(o.queue, start, end, o.min_partitions) or [OffsetRange(o.queue, start, start)]
+        return start, end
 
     def read(self, partition: OffsetRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         return read_range(self.o, partition)
@@ -190,11 +218,12 @@ class BatchReader(DataSourceReader):
 
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """``spark.readStream.format("shmq")``.  The driver-side methods keep one broker handle
-    (dropped when pickled); ``read()`` runs in the tasks and opens its own."""
+    (dropped when pickled); ``read()`` runs in the tasks and opens its own.  An offset is
+    ``{"<queue>": n}``; a priority queue's has a key per level (``spans``)."""
 
     def __init__(self, opts: ReadOptions) -> None:
         self.o = opts
-        self._target: int | None = None  # Trigger.AvailableNow: do not read past this offset
+        self._target: dict[str, int] | None = None  # Trigger.AvailableNow: do not read past these
         self._broker: Broker | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -215,20 +244,26 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     raise
         raise AssertionError("unreachable")
 
-    def _offset(self, offset: Mapping[str, Any]) -> int:
+    def _offsets(self, offset: Mapping[str, Any]) -> dict[str, int]:
+        """A checkpoint's offset: each log's (the queue, or each level of a priority queue)."""
         try:
-            return int(offset[self.o.queue])
-        except (KeyError, TypeError, ValueError):
+            out = {str(k): int(v) for k, v in offset.items()}
+            ok = self.o.queue in out and all(level_of(k)[0] == self.o.queue for k in out)
+        except (AttributeError, TypeError, ValueError):
+            ok = False
+        if not ok:
             raise InvalidArgument(f"offset {offset!r} does not name queue {self.o.queue!r}: the checkpoint "
-                                  "belongs to a query on another queue") from None
+                                  "belongs to a query on another queue")
+        return out
 
-    def _rejoin(self, q: Queue, at: int) -> None:
+    def _rejoin(self, q: Queue, at: Mapping[str, int]) -> None:
         """Re-create the query's group (someone deleted it) so that it retains ``at`` onward."""
         try:
             q.create_group(self.o.group, "earliest")
         except GroupExists:
             pass
-        q.commit(self.o.group, at)
+        for offset in at.values():
+            q.commit(self.o.group, offset)
 
     # ------------------------------------------------------------ offsets
     def initialOffset(self) -> dict[str, int]:
@@ -238,16 +273,17 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         did not complete, and a later "latest" would give that batch another range."""
         o = self.o
 
-        def start(q: Queue) -> int:
+        def start(q: Queue) -> dict[str, int]:
             st = q.stats()
             if o.group not in st["groups"]:
-                self._create_group(q, st["first_offset"], st["next_offset"])
+                self._create_group(q, st)
                 st = q.stats()
-            return int(st["groups"][o.group]["floor"])
+            return {key: int(groups[o.group]["floor"]) if o.group in groups else first
+                    for key, first, _, groups in spans(o.queue, st)}
 
-        return {o.queue: self._call(start)}
+        return dict(self._call(start))
 
-    def _create_group(self, q: Queue, first: int, nxt: int) -> None:
+    def _create_group(self, q: Queue, st: Mapping[str, Any]) -> None:
         """Create the query's group at startingOffsets (or startingTimestamp)."""
         o = self.o
         if o.starting_timestamp is not None:
@@ -262,53 +298,70 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             except GroupExists:
                 pass
             return
-        at = int(o.starting)
+        logs = spans(o.queue, st)
+        if len(logs) > 1:
+            raise _numbered(o, "startingOffsets")
+        at, (_, first, nxt, _) = int(o.starting), logs[0]
         if at > nxt:
             raise InvalidArgument(f"startingOffsets {at} is past the next offset {nxt} of queue {o.queue!r}")
         if at < first and o.fail_on_data_loss:
             raise DataLost(f"startingOffsets {at}: queue {o.queue!r} no longer retains offsets below "
                            f"{first}; set failOnDataLoss to false to start there")
-        self._rejoin(q, at)
+        self._rejoin(q, {o.queue: at})
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
         o = self.o
-        s = self._offset(start)
+        s = self._offsets(start)
 
-        def latest(q: Queue) -> int:
+        def latest(q: Queue) -> dict[str, int]:
             st = q.stats()
-            first, nxt = st["first_offset"], st["next_offset"]
+            logs = spans(o.queue, st)
+            if {key for key, *_ in logs} != set(s):
+                raise DataLost(f"the query's offset {s} does not match queue {o.queue!r}'s levels: was the "
+                               "queue deleted and re-created? Start the query with a new checkpoint")
             if o.group not in st["groups"]:
                 self._rejoin(q, s)
-            if s > nxt:
-                raise DataLost(f"the query is at offset {s} but queue {o.queue!r} ends at {nxt}: was the "
-                               "queue deleted and re-created? Start the query with a new checkpoint")
-            if s < first and o.fail_on_data_loss:
-                raise DataLost(f"offsets {s}..{first - 1} of queue {o.queue!r} were freed before the query "
-                               f"read them (group {o.group!r} committed or deleted by someone else?)")
-            return int(nxt)
+            for key, first, nxt, _ in logs:
+                at = s[key]
+                if at > nxt:
+                    raise DataLost(f"the query is at offset {at} but queue {o.queue!r} ends at {nxt}: was "
+                                   "the queue deleted and re-created? Start the query with a new checkpoint")
+                if at < first and o.fail_on_data_loss:
+                    raise DataLost(f"offsets {at}..{first - 1} of queue {o.queue!r} were freed before the "
+                                   f"query read them (group {o.group!r} committed or deleted by someone "
+                                   "else?)")
+            return {key: nxt for key, _, nxt, _ in logs}
 
-        end = self._call(latest)
+        end: dict[str, int] = self._call(latest)
         if self._target is not None:
-            end = min(end, self._target)
+            end = {k: min(e, self._target.get(k, e)) for k, e in end.items()}
         if isinstance(limit, ReadMaxRows):
-            end = min(end, s + limit.max_rows)
-        elif isinstance(limit, ReadMinRows) and end - s < limit.min_rows:
-            end = s
-        return {o.queue: max(end, s)}
+            budget = limit.max_rows
+            for k in sorted(end, key=lambda k: -level_of(k)[1]):  # the highest level first
+                end[k] = min(end[k], s[k] + max(budget, 0))
+                budget -= max(end[k] - s[k], 0)
+        elif isinstance(limit, ReadMinRows) and sum(end[k] - s[k] for k in end) < limit.min_rows:
+            end = dict(s)
+        return {k: max(e, s[k]) for k, e in end.items()}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.o.max_per_trigger is None:
             return ReadAllAvailable()
         return ReadMaxRows(self.o.max_per_trigger)
 
+    def _next(self) -> dict[str, int]:
+        return dict(self._call(lambda q: {key: nxt for key, _, nxt, _ in spans(self.o.queue, q.stats())}))
+
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = self._call(lambda q: int(q.stats()["next_offset"]))
+        self._target = self._next()
 
     def reportLatestOffset(self) -> dict[str, int]:
-        return {self.o.queue: self._call(lambda q: int(q.stats()["next_offset"]))}
+        return self._next()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[OffsetRange]:
-        return split(self.o.queue, self._offset(start), self._offset(end), self.o.min_partitions)
+        s, e = self._offsets(start), self._offsets(end)
+        return [p for k in sorted(e, key=lambda k: -level_of(k)[1])
+                for p in split(self.o.queue, s.get(k, e[k]), e[k], self.o.min_partitions)]
 
     def read(self, partition: OffsetRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         return read_range(self.o, partition)
@@ -316,11 +369,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def commit(self, end: dict[str, Any]) -> None:
         """Acknowledge everything below ``end`` for the query's group.  Spark calls this late
         (when it plans the next batch) and sometimes twice: a commit never moves the group back."""
-        e = self._offset(end)
+        e = self._offsets(end)
 
         def commit(q: Queue) -> None:
             try:
-                q.commit(self.o.group, e)
+                for offset in e.values():
+                    q.commit(self.o.group, offset)
             except GroupNotFound:
                 self._rejoin(q, e)
 

@@ -371,7 +371,8 @@ def test_headers_round_trip_through_the_sink_and_the_source(spark: Any, srv: Ser
         want = {str(i).encode(): [{}, {"id": str(i).encode(), "x": b""}, {"k": f"v{i}".encode()}][i % 3]
                 for i in range(60)}
         back = spark.read.format("shmq").option("url", srv.url).option("queue", q.name).load()
-        assert back.columns == ["queue", "offset", "payload", "timestamp", "delivery_count", "headers"]
+        assert back.columns == ["queue", "offset", "payload", "timestamp", "delivery_count", "headers",
+                                "priority"]
         rows = back.collect()
         got = {bytes(r.payload): {k: bytes(v) for k, v in r.headers.items()} for r in rows}
         assert len(rows) == 60
@@ -585,3 +586,67 @@ def test_a_stream_keeps_exactly_once_across_a_fail_over(spark: Any, tmp_path: Pa
         if standby is not None:
             standby.stop()
         primary.stop()
+
+
+# ---------------------------------------------------------------- priority queues
+P = 1 << shmq.options.PRIORITY_SHIFT  # a priority queue's offset of level 1, offset 0
+
+
+def test_the_sink_writes_each_row_at_its_priority_and_the_source_reads_every_level(spark: Any,
+                                                                                     srv: Server) -> None:
+    with shmq.connect(srv.url) as b:
+        q = fresh(b, "prio", priorities=3)
+        df = spark.range(0, 90, numPartitions=2).selectExpr(  # a null priority is 0
+            "concat('r', id) as payload",
+            "case id % 3 when 0 then null else cast(id % 3 as int) end as priority")
+        df.write.format("shmq").option("url", srv.url).option("queue", q.name).mode("append").save()
+        st = q.stats()
+        assert [lv["next_offset"] & (P - 1) for lv in st["levels"]] == [30, 30, 30]
+        back = spark.read.format("shmq").option("url", srv.url).option("queue", q.name).load().collect()
+        assert sorted((r.priority, r.offset) for r in back) == sorted(
+            [(k, k * P + i) for k in range(3) for i in range(30)])  # every level, every row once
+        assert all(int(bytes(r.payload)[1:]) % 3 == r.priority for r in back)
+        got = []
+        while True:
+            try:
+                m = q.get(False)
+            except shmq.Empty:
+                break
+            got.append((m.priority, int(m.text[1:]) % 3))
+            m.ack()
+        assert [p for p, _ in got] == [2] * 30 + [1] * 30 + [0] * 30  # the highest first
+        assert all(p == r for p, r in got)  # every row at its own priority
+        with pytest.raises(Exception, match="has priorities"):
+            (spark.read.format("shmq").option("url", srv.url).option("queue", q.name)
+             .option("startingOffsets", f'{{"{q.name}": 3}}').load().collect())
+        b.delete_queue(q.name)
+
+
+def test_a_stream_reads_a_priority_queue_level_by_level(srv: Server) -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    with shmq.connect(srv.url) as b:
+        q = fresh(b, "prios", priorities=2)
+        q.put_many(payloads(4))
+        q.put_many(payloads(3, 100), priority=1)
+        o = ss.read_options({"url": srv.url, "queue": q.name, "group": "g", "startingOffsets": "earliest"},
+                            streaming=True)
+        reader = ss.StreamReader(o)
+        lvl1 = f"{q.name}.prio1"
+        start = reader.initialOffset()
+        assert start == {q.name: 0, lvl1: P}
+        q.commit("default", 1000)  # (level 0's default group lets go)
+        q.commit("default", P + 1000)
+        end = reader.latestOffset(start, ReadMaxRows(5))
+        assert end == {q.name: 2, lvl1: P + 3}  # the highest level first
+        assert sorted(_rows(reader, start, end)) == sorted(
+            [(i, f"m{i}".encode()) for i in range(2)] + [(P + i, f"m{100 + i}".encode()) for i in range(3)])
+        reader.commit(end)
+        st = q.stats()
+        assert [lv["groups"]["g"]["floor"] for lv in st["levels"]] == [2, P + 3]
+        assert ss.StreamReader(o).initialOffset() == end  # where the group committed, level by level
+        assert reader.latestOffset(end, ReadAllAvailable()) == {q.name: 4, lvl1: P + 3}
+        with pytest.raises(shmq.InvalidArgument, match="another queue"):
+            reader.latestOffset({"other": 0}, ReadAllAvailable())
+        reader.stop()
+        b.delete_queue(q.name)

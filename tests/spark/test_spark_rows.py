@@ -74,7 +74,7 @@ def test_source_rows_carry_headers_and_an_empty_map_without(instance: str) -> No
         m.nack()  # dead-lettered with its headers; the origin the DLQ adds is not one of them
         o = ss.read_options({"url": f"shm://{instance}", "queue": "work"}, streaming=False)
         (rb,) = list(ss.read_range(o, ss.OffsetRange("work", 2, 5)))  # 0 and 1 left for the DLQ
-        assert rb.schema == ss.ARROW_SCHEMA and rb.schema.names[-1] == "headers"
+        assert rb.schema == ss.ARROW_SCHEMA and rb.schema.names[-2:] == ["headers", "priority"]
         assert rb.column("headers").null_count == 0
         assert rb.column("headers").to_pylist() == [[("b", b"\x00\xff"), ("a", b"")], [], [("z", b"\x80")]]
         assert rb.column("payload").to_pylist() == [b"two", b"none", b"bin"]
