@@ -390,7 +390,7 @@ def test_help_shows_plain_placeholders(command: str) -> None:
 
 def test_shell_completion_is_there() -> None:
     out = cli("--show-completion", "bash")
-    assert out.exit_code == 0 and "_SHMQ_COMPLETE" in out.stdout
+    assert out.exit_code == 0 and "_SHMQ_COMPLETE" in out.stdout, (out.output, out.exception)
     env = {**os.environ, "_SHMQ_COMPLETE": "complete_bash", "COMP_WORDS": "shmq cre", "COMP_CWORD": "1"}
     done = subprocess.run([sys.executable, "-c", "from shmq.cli.app import app; app(prog_name='shmq')"],
                           env=env, capture_output=True, timeout=60)

@@ -19,6 +19,7 @@ import pytest
 
 import shmq
 from shmq import options
+from shmq.core import check
 from shmq.protocol.codec import FrameDecoder
 from shmq.protocol.commands import put, put_many
 from shmq.protocol.produce import PRIORITY_FLAG, split_priority
@@ -265,3 +266,76 @@ def test_a_bad_priority_frame_gets_an_error_and_stores_nothing(server: Any) -> N
         finally:
             b.delete_queue(q.name)
             b.delete_queue(plain.name)
+
+
+# ---------------------------------------------------------------- a level keeps a queue's guarantees
+def test_a_high_message_past_its_ttl_is_dead_lettered_and_a_younger_low_one_delivered(
+        clocked: Any, clock: Any) -> None:
+    q = clocked.create_queue("jobs", priorities=3, message_ttl=10)
+    q.put(b"old-high", priority=2, headers={"k": "v"})
+    clock.advance(9.999)
+    q.put(b"young-low")
+    clock.advance(0.001)  # "old-high" is 10 s old: expired, though it was the highest
+    assert _drain(q) == [("young-low", 0)]
+    d = clocked.queue("jobs.dlq").get(False)
+    assert (d.text, d.headers, d.origin.reason, d.origin.offset) == ("old-high", {"k": b"v"}, "ttl_expired",
+                                                                      2 << SHIFT)
+    d.ack()
+    assert check.check_instance(clocked.instance) == []  # every level passes the checker
+
+
+def test_a_journaled_priority_queue_comes_back_whole_after_kill9_and_lost_memory(durable: Any) -> None:
+    with shmq.connect(durable.srv.url) as b:
+        q = b.create_queue("keep", durability="always", priorities=3)
+        q.put_many([b"l0", b"l1", b"l2"])
+        q.put_many([b"h0", b"h1"], priority=2)
+        q.put(b"m0", priority=1)
+        q.create_group("audit")
+        got = q.get_many(2, timeout=1)
+        assert [(m.text, m.priority) for m in got] == [("h0", 2), ("h1", 2)]
+        got[0].ack()  # h0 acknowledged; h1 leased, never settled
+    durable.crash(reboot=True)
+    durable.start()
+    with shmq.connect(durable.srv.url) as b:
+        q = b.queue("keep")
+        assert sorted(q.groups()) == ["audit", "default"]
+        again = q.get_many(100, timeout=1)
+        assert [(m.text, m.priority, m.deliveries) for m in again] == [
+            ("h1", 2, 2), ("m0", 1, 1), ("l0", 0, 1), ("l1", 0, 1), ("l2", 0, 1)]  # h0 never again
+        q.ack_many(again)
+        assert [m.text for m in q.get_many(100, group="audit", timeout=1)] == ["h0", "h1", "m0", "l0", "l1",
+                                                                                "l2"]
+        assert q.put(b"next", priority=2) == 2 << SHIFT | 2  # the level's offsets go on, never reused
+
+
+_MAKER = """
+import sys, shmq
+b = shmq.connect(sys.argv[1])
+if sys.argv[2] == "create":
+    b.create_queue("jobs", priorities=3, capacity=64, max_bytes=1 << 16)
+else:
+    b.delete_queue("jobs")
+"""
+
+
+@pytest.mark.parametrize(("what", "point"), [("create", "queue.create.published:2"),
+                                              ("delete", "queue.delete.unlisted:1")])
+def test_a_creator_or_deleter_killed_between_levels_leaves_a_queue_that_works(
+        what: str, point: str, shm_broker: Any, instance: str) -> None:
+    url = f"shm://{instance}"
+    if what == "delete":
+        q = shm_broker.create_queue("jobs", priorities=3, capacity=64, max_bytes=1 << 16)
+        q.put(b"low")
+    p = subprocess.run([sys.executable, "-c", _MAKER, url, what], capture_output=True, timeout=60,
+                       env={**os.environ, "SHMQ_CRASH_POINT": point})
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    names = {e.name for e in shm_broker.registry.queues()}
+    assert names == {"jobs", "jobs.prio1"}  # killed with level 2 made (create) or gone (delete)
+    assert [i.name for i in shm_broker.list_queues()] == ["jobs"]
+    q = shm_broker.queue("jobs")  # the missing level is made again, empty
+    q.put(b"top", priority=2)
+    want = [("top", 2)] + ([("low", 0)] if what == "delete" else [])
+    assert _drain(q) == want
+    assert check.check_instance(instance) == []
+    shm_broker.delete_queue("jobs")
+    assert {e.name for e in shm_broker.registry.queues()} == set()
