@@ -389,11 +389,16 @@ def test_help_shows_plain_placeholders(command: str) -> None:
 
 
 def test_shell_completion_is_there() -> None:
-    out = cli("--show-completion", "bash")
-    assert out.exit_code == 0 and "_SHMQ_COMPLETE" in out.stdout, (out.output, out.exception)
+    # --show-completion shows the script of the shell it finds among this process's parents
+    # (typer, through shellingham), and a test run may have none (started by a service or in
+    # the background): typer's switch for tests names the shell instead, and is read when the
+    # app is made, so a fresh process
+    main = [sys.executable, "-c", "from shmq.cli.app import app; app(prog_name='shmq')"]
+    shown = subprocess.run([*main, "--show-completion", "bash"], capture_output=True, timeout=60,
+                           env={**os.environ, "_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"})
+    assert shown.returncode == 0 and b"_SHMQ_COMPLETE" in shown.stdout, shown.stderr
     env = {**os.environ, "_SHMQ_COMPLETE": "complete_bash", "COMP_WORDS": "shmq cre", "COMP_CWORD": "1"}
-    done = subprocess.run([sys.executable, "-c", "from shmq.cli.app import app; app(prog_name='shmq')"],
-                          env=env, capture_output=True, timeout=60)
+    done = subprocess.run(main, env=env, capture_output=True, timeout=60)
     assert done.stdout.split() == [b"create"]
 
 
