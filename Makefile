@@ -2,14 +2,17 @@
 # make test - install everything (tests, benchmarks, Spark, Celery, Dramatiq), then lint, type-check and run the whole suite (CI)
 # make check - the inner loop: lint, type-check and the tests not marked slow, spark or crash
 # make bench - install, run the benchmarks, then the plot sweeps: bench/results/<date>-<host>.json
-#              and its PNGs in bench/results/<date>-<host>/ (redraw: python bench/plot.py FILE)
+#              and its PNGs in bench/results/<date>-<host>/ (redraw: python bench/plot.py FILE), and
+#              shmq against its peers (NATS, RabbitMQ, Redis Streams, ZeroMQ, iceoryx2):
+#              bench/results/<date>-<host>-peers.json; a peer that cannot be installed is reported
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 BASE := $(VENV)/.installed-base
 FULL := $(VENV)/.installed-full
+PEERS := $(VENV)/.installed-peers
 
-.PHONY: run test check install install-all java lint bench clean
+.PHONY: run test check install install-all java lint bench peers clean
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
@@ -52,11 +55,30 @@ test: java lint
 check: lint
 	$(VENV)/bin/pytest -n 2 -m "not slow and not spark and not crash" tests
 
-bench: $(FULL)
+# bench_peers.py's peers: the PyPI ones, and Debian's rabbitmq-server where it is missing and apt-get
+# is there (Debian may start its own service on install: stopped again, bench_peers starts its own);
+# what fails is said here and reported by bench_peers.py as not measured, and the bench goes on
+$(PEERS): pyproject.toml | $(FULL)
+	@$(PIP) install --quiet -e '.[peers]' && touch $(PEERS) || \
+	  echo "make bench: pip could not install the peers extra: bench_peers.py reports what is missing" >&2
+
+peers: $(PEERS)
+	@if [ ! -x /usr/lib/rabbitmq/bin/rabbitmq-server ] && command -v apt-get >/dev/null; then \
+	  echo "make bench: installing Debian's rabbitmq-server"; \
+	  if DEBIAN_FRONTEND=noninteractive apt-get install -y -q rabbitmq-server >/dev/null || \
+	     { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q rabbitmq-server >/dev/null; }; then \
+	    if pidof beam.smp >/dev/null; then rabbitmqctl -q stop >/dev/null 2>&1 || service rabbitmq-server stop >/dev/null 2>&1 || true; fi; \
+	  else \
+	    echo "make bench: apt-get install rabbitmq-server failed: RabbitMQ will be reported as not measured" >&2; \
+	  fi; \
+	fi
+
+bench: $(FULL) peers
 	$(PY) bench/bench_local.py
 	$(PY) bench/bench_tcp.py
 	$(PY) bench/bench_durability.py
 	$(PY) bench/sweep.py
+	$(PY) bench/bench_peers.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

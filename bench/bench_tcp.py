@@ -443,12 +443,15 @@ def _stop_group(proc: subprocess.Popen[bytes], timeout: float) -> list[str]:
 
 
 class ShmqServer:
-    """``shmq serve --port 0 --workers N`` as a child process (its own session)."""
+    """``shmq serve --port 0 --workers N`` as a child process (its own session); ``unix``: with
+    ``--unix`` too, on a socket in its temp dir (``unix_url``)."""
 
-    def __init__(self, workers: int, tag: str) -> None:
+    def __init__(self, workers: int, tag: str, unix: bool = False) -> None:
         self.workers = workers
         self.instance = f"btcp{os.getpid()}{tag}"
         self.tmp = tempfile.mkdtemp(prefix=f"{self.instance}.")
+        self.unix_path = os.path.join(self.tmp, "broker.sock") if unix else ""
+        self.unix_url = f"unix://{self.unix_path}" if unix else ""
         self.out_path = os.path.join(self.tmp, "stdout")
         self.err_path = os.path.join(self.tmp, "stderr")
         self.proc: subprocess.Popen[bytes] | None = None
@@ -463,6 +466,8 @@ class ShmqServer:
         cmd = [sys.executable, "-c", "from shmq.cli.app import app; app()", "serve", "--port", "0",
                "--workers", str(self.workers), "--instance", self.instance,
                "--data-dir", os.path.join(self.tmp, "data")]
+        if self.unix_path:
+            cmd += ["--unix", self.unix_path]
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                          cwd=common.REPO_ROOT, start_new_session=True)

@@ -75,11 +75,31 @@ def caption(results: dict[str, Any], fig: dict[str, Any]) -> str:
     return "\n".join(textwrap.fill(line, 140, subsequent_indent="    ") for line in lines)
 
 
-def _style(name: str) -> dict[str, Any]:
-    for prefix, (colour, marker) in STYLE.items():
-        if name.startswith(prefix):
-            return {"color": colour, "marker": marker}
-    return {"marker": "o"}
+# colours and markers for series STYLE does not name (or names twice in one figure: a peer's variants)
+MORE_COLOURS = ("tab:cyan", "tab:brown", "tab:pink", "tab:olive", "tab:gray", "goldenrod", "navy", "teal",
+                "darkred", "limegreen", "indigo", "salmon")
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "*", "h", "<", ">", "d")
+
+
+def _style(name: str, series: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """``name``'s colour and marker: STYLE's for the first series of a figure (``series``) that a
+    STYLE prefix names, distinct ones for the others."""
+    names = [s["name"] for s in series] or [name]
+    styles: dict[str, dict[str, Any]] = {}
+    used: set[str] = set()
+    for n in names:
+        for prefix, (colour, marker) in STYLE.items():
+            if n.startswith(prefix) and colour not in used:
+                styles[n] = {"color": colour, "marker": marker}
+                used.add(colour)
+                break
+    free = [c for c in (*MORE_COLOURS, *(c for c, _m in STYLE.values())) if c not in used]
+    k = 0
+    for n in names:
+        if n not in styles:
+            styles[n] = {"color": free[k % len(free)], "marker": MARKERS[k % len(MARKERS)]}
+            k += 1
+    return styles.get(name, {"marker": "o"})
 
 
 def _points(s: dict[str, Any], scale: Sequence[float] | None = None) -> tuple[list[float], ...]:
@@ -98,13 +118,14 @@ def _points(s: dict[str, Any], scale: Sequence[float] | None = None) -> tuple[li
     return xs, med, lo, hi
 
 
-def _plot_series(ax: Axes, s: dict[str, Any], scale: Sequence[float] | None = None) -> None:
+def _plot_series(ax: Axes, s: dict[str, Any], scale: Sequence[float] | None = None,
+                 series: Sequence[dict[str, Any]] = ()) -> None:
     xs, med, lo, hi = _points(s, scale)
     if xs:
         ax.errorbar(xs, med, yerr=[lo, hi], label=s["name"], capsize=3, linewidth=1.6, markersize=5,
-                    **_style(s["name"]))
+                    **_style(s["name"], series))
     else:
-        ax.plot([], [], label=f"{s['name']} (every run failed)", **_style(s["name"]))
+        ax.plot([], [], label=f"{s['name']} (every run failed)", **_style(s["name"], series))
 
 
 def _legend(ax: Axes, fig: dict[str, Any], loc: Loc = "best") -> None:
@@ -149,8 +170,8 @@ def _label(ax: Axes, fig: dict[str, Any], y_label: str | None = None) -> None:
 def throughput_vs_size(results: dict[str, Any], fig: dict[str, Any]) -> Figure:
     f, (a1, a2) = _new(results, fig, 2)
     for s in fig["series"]:
-        _plot_series(a1, s)
-        _plot_series(a2, s, [x / 1e6 for x in s["x"]])  # msgs/s * bytes -> MB/s
+        _plot_series(a1, s, series=fig["series"])
+        _plot_series(a2, s, [x / 1e6 for x in s["x"]], fig["series"])  # msgs/s * bytes -> MB/s
     for ax, ylabel in ((a1, fig["y_label"]), (a2, "payload throughput (MB/s, 10^6 bytes/s, log scale)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -167,13 +188,13 @@ def throughput_vs_size(results: dict[str, Any], fig: dict[str, Any]) -> Figure:
 def throughput_vs_batch(results: dict[str, Any], fig: dict[str, Any]) -> Figure:
     f, (ax,) = _new(results, fig)
     for s in fig["series"]:
-        _plot_series(ax, s)
+        _plot_series(ax, s, series=fig["series"])
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}"))
     ax.yaxis.set_major_formatter(FuncFormatter(_count))
     _label(ax, fig)
-    _legend(ax, fig, "upper left")
+    _legend(ax, fig)  # "best": where no series runs
     return _finish(f, results, fig)
 
 
@@ -184,10 +205,10 @@ def latency_cdf(results: dict[str, Any], fig: dict[str, Any]) -> Figure:
                                                       s.get("max") or s["median"], strict=True)
                if v is not None]
         if not pts:
-            ax.plot([], [], label=f"{s['name']} (every run failed)", **_style(s["name"]))
+            ax.plot([], [], label=f"{s['name']} (every run failed)", **_style(s["name"], fig["series"]))
             continue
         qs = [p[0] for p in pts]
-        style = _style(s["name"])
+        style = _style(s["name"], fig["series"])
         p50 = _at(pts, 0.5)
         p99 = _at(pts, 0.99)
         label = s["name"] + (f"  (p50 {p50:,.0f} µs, p99 {p99:,.0f} µs)" if p50 and p99 else "")
@@ -215,7 +236,7 @@ def _at(pts: Sequence[tuple[float, float, Any, Any]], q: float) -> float | None:
 def throughput_vs_workers(results: dict[str, Any], fig: dict[str, Any]) -> Figure:
     f, (ax,) = _new(results, fig)
     for s in fig["series"]:
-        _plot_series(ax, s)
+        _plot_series(ax, s, series=fig["series"])
     xs = [x for s in fig["series"] for x in s["x"]]
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if xs:

@@ -17,6 +17,10 @@ Schema ``shmq-bench/1``: one JSON object per run, ``bench/results/<date>-<host>.
               optional min / max: [number | null] (the spread over the rounds),
               optional runs: [[number | null]] (each round, per x), messages: [int] (per x)
 
+``bench/bench_peers.py`` writes the same schema (``<date>-<host>-peers.json``), with keys of its own
+beside these: ``peers`` (each one's version and settings, or why it was not measured), ``work_queue``,
+``ping_pong`` (every run) and ``targets``.
+
 Units: payload and batch sizes in messages or bytes as the x_label says, throughput in
 msgs/s, latency in µs.  In ``latency_cdf`` x is the cumulative fraction (0-1) and
 median / min / max are the round-trip times (µs) at that fraction.
@@ -79,9 +83,10 @@ def machine_facts() -> dict[str, Any]:
             "load_avg_start": [round(v, 2) for v in os.getloadavg()]}
 
 
-def default_path(date: str, host: str) -> Path:
-    """``bench/results/<date>-<host>.json``, with ``-2``, ``-3``, ... for a later run the same day."""
-    stem = f"{date[:10]}-{host}"
+def default_path(date: str, host: str, tag: str = "") -> Path:
+    """``bench/results/<date>-<host>.json`` (``<date>-<host>-<tag>.json`` with a ``tag``), with ``-2``,
+    ``-3``, ... for a later run the same day."""
+    stem = f"{date[:10]}-{host}" + (f"-{tag}" if tag else "")
     path = RESULTS_DIR / f"{stem}.json"
     k = 2
     while path.exists():
