@@ -389,13 +389,17 @@ class ServerPriorityQueue(ServerQueue):
     # ------------------------------------------------------------ deliver
     def _known(self, ref: int, group: str, create: bool) -> int:
         """Keep every level's reference of ``group`` (level 0's: ``ref``); made where missing
-        when ``create``."""
-        if ref >= 0 and ref not in self._refs:
-            refs = [ref] + [q.group_ref(group) if create else q.group_ref_or_none(group)
-                            for q in self.levels[1:]]
-            if len(self._refs) > 4 * options.MAX_GROUPS_LIMIT:
-                self._refs.clear()  # (refs of deleted groups do not pile up)
-            self._refs[ref] = (group, refs)
+        when ``create`` (-1 for a level that lacks it: looked up again when needed)."""
+        if ref >= 0:
+            known = self._refs.get(ref)
+            if known is None or (create and min(known[1]) < 0):
+                refs = [ref] + [q.group_ref(group) if create else q.group_ref_or_none(group)
+                                for q in self.levels[1:]]
+                if known is None and len(self._refs) >= 2 * options.MAX_GROUPS_LIMIT:
+                    # the groups deleted since go (their leases are stale anyway); the live ones
+                    # stay, at most max_groups of them
+                    self._refs = {r: v for r, v in self._refs.items() if self.levels[0].group_live(r)}
+                self._refs[ref] = (group, refs)
         return ref
 
     def group_ref(self, group: str, create: bool = True) -> int:
@@ -439,6 +443,8 @@ class ServerPriorityQueue(ServerQueue):
         lease of no group this worker gave out here is :class:`StaleAck`."""
         k, off = level_of(offset)
         known = self._refs.get(ref)
+        if k < len(self.levels) and known is not None and known[1][k] < 0:  # made there since?
+            known[1][k] = self.levels[k].group_ref_or_none(known[0])
         if k >= len(self.levels) or known is None or known[1][k] < 0:
             raise StaleAck(f"message {offset} of {self.name!r} is not leased to this connection")
         return k, self.levels[k], known[1][k], off

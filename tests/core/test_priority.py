@@ -6,13 +6,11 @@ priority ready goes first, FIFO within one, and a level keeps every guarantee of
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +22,7 @@ from shmq.protocol.codec import FrameDecoder
 from shmq.protocol.commands import put, put_many
 from shmq.protocol.produce import PRIORITY_FLAG, split_priority
 from shmq.server.parking import decode_produce
+from tests.support.vectors import NamedQueue, doc_vectors
 
 SHIFT = options.PRIORITY_SHIFT
 
@@ -105,6 +104,21 @@ def test_every_group_sees_every_message_in_priority_order(broker: Any) -> None:
     assert _drain(q, "audit") == want
     assert _drain(q) == want
     assert sorted(q.groups()) == ["audit", options.DEFAULT_GROUP]
+
+
+def test_a_lease_of_a_group_deleted_and_made_again_is_stale_on_every_level(broker: Any) -> None:
+    q = broker.create_queue("jobs", priorities=3)
+    q.create_group("g")
+    q.put(b"hi", priority=2)
+    old = q.get(timeout=5, group="g")
+    q.delete_group("g")
+    q.create_group("g")  # (at the earliest: "hi" is the new group's, a first delivery)
+    with pytest.raises(shmq.StaleAck):
+        old.ack()
+    new = q.get(timeout=5, group="g")
+    assert (new.text, new.priority, new.deliveries) == ("hi", 2, 1)
+    new.ack()
+    assert _drain(q, "g") == [] and _drain(q) == [("hi", 2)]
 
 
 def test_a_delayed_high_message_waits_and_then_goes_first(broker: Any) -> None:
@@ -218,22 +232,11 @@ def test_a_killed_consumer_gives_its_high_message_back_at_once(transport: str, i
 
 
 # ---------------------------------------------------------------- the wire
-def _doc_vectors() -> dict[str, bytes]:
-    doc = (Path(__file__).parent.parent.parent / "docs" / "protocol.md").read_text(encoding="utf-8")
-    found = re.findall(r"^priority ([a-z_]+):(.*)$", doc, re.M)
-    return {name: bytes.fromhex(re.sub(r"[\s|]", "", rest)) for name, rest in found}
-
-
-class _Q:
-    def __init__(self, name: str) -> None:
-        self.name, self.name_bytes = name, name.encode()
-
-
 def test_the_documented_priority_frames_are_what_clients_send_and_the_broker_reads() -> None:
-    docs = _doc_vectors()
+    docs = doc_vectors("priority")
     assert sorted(docs) == ["produce_batch_priority", "produce_priority_delay"]
-    sent = {"produce_priority_delay": (24, put(_Q("orders"), b"hi", False, None, None, 1.5, None, 3)),  # type: ignore[arg-type]
-            "produce_batch_priority": (25, put_many(_Q("q"), [b"a", b"bc"], False, None, None, None,  # type: ignore[arg-type]
+    sent = {"produce_priority_delay": (24, put(NamedQueue("orders"), b"hi", False, None, None, 1.5, None, 3)),  # type: ignore[arg-type]
+            "produce_batch_priority": (25, put_many(NamedQueue("q"), [b"a", b"bc"], False, None, None, None,  # type: ignore[arg-type]
                                                     priority=9))}
     for name, (msg_id, req) in sent.items():
         assert req.encode(msg_id, *req.args) == docs[name], name  # type: ignore[union-attr]

@@ -9,7 +9,6 @@ maintenance, with no consumer, is in ``test_ttl_sweep``.
 from __future__ import annotations
 
 import math
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -29,10 +28,8 @@ from shmq.protocol.commands import put, put_many
 from shmq.protocol.produce import DELAY_FLAG, TTL_FLAG, split_prefixes
 from shmq.server.parking import decode_produce
 from tests.support.clock import FakeClock
-from tests.support.paths import PROTOCOL_DOC
+from tests.support.vectors import NamedQueue, doc_vectors
 from tests.support.wait import wait_until
-
-PROTOCOL = PROTOCOL_DOC
 
 
 def _dlq(b: shmq.Broker, name: str) -> list[Any]:
@@ -280,24 +277,14 @@ def test_the_asyncio_client_puts_with_a_ttl(server: Any) -> None:
 
 
 # ---------------------------------------------------------------- the wire
-def _doc_vectors() -> dict[str, bytes]:
-    found = re.findall(r"^prefixed ([a-z_]+):(.*)$", PROTOCOL.read_text(encoding="utf-8"), re.M)
-    return {name: bytes.fromhex(re.sub(r"[\s|]", "", rest)) for name, rest in found}
-
-
-class _Q:
-    def __init__(self, name: str) -> None:
-        self.name, self.name_bytes = name, name.encode()
-
-
 def test_the_documented_ttl_frames_are_what_clients_send_and_the_broker_reads() -> None:
-    docs = _doc_vectors()
+    docs = doc_vectors("prefixed")
     assert sorted(docs) == ["produce_batch_ttl", "produce_delay_ttl_headers", "produce_ttl"]
     sent = {
-        "produce_ttl": put(_Q("orders"), b"hi", False, None, None, None, 60),  # type: ignore[arg-type]
-        "produce_delay_ttl_headers": put(_Q("orders"), b"hi", False, None, {"k": "v"}, 1.5,  # type: ignore[arg-type]
+        "produce_ttl": put(NamedQueue("orders"), b"hi", False, None, None, None, 60),  # type: ignore[arg-type]
+        "produce_delay_ttl_headers": put(NamedQueue("orders"), b"hi", False, None, {"k": "v"}, 1.5,  # type: ignore[arg-type]
                                          60),
-        "produce_batch_ttl": put_many(_Q("q"), [b"a", b"bc"], False, None, None, None, ttl=60),  # type: ignore[arg-type]
+        "produce_batch_ttl": put_many(NamedQueue("q"), [b"a", b"bc"], False, None, None, None, ttl=60),  # type: ignore[arg-type]
     }
     ids = {"produce_ttl": 21, "produce_delay_ttl_headers": 22, "produce_batch_ttl": 23}
     for name, req in sent.items():
