@@ -152,7 +152,8 @@ class Attachment:
                     q = self.create_queue(name, base.config)
                 except QueueExists:
                     q = self.queue(name)
-            q._base = base
+            if q._base is not base:
+                q.wake_base(base)
             levels.append(q)
         pq = PriorityQueue(levels)
         with self._lock:
@@ -488,10 +489,10 @@ class ShmBroker(Broker):
         if not isinstance(name, str):
             check_queue_name(name)
         q = self._att.queue(name)
-        if q.level:
-            raise QueueNotFound(f"{name!r} is level {q.level} of priority queue {q.base_name!r}: "
-                                f"put(priority={q.level}) to {q.base_name!r} reaches it")
-        if q.ring.flags & L.PRIO_MASK > 1 << L.PRIO_SHIFT:
+        if q.ring.flags & L.PRIO_MASK > 1 << L.PRIO_SHIFT:  # a priority queue's level 0, or another level
+            if q.level:
+                raise QueueNotFound(f"{name!r} is level {q.level} of priority queue {q.base_name!r}: "
+                                    f"put(priority={q.level}) to {q.base_name!r} reaches it")
             return self._att.priority_queue(q)  # type: ignore[return-value]  # (as create_queue's)
         return q
 

@@ -88,6 +88,11 @@ class QueueHandle:
     """One queue of a co-located instance: what every part of the handle shares (the base
     class of ``ShmQueue``, and what its mixin ``Consuming`` is typed against)."""
 
+    # A priority queue's level above 0: its level 0, whose consumers it wakes too
+    # (``wake_base``).  A class default, not an instance field: a handle's fields stay few
+    # enough for CPython to share their keys, which its hot paths' lookups are quicker for.
+    _base: QueueHandle | None = None
+
     def __init__(self, att: Host, ring: Ring, not_empty: posix_ipc.Semaphore,
                  not_full: posix_ipc.Semaphore, journal: posix_ipc.Semaphore,
                  durable: posix_ipc.Semaphore) -> None:
@@ -103,8 +108,6 @@ class QueueHandle:
         self._durable = ring.durability != 0
         self._always = ring.durability == _ALWAYS
         self.name = ring.name
-        self.base_name, self.level = level_of(ring.name)  # a priority queue's level: its queue, its priority
-        self._base: QueueHandle | None = None  # a level above 0: its level 0, whose consumers it wakes
         self._max = ring.max_message_size
         self._gcache: dict[str, int] = {}  # group name -> reference (layout.group_ref)
         self._spin = options.SPIN_CHECKS  # header re-reads of a blocked get before it sleeps
@@ -134,6 +137,16 @@ class QueueHandle:
                            r.message_ttl_ms / 1000, not r.flags & L.F_TTL_DROP,
                            "sync" if r.flags & L.F_REPL_SYNC else "async" if r.flags & L.F_REPL_ASYNC else "",
                            (r.flags & L.PRIO_MASK) >> L.PRIO_SHIFT)
+
+    @property
+    def base_name(self) -> str:
+        """The queue this one holds a level of (``jobs`` for ``jobs.prio3``), else its name."""
+        return level_of(self.ring.name)[0]
+
+    @property
+    def level(self) -> int:
+        """The priority level this queue holds of ``base_name`` (0: level 0, or no priority queue)."""
+        return level_of(self.ring.name)[1]
 
     @property
     def is_dlq(self) -> bool:
@@ -300,8 +313,18 @@ class QueueHandle:
         bells = self._mm[L.Q_BELLS:L.Q_BELLS + L.Q_BELLS_SIZE]
         if bells != NO_BELLS:
             RINGER.ring(bells, self.ring.instance_uid, self.ring.queue_id, self._att.bell_skip)
-        if self._base is not None:  # a priority queue's level: its consumers wait on level 0
-            self._base._wake_consumers(n)
+
+    def wake_base(self, base: QueueHandle) -> None:
+        """This queue is a level of the priority queue whose level 0 is ``base``: its wake-ups
+        wake ``base``'s consumers too, and ring ``base``'s doorbells, where that queue's
+        consumers wait (set on the instance: a plain queue's puts pay nothing for it)."""
+        self._base = base
+        own = type(self)._wake_consumers
+
+        def wake(n: int) -> None:
+            own(self, n)
+            base._wake_consumers(n)
+        self._wake_consumers = wake  # type: ignore[method-assign]
 
     @staticmethod
     def _wake(sem: posix_ipc.Semaphore, waiters: int, n: int) -> None:

@@ -147,6 +147,23 @@ def test_a_waiting_consumer_is_woken_by_a_put_at_any_level(broker: Any) -> None:
     got[0].ack()
 
 
+def test_a_put_at_any_level_posts_level_0s_semaphore_for_its_waiters(shm_broker: Any) -> None:
+    q = shm_broker.create_queue("jobs", priorities=3)
+    base = q.base
+    with base.ring.clock:
+        base.words[shmq.core.layout.Q_CONSUMER_WAITERS] += 1  # one consumer asleep on the queue
+    try:
+        assert base._ne.value == 0
+        q.put(b"x", priority=2)
+        assert base._ne.value == 1  # it is woken (a hint: a sleep ends after WAIT_SLICE anyway)
+        q.put(b"y", priority=1)
+        assert base._ne.value == 1  # never past the number of sleepers
+    finally:
+        with base.ring.clock:
+            base.words[shmq.core.layout.Q_CONSUMER_WAITERS] -= 1
+    assert _drain(q) == [("x", 2), ("y", 1)]
+
+
 def _waiting(broker: Any, q: Any) -> bool:
     """Is the consumer of the test above asleep (announced on level 0) yet?  Over TCP the
     get is parked in the broker: a put finds it either way, so any moment will do."""
