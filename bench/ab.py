@@ -12,7 +12,7 @@ round runs, in a fresh process:
 * **per op**: ``put``, ``get`` and ``ack`` of 100 B in one process, 4,000 each,
   best of 7 (ns per call);
 * **ping-pong**: two processes, a put and a blocking get each way, 10,000 timed
-  round trips (p50, µs);
+  round trips (p50 and p99, µs);
 * **one way**: a producer process puts 100,000 messages of 100 B while this one
   gets and acks them, best of 3 (msgs/s);
 * **TCP batches**: a ``shmq serve`` of the same tree (one worker); 400 rounds of
@@ -121,7 +121,8 @@ with tempfile.TemporaryDirectory() as data:
         srv.terminate()
         srv.wait(60)
 print(json.dumps({**{k + " ns": v for k, v in best.items()},
-                  "ping-pong p50 us": lat[len(lat) // 2] / 1000, "one way msgs/s": rate,
+                  "ping-pong p50 us": lat[len(lat) // 2] / 1000,
+                  "ping-pong p99 us": lat[len(lat) * 99 // 100] / 1000, "one way msgs/s": rate,
                   "tcp batch msgs/s": tcp_rate}))
 """
 
