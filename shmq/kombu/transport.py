@@ -549,12 +549,12 @@ class Transport(virtual.Transport):
         return h
 
     def _levels_of(self, name: str, h: shmq.Queue) -> int:
-        """The priority levels of queue ``name`` (0: none): a co-located handle knows them, a
-        TCP one asks the broker's list once."""
-        levels = getattr(h, "priorities", None)
-        if levels is None:
-            levels = next((i.config.priorities for i in self._broker().list_queues() if i.name == name), 0)
-        return int(levels)
+        """The priority levels of queue ``name`` (0: none): a co-located handle knows them (its
+        config), a TCP one asks the broker's list once."""
+        config = getattr(h, "config", None)
+        if config is not None:
+            return int(config.priorities)
+        return next((i.config.priorities for i in self._broker().list_queues() if i.name == name), 0)
 
     def create(self, name: str, limits: dict[str, Any]) -> None:
         if name not in self._handles:
