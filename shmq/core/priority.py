@@ -39,6 +39,7 @@ from shmq.api import (
     RecordColumns,
     check_priority,
     check_read,
+    group_as_block,
     own_leases,
     shares_docs,
 )
@@ -135,6 +136,8 @@ class PriorityQueue(QueueABC):
     # ------------------------------------------------------------ consume
     def get(self, block: bool = True, timeout: float | None = None, *, group: str = options.DEFAULT_GROUP,
             visibility_timeout: float | None = None, ack: Message | None = None) -> Message:
+        if block is not True and block.__class__ is str:  # get("billing"): group is a keyword
+            raise group_as_block("get", block)
         if ack is not None:
             ack.ack()
         return self._take(group, 1, block, timeout, visibility_timeout)[0]
@@ -142,6 +145,8 @@ class PriorityQueue(QueueABC):
     def get_many(self, max_messages: int, block: bool = True, timeout: float | None = None, *,
                  group: str = options.DEFAULT_GROUP, visibility_timeout: float | None = None,
                  ack: Iterable[Message] = ()) -> list[Message]:
+        if block.__class__ is str:
+            raise group_as_block("get_many", block)
         if max_messages < 1:
             raise InvalidArgument("max_messages must be >= 1")
         acks = list(ack)
@@ -174,8 +179,6 @@ class PriorityQueue(QueueABC):
         """Lease up to ``max_n`` messages, the highest levels' first, waiting as
         ``block`` and ``timeout`` say: announced on level 0 (``Q_CONSUMER_WAITERS``), which a
         put at any level wakes, and looking again after announcing, so no put is missed."""
-        if block.__class__ is str:
-            raise InvalidArgument("get's group is a keyword: get(group=...)")
         if timeout is not None and timeout < 0:
             raise InvalidArgument("timeout must be >= 0")
         deadline = None if timeout is None else time.monotonic() + timeout

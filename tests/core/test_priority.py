@@ -63,9 +63,11 @@ def test_a_batch_goes_to_one_level_and_get_many_takes_the_levels_in_order(broker
 
 def test_priorities_are_checked(broker: Any) -> None:
     q = broker.create_queue("jobs", priorities=3)
-    for bad in (3, -1, 10):
+    for bad in (3, -1, 10, True, 1.0):
         with pytest.raises(shmq.InvalidArgument):
             q.put(b"x", priority=bad)
+    with pytest.raises(TypeError):
+        q.get("billing")  # the group is a keyword, as on every queue
     plain = broker.create_queue("plain")
     with pytest.raises(shmq.InvalidArgument, match="no priorities"):
         plain.put(b"x", priority=1)
