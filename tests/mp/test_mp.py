@@ -320,7 +320,10 @@ def test_a_consumer_sigkilled_mid_get_never_stalls_the_others() -> None:
     steady producer: the parent keeps getting, no object comes twice, and at most one
     object is lost per kill (the one a victim had got and not yet reported)."""
     ctx = multiprocessing.get_context("fork")
-    q, out = mp.Queue(maxsize=64), mp.Queue()
+    # ``out`` is small, so a victim gets at most a few objects ahead of what the parent read of
+    # its reports: with an unbounded one, the victims could take all n before the parent's
+    # own gets, which then found none (a race of the test's, not a stall)
+    q, out = mp.Queue(maxsize=64), mp.Queue(maxsize=8)
     n = 3000
     producer = ctx.Process(target=_produce, args=(q, "p", n))
     producer.start()
