@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import time
 from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -22,7 +23,7 @@ from shmq import headers as _headers
 from shmq import options
 from shmq.api import reply as _reply
 from shmq.api.publisher import Publisher
-from shmq.errors import InvalidArgument
+from shmq.errors import InvalidArgument, QueueExists, QueueNotFound
 from shmq.joined import Joined
 from shmq.seektime import Start, When
 from shmq.settle import Settle
@@ -693,3 +694,22 @@ class Broker(ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def ensure_queue(broker: Broker, name: str, limits: dict[str, Any], wait: float = 5.0) -> Queue:
+    """A handle on queue ``name``, made with ``limits`` unless it exists (the kombu transport's
+    and the Dramatiq broker's queues).  Another process making it at the same moment gets
+    ``QueueExists`` while the queue may not be found yet (the broker has it registered, not
+    yet ready): such a queue is looked for again for up to ``wait`` seconds."""
+    try:
+        return broker.create_queue(name, **limits)
+    except QueueExists:
+        pass
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return broker.queue(name)
+        except QueueNotFound:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.002)

@@ -141,9 +141,8 @@ class Attachment:
         pq = self._priority.get(base.ring.queue_id)
         if pq is not None and not pq.deleted:
             return pq
-        n = (base.ring.flags & L.PRIO_MASK) >> L.PRIO_SHIFT
         levels = [base]
-        for k in range(1, n):
+        for k in range(1, base.ring.priorities):
             name = level_name(base.name, k)
             try:
                 q = self.queue(name)
@@ -488,12 +487,18 @@ class ShmBroker(Broker):
     def queue(self, name: str) -> ShmQueue:
         if not isinstance(name, str):
             check_queue_name(name)
-        q = self._att.queue(name)
-        if q.ring.flags & L.PRIO_MASK > 1 << L.PRIO_SHIFT:  # a priority queue's level 0, or another level
-            if q.level:
-                raise QueueNotFound(f"{name!r} is level {q.level} of priority queue {q.base_name!r}: "
-                                    f"put(priority={q.level}) to {q.base_name!r} reaches it")
+        q = self._plain(name)
+        if q.ring.priorities > 1:
             return self._att.priority_queue(q)  # type: ignore[return-value]  # (as create_queue's)
+        return q
+
+    def _plain(self, name: str) -> ShmQueue:
+        """Queue ``name``'s own handle (a priority queue's level 0); a priority queue's
+        hidden level is not found by its name."""
+        q = self._att.queue(name)
+        if q.ring.priorities > 1 and q.level:
+            raise QueueNotFound(f"{name!r} is level {q.level} of priority queue {q.base_name!r}: "
+                                f"put(priority={q.level}) to {q.base_name!r} reaches it")
         return q
 
     def list_queues(self) -> list[QueueInfo]:
@@ -513,11 +518,9 @@ class ShmBroker(Broker):
         level 0 last: one killed halfway leaves the queue, whose next use makes the missing
         levels again, empty)."""
         check_queue_name(name) if not is_dlq_name(name) else None
-        q: Any = self.queue(name)
-        if isinstance(q, PriorityQueue):
-            for lq in q.levels[:0:-1]:
-                with contextlib.suppress(QueueNotFound):
-                    self._att.delete_queue(lq.ring.name)
+        for k in range(self._plain(name).ring.priorities - 1, 0, -1):
+            with contextlib.suppress(QueueNotFound):  # (a level missing already)
+                self._att.delete_queue(level_name(name, k))
         self._att.delete_queue(name)
 
     @property

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from shmq import crashpoints, options
 from shmq.accel import ext
@@ -60,6 +60,20 @@ if TYPE_CHECKING:
     _Handle = QueueHandle  # the state and machinery of ``ShmQueue`` this mixin uses
 else:
     _Handle = object
+
+
+def get_many(q: Any, max_messages: int, block: bool, timeout: float | None, group: str,
+             visibility_timeout: float | None, ack: Iterable[Message]) -> list[Message]:
+    """``Queue.get_many`` on a co-located queue ``q`` (``ShmQueue``, or a priority queue's
+    ``PriorityQueue``): its arguments checked, ``ack`` acknowledged, then ``q._take``."""
+    if block.__class__ is str:
+        raise group_as_block("get_many", block)
+    if max_messages < 1:
+        raise InvalidArgument("max_messages must be >= 1")
+    acks = list(ack)
+    if acks:
+        q.ack_many(acks)
+    return q._take(group, max_messages, block, timeout, visibility_timeout)  # type: ignore[no-any-return]
 
 
 def _deadline(timeout: float | None) -> float | None:
@@ -122,14 +136,7 @@ class Consuming(_Handle):
     def get_many(self, max_messages: int, block: bool = True, timeout: float | None = None, *,
                  group: str = options.DEFAULT_GROUP, visibility_timeout: float | None = None,
                  ack: Iterable[Message] = ()) -> list[Message]:
-        if block.__class__ is str:
-            raise group_as_block("get_many", block)
-        if max_messages < 1:
-            raise InvalidArgument("max_messages must be >= 1")
-        acks = list(ack)
-        if acks:
-            self.ack_many(acks)
-        return self._take(group, max_messages, block, timeout, visibility_timeout)
+        return get_many(self, max_messages, block, timeout, group, visibility_timeout, ack)
 
     def _take(self, group: str, max_n: int, block: bool, timeout: float | None,
               visibility_timeout: float | None, max_bytes: int = 0) -> list[Message]:

@@ -136,7 +136,7 @@ class QueueHandle:
                            r.max_deliveries, r.max_groups, options.DURABILITY_MODES[r.durability],
                            r.message_ttl_ms / 1000, not r.flags & L.F_TTL_DROP,
                            "sync" if r.flags & L.F_REPL_SYNC else "async" if r.flags & L.F_REPL_ASYNC else "",
-                           (r.flags & L.PRIO_MASK) >> L.PRIO_SHIFT)
+                           r.priorities)
 
     @property
     def base_name(self) -> str:

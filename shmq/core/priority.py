@@ -45,6 +45,7 @@ from shmq.api import (
 )
 from shmq.api import Queue as QueueABC
 from shmq.core import layout as L
+from shmq.core.consumer import get_many
 from shmq.core.durability import Mark
 from shmq.core.queue import ShmQueue
 from shmq.errors import Empty, InvalidArgument, QueueExists, StaleAck
@@ -145,14 +146,7 @@ class PriorityQueue(QueueABC):
     def get_many(self, max_messages: int, block: bool = True, timeout: float | None = None, *,
                  group: str = options.DEFAULT_GROUP, visibility_timeout: float | None = None,
                  ack: Iterable[Message] = ()) -> list[Message]:
-        if block.__class__ is str:
-            raise group_as_block("get_many", block)
-        if max_messages < 1:
-            raise InvalidArgument("max_messages must be >= 1")
-        acks = list(ack)
-        if acks:
-            self.ack_many(acks)
-        return self._take(group, max_messages, block, timeout, visibility_timeout)
+        return get_many(self, max_messages, block, timeout, group, visibility_timeout, ack)
 
     def _look(self, group: str, max_n: int, vis: float | None) -> list[Message]:
         """One look, from the highest level down: up to ``max_n`` messages ready for

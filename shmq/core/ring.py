@@ -90,6 +90,8 @@ class Ring:
         self.max_clients = w[L.Q_MAX_CLIENTS]
         self.durability = w[L.Q_DURABILITY]
         self.flags = w[L.Q_FLAGS]
+        # the priority levels of the queue it holds (or holds a level of); 0 or 1: none
+        self.priorities = (self.flags & L.PRIO_MASK) >> L.PRIO_SHIFT
         self.message_ttl_ms = w[L.Q_MESSAGE_TTL_MS]
         self.slot_words = w[L.Q_SLOT_WORDS]
         self.slots_w = w[L.Q_SLOTS_OFF] // L.WORD

@@ -17,6 +17,7 @@ from dramatiq.errors import ConnectionClosed
 
 import shmq
 from shmq import options
+from shmq.api import ensure_queue
 
 
 class Link:
@@ -64,10 +65,7 @@ class Link:
         if q is not None and self._pid == os.getpid():
             return q
         b = self.broker()
-        try:
-            q = b.create_queue(name, **(self._limits if limits is None else limits))
-        except shmq.QueueExists:
-            q = b.queue(name)
+        q = ensure_queue(b, name, self._limits if limits is None else limits)
         if b is self._broker:
             self._queues[name] = q
         return q

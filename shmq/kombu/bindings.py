@@ -33,6 +33,7 @@ from typing import Any
 
 import shmq
 from shmq import options
+from shmq.api import ensure_queue
 from shmq.kombu.naming import RESERVED
 
 QUEUE = f"{RESERVED}.bindings"
@@ -41,25 +42,6 @@ COMPACT_SLACK = 512
 _PAGE = 1000
 
 Key = tuple[str, str, str]  # (exchange, routing key, queue)
-
-
-def ensure_queue(broker: shmq.Broker, name: str, limits: dict[str, Any], wait: float = 5.0) -> shmq.Queue:
-    """A handle on queue ``name``, made with ``limits`` unless it exists.  Another process
-    making it at the same moment gets ``QueueExists`` while the queue may not be found yet
-    (the broker has it registered, not yet ready): such a queue is looked for again for up
-    to ``wait`` seconds."""
-    try:
-        return broker.create_queue(name, **limits)
-    except shmq.QueueExists:
-        pass
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            return broker.queue(name)
-        except shmq.QueueNotFound:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.002)
 
 
 def _record(op: str, exchange: str, type_: str, routing_key: str, queue: str) -> bytes:

@@ -49,8 +49,9 @@ from kombu.transport.base import to_rabbitmq_queue_arguments
 
 import shmq
 from shmq import options
+from shmq.api import ensure_queue
 from shmq.kombu import address, codec
-from shmq.kombu.bindings import Bindings, ensure_queue
+from shmq.kombu.bindings import Bindings
 from shmq.kombu.naming import is_dead_letter_queue, queue_name
 from shmq.version import __version__
 
@@ -302,11 +303,11 @@ class Channel(virtual.Channel):
 
     def queue_delete(self, queue: str, if_unused: bool = False, if_empty: bool = False, **kwargs: Any) -> int:
         """Delete ``queue`` with its messages and its bindings (every process's)."""
-        if if_empty and self._size(queue):
-            return 0
         if if_unused and self.transport.consumes(queue):
             return 0
         size = self._size(queue)
+        if if_empty and size:
+            return 0
         self.transport.bindings.unbind_queue(queue)
         self.transport.delete(queue_name(queue))
         self._declared.pop(queue, None)
@@ -550,11 +551,11 @@ class Transport(virtual.Transport):
 
     def _levels_of(self, name: str, h: shmq.Queue) -> int:
         """The priority levels of queue ``name`` (0: none): a co-located handle knows them (its
-        config), a TCP one asks the broker's list once."""
+        config), a TCP one asks for that queue's stats once."""
         config = getattr(h, "config", None)
         if config is not None:
             return int(config.priorities)
-        return next((i.config.priorities for i in self._broker().list_queues() if i.name == name), 0)
+        return int(h.stats()["config"].get("priorities", 0))
 
     def create(self, name: str, limits: dict[str, Any]) -> None:
         if name not in self._handles:

@@ -150,22 +150,18 @@ class _Chunks:
         if any(x.ps is not None for x in self.pieces):
             prios = np.concatenate([x.ps if x.ps is not None else np.zeros(x.b - x.a, np.int64)
                                     for x in self.pieces])
-        if prios is not None and prios.any():
-            payloads, metas = self._rows()
-            for pr in sorted(set(prios.tolist()), reverse=True):
-                rows = np.flatnonzero(prios == pr).tolist()
+        if (prios is not None and prios.any()) or any(x.hs is not None for x in self.pieces):
+            payloads, metas = self._rows()  # headers or priorities: one bytes object per row
+            for pr in sorted(set(prios.tolist()), reverse=True) if prios is not None else [0]:
+                rows = np.flatnonzero(prios == pr).tolist() if prios is not None else range(self.rows)
                 hs = [metas[r] for r in rows]
-                self._put(lambda rows=rows, hs=hs, pr=pr: self.q.put_many(
-                    [payloads[r] for r in rows], timeout=self.timeout, producer=self.producer, seq=seq,
-                    headers=hs if any(h is not None for h in hs) else None, priority=int(pr)), len(rows))
-        elif any(x.hs is not None for x in self.pieces):  # headers: one bytes object per row
-            payloads, metas = self._rows()
-            self._put(lambda: self.q.put_many(payloads, timeout=self.timeout, producer=self.producer, seq=seq,
-                                              headers=metas), self.rows)
+                self._put(len(rows), self.q.put_many, [payloads[r] for r in rows], timeout=self.timeout,
+                          producer=self.producer, seq=seq,
+                          headers=hs if any(h is not None for h in hs) else None, priority=int(pr))
         else:
             lens = np.concatenate([x.p.lens(x.a, x.b) for x in self.pieces])
             data = np.concatenate([x.p.bytes_of(x.a, x.b) for x in self.pieces])
-            self._put(lambda: put_records(self.q, lens, data, self.producer, seq, self.timeout), self.rows)
+            self._put(self.rows, put_records, self.q, lens, data, self.producer, seq, self.timeout)
         self.number += 1
         self.pieces = []
         self.rows = self.size = 0
@@ -180,10 +176,11 @@ class _Chunks:
             metas += x.hs if x.hs is not None else [None] * (x.b - x.a)
         return payloads, metas
 
-    def _put(self, put: Any, n: int) -> None:
-        """One idempotent put of ``n`` rows: written, or skipped when an earlier attempt wrote it."""
+    def _put(self, n: int, put: Any, *args: Any, **kwargs: Any) -> None:
+        """One idempotent put of ``n`` rows, ``put(*args, **kwargs)``: written, or skipped when
+        an earlier attempt wrote it."""
         try:
-            put()
+            put(*args, **kwargs)
             self.written += n
         except Duplicate:
             self.skipped += n
