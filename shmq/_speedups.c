@@ -629,6 +629,12 @@ static PyMethodDef methods[] = {
      "wire_records(out, cls, prefix, body, max_records) -> int | None: a records field's messages."},
     {"settle_range", (PyCFunction)(void (*)(void))sp_settle_range, METH_FASTCALL,
      "settle_range(mm, sl, cap, sw, lw, start, end) -> int: a commit's DONE words (DEADING ones left)."},
+    {"take_one", (PyCFunction)(void (*)(void))sp_take_one, METH_FASTCALL,
+     "take_one(geom, ref, owner, vis_ms, group, lock, ggen, now) -> Message | None | False | int: trylock, deliver_one, unlock."},
+    {"ack_lock", (PyCFunction)(void (*)(void))sp_ack_lock, METH_FASTCALL,
+     "ack_lock(geom, ref, offset, dc, lone_gen, lock) -> int: trylock, ack_one, unlock (-errno: not taken)."},
+    {"spin_wait", (PyCFunction)(void (*)(void))sp_spin_wait, METH_FASTCALL,
+     "spin_wait(geom, gi, window_ns) -> bool: a message past group gi's cursor within the window."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define S_OFFSET 0
@@ -58,4 +59,7 @@ PyObject *sp_put_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 PyObject *sp_settle_range(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 PyObject *sp_ack_run(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 PyObject *sp_wire_records(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+PyObject *sp_take_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+PyObject *sp_ack_lock(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
+PyObject *sp_spin_wait(PyObject *mod, PyObject *const *args, Py_ssize_t nargs);
 #endif

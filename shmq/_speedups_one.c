@@ -8,6 +8,7 @@
  * crash tests prove).  Each returns a sentinel where its twin must decide instead, and
  * writes nothing then. */
 #include "_speedups.h"
+#include <pthread.h>
 
 #define Q_NEXT_OFFSET 24
 #define Q_TAIL_BYTES 25
@@ -32,6 +33,15 @@
 #define DC_SHIFT 3
 #define OWNER_SHIFT 11
 #define TIME_SHIFT 24
+
+/* CLOCK_MONOTONIC in ns (the clock of time.monotonic_ns, so of handle.monotonic_ms) */
+static inline uint64_t
+mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 /* A queue's geometry, as its callers bind it once (core.delivery.Delivery.one_geom,
  * ring.Ring._put_geom): (mm, groups_w, slots_w, capacity, slot_words, tail_word, data_off,
@@ -102,58 +112,29 @@ geom_close(Geom *g)
  * can fail after the first store). */
 
 
-PyObject *
-sp_deliver_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+/* The body of deliver_one, ``G`` open: the message leased, None, False, or NULL with an
+ * exception set (an allocation failed: nothing stored). */
+static PyObject *
+deliver_locked(Geom *G, PyObject *cls, PyObject *q, Py_ssize_t gi, uint64_t word, uint64_t now,
+               PyObject *ref, PyObject *group)
 {
-    if (nargs != 6) {
-        PyErr_SetString(PyExc_TypeError, "deliver_one(geom, gi, word, now, ref, group)");
-        return NULL;
-    }
-    PyObject *cls = NULL, *q = NULL;
-    if (PyTuple_CheckExact(args[0]) && PyTuple_GET_SIZE(args[0]) == 10) {
-        cls = PyTuple_GET_ITEM(args[0], 8), q = PyTuple_GET_ITEM(args[0], 9);
-        if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
-            PyErr_SetString(PyExc_TypeError, "deliver_one: cls must be a tuple type");
-            return NULL;
-        }
-    }
-    Py_ssize_t gi = PyLong_AsSsize_t(args[1]);
-    unsigned long long word = PyLong_AsUnsignedLongLong(args[2]);
-    unsigned long long now = PyLong_AsUnsignedLongLong(args[3]);
-    if (PyErr_Occurred())
-        return NULL;
-    Geom G;
-    if (geom_open(args[0], 10, "deliver_one", &G) < 0)
-        return NULL;
     sp_calls[CALL_DELIVER_ONE]++;
-    if (gi < 0 || gi >= G.sw - S_GROUPS) {
-        geom_close(&G);
-        PyErr_SetString(PyExc_ValueError, "deliver_one: bad geometry (no such group)");
-        return NULL;
-    }
-    volatile uint64_t *w = G.w;
-    Py_ssize_t sl = G.sl, sw = G.sw, tw = G.tw, data = G.data;
-    unsigned long long cap = G.cap, size = G.size;
-    PyObject *res = NULL;
-    Py_ssize_t g = G.gw + gi * G_WORDS;
+    volatile uint64_t *w = G->w;
+    Py_ssize_t sl = G->sl, sw = G->sw, tw = G->tw, data = G->data;
+    unsigned long long cap = G->cap, size = G->size;
+    Py_ssize_t g = G->gw + gi * G_WORDS;
     uint64_t ne = w[g + G_NEXT_EXPIRY], cur = w[g + G_CURSOR];
-    if ((ne && now >= ne) || w[g + G_REDELIVER] || cur >= w[tw]) {
-        res = Py_NewRef(Py_None);
-        goto done;
-    }
+    if ((ne && now >= ne) || w[g + G_REDELIVER] || cur >= w[tw])
+        return Py_NewRef(Py_None);
     Py_ssize_t base = sl + (Py_ssize_t)(cur % cap) * sw;
-    if (w[base + S_GROUPS + gi]) {  /* DONE: settled without a delivery */
-        res = Py_NewRef(Py_None);
-        goto done;
-    }
-    if (w[base + S_EXPIRES]) {  /* a TTL of its own: the twin reads the wall clock */
-        res = Py_NewRef(Py_False);
-        goto done;
-    }
+    if (w[base + S_GROUPS + gi])  /* DONE: settled without a delivery */
+        return Py_NewRef(Py_None);
+    if (w[base + S_EXPIRES])  /* a TTL of its own: the twin reads the wall clock */
+        return Py_NewRef(Py_False);
     uint64_t pos = w[base + S_BYTEPOS], lens = w[base + S_LENS], ts = w[base + S_TIMESTAMP];
     uint64_t start = (uint64_t)data + pos % size, mlen = lens >> 32, plen = lens & 0xFFFFFFFFull;
-    const char *buf = (const char *)G.view.buf;
-    Py_ssize_t len = G.view.len;
+    const char *buf = (const char *)G->view.buf;
+    Py_ssize_t len = G->view.len;
     if ((uint64_t)len < start || start + mlen + plen > (uint64_t)PY_SSIZE_T_MAX)
         start = (uint64_t)len, mlen = plen = 0;  /* out of the mapping: clamped to nothing */
     PyObject *payload = sp_slice_bytes(buf, len, (Py_ssize_t)(start + mlen), (Py_ssize_t)(start + mlen + plen));
@@ -170,11 +151,11 @@ sp_deliver_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
         Py_XDECREF(stamp);
         Py_XDECREF(one);
         Py_XDECREF(t);
-        goto done;
+        return NULL;
     }
     PyTuple_SET_ITEM(t, 0, Py_NewRef(q));
-    PyTuple_SET_ITEM(t, 1, Py_NewRef(args[4]));
-    PyTuple_SET_ITEM(t, 2, Py_NewRef(args[5]));
+    PyTuple_SET_ITEM(t, 1, Py_NewRef(ref));
+    PyTuple_SET_ITEM(t, 2, Py_NewRef(group));
     PyTuple_SET_ITEM(t, 3, off);
     PyTuple_SET_ITEM(t, 4, one);
     PyTuple_SET_ITEM(t, 5, payload);
@@ -188,8 +169,114 @@ sp_deliver_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     uint64_t deadline = word >> TIME_SHIFT;
     if (!ne || deadline < ne)
         w[g + G_NEXT_EXPIRY] = deadline;
-    res = t;
-done:
+    return t;
+}
+
+/* geom's message class and queue handle (a 10-tuple's last two), or -1 with TypeError */
+static int
+geom_cls(PyObject *geom, const char *fn, PyObject **cls, PyObject **q)
+{
+    if (PyTuple_CheckExact(geom) && PyTuple_GET_SIZE(geom) == 10) {
+        *cls = PyTuple_GET_ITEM(geom, 8), *q = PyTuple_GET_ITEM(geom, 9);
+        if (PyType_Check(*cls) && PyType_IsSubtype((PyTypeObject *)*cls, &PyTuple_Type))
+            return 0;
+    }
+    PyErr_Format(PyExc_TypeError, "%s: geom must be a 10-tuple ending with a tuple type and a queue", fn);
+    return -1;
+}
+
+PyObject *
+sp_deliver_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "deliver_one(geom, gi, word, now, ref, group)");
+        return NULL;
+    }
+    PyObject *cls, *q;
+    if (geom_cls(args[0], "deliver_one", &cls, &q) < 0)
+        return NULL;
+    Py_ssize_t gi = PyLong_AsSsize_t(args[1]);
+    unsigned long long word = PyLong_AsUnsignedLongLong(args[2]);
+    unsigned long long now = PyLong_AsUnsignedLongLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    Geom G;
+    if (geom_open(args[0], 10, "deliver_one", &G) < 0)
+        return NULL;
+    PyObject *res;
+    if (gi < 0 || gi >= G.sw - S_GROUPS) {
+        PyErr_SetString(PyExc_ValueError, "deliver_one: bad geometry (no such group)");
+        res = NULL;
+    } else {
+        res = deliver_locked(&G, cls, q, gi, word, now, args[4], args[5]);
+    }
+    geom_close(&G);
+    return res;
+}
+
+/* take_one(geom, ref, owner, vis_ms, group, lock, ggen, now) -> Message | None | False | int
+ * The hot path of Consuming._take_one whole, in one call: the consumer lock at address
+ * ``lock`` taken with pthread_mutex_trylock, the group table's generation checked against
+ * ``ggen`` (the handle's), the lease word made (one delivery, ``owner``, a deadline
+ * ``vis_ms`` after ``now``: ms of CLOCK_MONOTONIC, read here when ``now`` is -1, as
+ * handle.monotonic_ms reads it), deliver_one's body, the lock let go of.  The lock not
+ * taken at once (busy, or its holder died): trylock's error number, an int, and nothing
+ * done (the caller takes the twin's path, which waits or recovers it).  None: the queue
+ * is not active, the groups changed, or nothing new to deliver (deliver_one's None);
+ * False: deliver_one's False. */
+#define Q_STATE 4
+#define QS_ACTIVE 1
+#define GI_MASK ((1 << GI_BITS) - 1)
+
+PyObject *
+sp_take_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8) {
+        PyErr_SetString(PyExc_TypeError, "take_one(geom, ref, owner, vis_ms, group, lock, ggen, now)");
+        return NULL;
+    }
+    PyObject *cls, *q;
+    if (geom_cls(args[0], "take_one", &cls, &q) < 0)
+        return NULL;
+    unsigned long long ref = PyLong_AsUnsignedLongLong(args[1]);
+    unsigned long long owner = PyLong_AsUnsignedLongLong(args[2]);
+    unsigned long long vis = PyLong_AsUnsignedLongLong(args[3]);
+    pthread_mutex_t *lock = (pthread_mutex_t *)PyLong_AsVoidPtr(args[5]);
+    uint64_t ggen = (uint64_t)PyLong_AsUnsignedLongLongMask(args[6]);  /* (-1 or any word: compared) */
+    long long now = PyLong_AsLongLong(args[7]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (lock == NULL || owner >= (1ull << (TIME_SHIFT - OWNER_SHIFT))) {
+        PyErr_SetString(PyExc_ValueError, "take_one: null lock or owner out of range");
+        return NULL;
+    }
+    Geom G;
+    if (geom_open(args[0], 10, "take_one", &G) < 0)
+        return NULL;
+    Py_ssize_t gi = (Py_ssize_t)(ref & GI_MASK);
+    PyObject *res;
+    if (gi >= G.sw - S_GROUPS) {
+        PyErr_SetString(PyExc_ValueError, "take_one: bad geometry (no such group)");
+        res = NULL;
+    } else if (G.w[Q_STATE] != QS_ACTIVE) {
+        res = Py_NewRef(Py_None);
+    } else {
+        if (now < 0)
+            now = (long long)(mono_ns() / 1000000u);
+        int rc = pthread_mutex_trylock(lock);
+        if (rc) {
+            res = PyLong_FromLong(rc);
+        } else {
+            if (G.w[Q_GROUP_GEN] != ggen) {  /* a group was created or deleted */
+                res = Py_NewRef(Py_None);
+            } else {
+                uint64_t word = LEASED | (1ull << DC_SHIFT) | (owner << OWNER_SHIFT)
+                                | (((uint64_t)now + vis) << TIME_SHIFT);
+                res = deliver_locked(&G, cls, q, gi, word, (uint64_t)now, args[1], args[4]);
+            }
+            pthread_mutex_unlock(lock);
+        }
+    }
     geom_close(&G);
     return res;
 }
@@ -232,6 +319,32 @@ floor_after_ack(const Geom *G, Py_ssize_t g, Py_ssize_t lw, uint64_t done_to, lo
  * floor, the free offset. */
 
 
+/* The body of ack_one, ``G`` open: its result, or -1 with ValueError set. */
+static long
+ack_locked(Geom *G, unsigned long long ref, unsigned long long offset, unsigned long long dc,
+           long long lone_gen)
+{
+    sp_calls[CALL_ACK_ONE]++;
+    Py_ssize_t gi = (Py_ssize_t)(ref & ((1u << GI_BITS) - 1));
+    if (gi >= G->sw - S_GROUPS || dc >= (1ull << (OWNER_SHIFT - DC_SHIFT))) {
+        PyErr_SetString(PyExc_ValueError, "ack_one: bad geometry or delivery count");
+        return -1;
+    }
+    volatile uint64_t *w = G->w;
+    Py_ssize_t g = G->gw + gi * G_WORDS, lw = S_GROUPS + gi;
+    if (w[g + G_SERIAL] != ref >> GI_BITS)  /* the group is gone */
+        return 1;
+    Py_ssize_t base = G->sl + (Py_ssize_t)(offset % G->cap) * G->sw;
+    uint64_t word = w[base + lw];
+    if ((word & ((1ull << OWNER_SHIFT) - 1)) != (LEASED | (dc << DC_SHIFT)) || w[base] != offset
+            || offset >= w[Q_NEXT_OFFSET] || offset < w[g + G_FLOOR])
+        return 1;
+    w[base + lw] = DONE | (dc << DC_SHIFT);
+    crash_point("ack.done");
+    w[g + G_ACKED] = w[g + G_ACKED] + 1;
+    return floor_after_ack(G, g, lw, 0, lone_gen);
+}
+
 PyObject *
 sp_ack_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -248,36 +361,46 @@ sp_ack_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     Geom G;
     if (geom_open(args[0], 10, "ack_one", &G) < 0)
         return NULL;
-    sp_calls[CALL_ACK_ONE]++;
-    Py_ssize_t gi = (Py_ssize_t)(ref & ((1u << GI_BITS) - 1));
-    if (gi >= G.sw - S_GROUPS || dc >= (1ull << (OWNER_SHIFT - DC_SHIFT))) {
-        geom_close(&G);
-        PyErr_SetString(PyExc_ValueError, "ack_one: bad geometry or delivery count");
+    long rc = ack_locked(&G, ref, offset, dc, lone_gen);
+    geom_close(&G);
+    return rc < 0 ? NULL : PyLong_FromLong(rc);
+}
+
+/* ack_lock(geom, ref, offset, dc, lone_gen, lock) -> int
+ * ack_one in one call with its lock: the consumer lock at address ``lock`` taken with
+ * pthread_mutex_trylock, ack_one's body, the lock let go of; ack_one's result.  The lock
+ * not taken at once (busy, or its holder died): minus trylock's error number, and nothing
+ * done (the caller takes the path that waits or recovers it). */
+PyObject *
+sp_ack_lock(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "ack_lock(geom, ref, offset, dc, lone_gen, lock)");
         return NULL;
     }
-    volatile uint64_t *w = G.w;
-    Py_ssize_t sl = G.sl, sw = G.sw;
-    unsigned long long cap = G.cap;
-    long rc;
-    Py_ssize_t g = G.gw + gi * G_WORDS, lw = S_GROUPS + gi;
-    if (w[g + G_SERIAL] != ref >> GI_BITS) {  /* the group is gone */
-        rc = 1;
-        goto done;
+    unsigned long long ref = PyLong_AsUnsignedLongLong(args[1]);
+    unsigned long long offset = PyLong_AsUnsignedLongLong(args[2]);
+    unsigned long long dc = PyLong_AsUnsignedLongLong(args[3]);
+    long long lone_gen = PyLong_AsLongLong(args[4]);
+    pthread_mutex_t *lock = (pthread_mutex_t *)PyLong_AsVoidPtr(args[5]);
+    if (PyErr_Occurred())
+        return NULL;
+    if (lock == NULL) {
+        PyErr_SetString(PyExc_ValueError, "ack_lock: null lock");
+        return NULL;
     }
-    Py_ssize_t base = sl + (Py_ssize_t)(offset % cap) * sw;
-    uint64_t word = w[base + lw];
-    if ((word & ((1ull << OWNER_SHIFT) - 1)) != (LEASED | (dc << DC_SHIFT)) || w[base] != offset
-            || offset >= w[Q_NEXT_OFFSET] || offset < w[g + G_FLOOR]) {
-        rc = 1;
-        goto done;
+    Geom G;
+    if (geom_open(args[0], 10, "ack_lock", &G) < 0)
+        return NULL;
+    long rc = pthread_mutex_trylock(lock);
+    if (rc) {
+        rc = -rc;
+    } else {
+        rc = ack_locked(&G, ref, offset, dc, lone_gen);
+        pthread_mutex_unlock(lock);
     }
-    w[base + lw] = DONE | (dc << DC_SHIFT);
-    crash_point("ack.done");
-    w[g + G_ACKED] = w[g + G_ACKED] + 1;
-    rc = floor_after_ack(&G, g, lw, 0, lone_gen);
-done:
     geom_close(&G);
-    return PyLong_FromLong(rc);
+    return rc == -1 && PyErr_Occurred() ? NULL : PyLong_FromLong(rc);
 }
 
 /* put_one(geom, payload, meta, ts) -> int
@@ -510,4 +633,72 @@ sp_ack_run(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 done:
     geom_close(&G);
     return PyLong_FromLong(rc);
+}
+
+/* ------------------------------------------------------------------ a consumer's spin
+ * spin_wait(geom, gi, window_ns, now) -> bool
+ * The compiled twin of core.consumer.Consuming._spin_wait: True at once when group ``gi``
+ * has a lease expiry due at ``now`` (ms); else re-read the queue's tail word and the
+ * group's cursor and redelivery count until a message is published past the cursor or
+ * one is given back (True), or ``window_ns`` of CLOCK_MONOTONIC have passed (False).  It
+ * only reads; the GIL is let go of meanwhile (another thread of this process may be the
+ * producer).  The mapping's buffer is held for the spin, and a handle's mapping is vacated,
+ * never unmapped, while the handle lives (core.segment.Mapping.vacate): a queue deleted
+ * meanwhile reads zeros, and the spin ends with its window. */
+
+static inline void
+cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static int
+spin_until(volatile uint64_t *tail, volatile uint64_t *g, uint64_t window)
+{
+    uint64_t end = mono_ns() + window;
+    for (;;) {
+        for (int i = 0; i < 8; i++) {
+            if (*tail > g[G_CURSOR] || g[G_REDELIVER])
+                return 1;
+            cpu_relax();
+        }
+        if (mono_ns() >= end)
+            return *tail > g[G_CURSOR] || g[G_REDELIVER];
+    }
+}
+
+PyObject *
+sp_spin_wait(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "spin_wait(geom, gi, window_ns, now)");
+        return NULL;
+    }
+    Py_ssize_t gi = PyLong_AsSsize_t(args[1]);
+    long long window = PyLong_AsLongLong(args[2]);
+    unsigned long long now = PyLong_AsUnsignedLongLong(args[3]);
+    if (PyErr_Occurred())
+        return NULL;
+    Geom g;
+    if (geom_open(args[0], 10, "spin_wait", &g) < 0)
+        return NULL;
+    if (gi < 0 || gi >= g.sw - S_GROUPS || window < 0) {
+        geom_close(&g);
+        PyErr_SetString(PyExc_ValueError, "spin_wait: group index or window out of range");
+        return NULL;
+    }
+    volatile uint64_t *grp = g.w + g.gw + gi * G_WORDS;
+    uint64_t ne = grp[G_NEXT_EXPIRY];
+    int found = 1;
+    if (!(ne && now >= ne)) {
+        Py_BEGIN_ALLOW_THREADS
+        found = spin_until(g.w + g.tw, grp, (uint64_t)window);
+        Py_END_ALLOW_THREADS
+    }
+    geom_close(&g);
+    return PyBool_FromLong(found);
 }

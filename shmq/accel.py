@@ -10,7 +10,11 @@ holds: ``put_one``, ``deliver_one`` and ``ack_one`` (the one-message put, get an
 ``ack_run`` (``ack_many``'s usual batch) and ``settle_range`` (a commit's range), making
 the same stores as their twins, in the same order, the commit last (``shmq.core.layout``), and
 passing the same crash points between them (``shmq.crashpoints``); ``ext.calls()`` counts
-their calls in this process.
+their calls in this process.  Two more run ``deliver_one``'s and ``ack_one``'s bodies
+with the consumer lock taken and let go of in the same call (``take_one``, ``ack_lock``:
+a get and an ack in one call each); a lock not taken at once is left to the twin's path,
+which waits for it or recovers it from a dead holder.  ``spin_wait`` only reads: a
+blocked get's spin before it sleeps.
 """
 
 from __future__ import annotations

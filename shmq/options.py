@@ -68,8 +68,9 @@ REPLICATION_RETRY = 0.5  # s a standby waits before it connects to its primary a
 REPLICATION_STATE_FILE = "replication.json"  # in the data dir: the node's epoch and role (fsynced)
 
 # --- timing -------------------------------------------------------------------
-SPIN_CHECKS = 200  # header re-reads before a consumer sleeps (about 5.6 us on the 2-core test VM)
-REPLY_SPIN_CHECKS = 2000  # ... and before a co-located requester sleeps waiting for its reply
+LOCAL_SPIN_US = 50.0  # us a blocked co-located get re-reads the queue's header before it sleeps...
+REPLY_SPIN_US = 100.0  # ... and a co-located requester, waiting for its reply
+SPIN_CHECKS = 200  # header re-reads before a waiter for the journal sleeps (about 5.6 us on the test VM)
 WAIT_SLICE = 0.05  # longest single sleep of a blocked put/get before it re-checks the header
 REPLY_PREFIX = "reply."  # a reply queue's name: this and 24 hex digits (shmq.names.is_reply_name)
 REPLY_CAPACITY = 1024  # messages a reply queue holds (a reply to a full one is dropped, counted)

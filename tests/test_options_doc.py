@@ -93,6 +93,8 @@ DOCUMENTED = [
     ("a blocking client's polling for an answer", f"| {options.CLIENT_SPIN_US:g} µs;"),
     ("a blocking client's polling for an answer", f"at most {options.MAX_SPIN_US:,.0f} µs;"),
     ("waits that sleep at once after a poll", f"| {options.SPIN_BACKOFF} |"),
+    ("a co-located get's spin before it sleeps", f"| {options.LOCAL_SPIN_US:g} µs |"),
+    ("a co-located requester's spin for its reply", f"| {options.REPLY_SPIN_US:g} µs |"),
     ("progress bar delay", _seconds(options.PROGRESS_DELAY)),
     ("progress line interval", _seconds(options.PROGRESS_INTERVAL)),
     ("refused tokens from one peer address", f"{options.AUTH_FAILURES_MAX} in "

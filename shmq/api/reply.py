@@ -173,7 +173,7 @@ class Requester:
                                       max_bytes=options.REPLY_MAX_BYTES, durability="memory",
                                       visibility_timeout=options.MAX_VISIBILITY_TIMEOUT)
         if hasattr(self._q, "_spin"):  # co-located: a reply comes within tens of µs; a sleep costs ~100
-            self._q._spin = options.REPLY_SPIN_CHECKS
+            self._q._spin = int(options.REPLY_SPIN_US * 1000)
         self._prefix = self.name[len(options.REPLY_PREFIX):][:12].encode()
         self._head = request_head(self.name)
         self._ids = itertools.count(1)

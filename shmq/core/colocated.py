@@ -93,10 +93,14 @@ class Attachment:
         return slot
 
     def after_fork(self) -> None:
-        """In a forked child: the parent's client slot and handle count are not ours."""
+        """In a forked child: the parent's client slot and handle count are not ours, and
+        the page tables of the queues it inherited are to be filled in again (a fork
+        copies none of a shared mapping's: ``Mapping.populate``)."""
         self._slot = None
         self.refs = 0
         self._lock = threading.RLock()
+        for q in list(self._queues.values()):
+            q.ring.mapping.populate()
 
     # ------------------------------------------------------------ queues
     def queue(self, name: str) -> ShmQueue:

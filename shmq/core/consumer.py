@@ -3,7 +3,7 @@
 ``Consuming`` is a mixin of ``shmq.core.queue.ShmQueue``, declared there with its base
 ``shmq.core.handle.QueueHandle``, whose state and machinery it uses (it is typed against
 that class).  ``_take_one`` is the hot path of one message (a known group, nothing
-changed, one lock hold); ``_take`` the general one, which waits while there is nothing to
+changed, one lock hold; compiled whole, ``take_one``, lock and all); ``_take`` the general one, which waits while there is nothing to
 deliver: a look in one hold of the consumer lock (``_lease``), a short spin
 (``_spin_wait``), a look that announces the consumer, a sleep (``_sleep_for_messages``).
 Settling a lease is one store of its lease word under the consumer lock
@@ -53,6 +53,9 @@ _monotonic_ns = time.monotonic_ns
 _deliver_c = None if ext is None else ext.deliver_one
 _ack_c = None if ext is None else ext.ack_one  # the same, of Groups.ack (memory-only queues)
 _ack_run_c = None if ext is None else ext.ack_run  # ... and of ack_many's usual batch
+_spin_c = None if ext is None else ext.spin_wait  # ... and of Consuming._spin_wait
+_ack_lock_c = None if ext is None else ext.ack_lock  # ack_one with its lock, in one call
+_take_c = None if ext is None else ext.take_one  # _take_one whole: its lock, deliver_one, unlock
 _RECOMPUTE = 4  # _ack_c: the floor moved; the free offset is recomputed here
 FIRST_LEASE = LEASED | (1 << DC_SHIFT)  # a first delivery's lease word, before its owner and deadline
 
@@ -97,9 +100,28 @@ class Consuming(_Handle):
         if ack is not None:
             ack.ack()
         if visibility_timeout is None:
+            take = _take_c
+            if take is not None and self._one is not None:  # the hot path in one compiled call
+                ref, owner = self._gcache.get(group), self._att._slot
+                if ref is not None and owner is not None:
+                    m = take(self._one, ref, owner, self._vis, group, self._clock_addr, self._ggen,
+                             -1 if self._real_clock else self._now())
+                    if m.__class__ is Message:
+                        return m  # type: ignore[no-any-return]
+                    if m.__class__ is int:  # the lock not taken at once: waited for (or recovered), let go
+                        self.ring.clock.acquire_slow(m)
+                        unlock(self._clock_addr)
+                    # nothing new, the lock was busy, the groups changed, a TTL: the twin's look decides
             one = self._take_one(group)
-            if one is not None and one[0] is not None:
-                return one[0]
+            if one is not None:
+                if one[0] is not None:
+                    return one[0]
+                # nothing new yet: spin here, and take what comes on the hot path again
+                if block and self._spin_wait(one[1], one[2]):
+                    one = self._take_one(group)
+                    if one is not None and one[0] is not None:
+                        return one[0]
+                return self._take(group, 1, block, timeout, None, spun=True)[0]
         return self._take(group, 1, block, timeout, visibility_timeout)[0]
 
     def _take_one(self, group: str) -> tuple[Message | None, int, int] | None:
@@ -139,12 +161,13 @@ class Consuming(_Handle):
         return get_many(self, max_messages, block, timeout, group, visibility_timeout, ack)
 
     def _take(self, group: str, max_n: int, block: bool, timeout: float | None,
-              visibility_timeout: float | None, max_bytes: int = 0) -> list[Message]:
+              visibility_timeout: float | None, max_bytes: int = 0, spun: bool = False) -> list[Message]:
         """The general path of ``get`` and ``get_many``: up to ``max_n`` messages of
         ``group`` leased (``max_bytes``: the byte budget, ``Groups.deliver``), waiting while
         there is none to deliver as ``block`` and ``timeout`` say.  After an empty look, a
-        spin (a producer is likely mid-put), then a look that announces this consumer
-        (Q_CONSUMER_WAITERS, so that a put wakes it), then a sleep, and again."""
+        spin (``_spin_wait``), then a look that announces this consumer (Q_CONSUMER_WAITERS,
+        so that a put wakes it), then a sleep, and again (``spun``: the caller spun
+        already, so the first look announces)."""
         if self.words[Q_STATE] != QS_ACTIVE:
             self._alive()
         ref = self._group_ref(group)
@@ -160,7 +183,7 @@ class Consuming(_Handle):
         addr = self._clock_addr
         got: list[Message] = []
         dead: list[DeadItem] = []
-        announce = counted = False  # counted: this call is one of Q_CONSUMER_WAITERS
+        announce, counted = spun, False  # counted: this call is one of Q_CONSUMER_WAITERS
         while True:
             # one look, in one hold of the consumer lock (inline: it runs on every pass, and a
             # call per look cost a co-located ping-pong 4%, bench/ab.py): lease what the group
@@ -193,22 +216,37 @@ class Consuming(_Handle):
             if not block:
                 raise Empty(f"queue {self.name!r} has no message for group {group!r}")
             if not announce:  # a spin, then a look that announces this consumer
-                self._spin_wait(ref)
+                self._spin_wait(ref & GI_MASK, now)
                 announce = True
                 continue
             announce = False  # after the sleep, look again before announcing again
             self._sleep_for_messages(group, ref, now, deadline, timeout)
 
-    def _spin_wait(self, ref: int) -> None:
-        """Re-read the header at most ``_spin`` times (``options.SPIN_CHECKS``), until the
-        group ``ref`` names has a message past its cursor: a look after a put in progress
-        costs less than a sleep and a wake-up."""
+    def _spin_wait(self, gi: int, now: int) -> bool:
+        """Whether to look again now: at once when group ``gi`` has a lease expiry due at
+        ``now`` (ms); else after re-reading the header for at most ``_spin`` ns
+        (``options.LOCAL_SPIN_US``) until the group has a message past its cursor or one
+        given back (True), or the window passed (False).  A look after a put in progress
+        costs less than a sleep and a wake-up, and a spin no longer than what those cost
+        wastes at most as much CPU as sleeping would (spin, then sleep).  Compiled
+        (``shmq.accel``; it lets go of the GIL while it spins) where the handle has the
+        compiled geometry."""
+        s = _spin_c
+        if s is not None and self._one is not None:
+            return s(self._one, gi, self._spin, now)  # type: ignore[no-any-return]
         w = self.words
+        g = self.ring.groups_w + gi * G_WORDS
+        ne = w[g + G_NEXT_EXPIRY]
+        if ne and now >= ne:
+            return True
         tw = self.consumer_groups.tail_word  # Q_NEXT_OFFSET (Q_DURABLE_OFFSET if `always`)
-        cursor = self.ring.groups_w + (ref & GI_MASK) * G_WORDS + G_CURSOR
-        for _ in range(self._spin):
-            if w[tw] > w[cursor]:
-                break
+        cursor, redeliver = g + G_CURSOR, g + G_REDELIVER
+        clock = time.perf_counter_ns
+        end = clock() + self._spin
+        while w[tw] <= w[cursor] and not w[redeliver]:
+            if clock() >= end:
+                return bool(w[tw] > w[cursor] or w[redeliver])
+        return True
 
     def _sleep_for_messages(self, group: str, ref: int, now: int, deadline: float | None,
                             timeout: float | None) -> None:
@@ -274,20 +312,30 @@ class Consuming(_Handle):
         if ref < 0 or msg[0] is not self:
             raise self._not_ours(msg)
         addr = self._clock_addr
-        rc = trylock(addr)
-        if rc:
-            self.ring.clock.acquire_slow(rc)
-        try:
-            a1 = _ack_c
-            if a1 is not None and self._one is not None and not self._durable:
-                groups = self.consumer_groups
-                result = a1(self._one, ref, offset, deliveries, groups._gen if groups._lone else -1)
-                if result == _RECOMPUTE:
+        a1 = _ack_lock_c
+        if a1 is not None and self._one is not None and not self._durable:  # one compiled call, lock and all
+            groups = self.consumer_groups
+            result = a1(self._one, ref, offset, deliveries, groups.lone_gen, addr)
+            if result == _RECOMPUTE:  # the floor moved: the free offset, derived again in a hold of its own
+                with self.ring.clock:
                     result = FREED if groups._recompute_free() else OK
-            else:
-                result = self.consumer_groups.ack(ref, offset, deliveries)
-        finally:
-            unlock(addr)
+            rc = -result if result < 0 else 0  # the lock not taken at once: trylock's error number
+        else:
+            result, rc = -1, trylock(addr)
+        if result < 0:  # not compiled, journaled, or the lock not taken at once
+            if rc:
+                self.ring.clock.acquire_slow(rc)
+            try:
+                a1 = _ack_c
+                if a1 is not None and self._one is not None and not self._durable:
+                    groups = self.consumer_groups
+                    result = a1(self._one, ref, offset, deliveries, groups.lone_gen)
+                    if result == _RECOMPUTE:
+                        result = FREED if groups._recompute_free() else OK
+                else:
+                    result = self.consumer_groups.ack(ref, offset, deliveries)
+            finally:
+                unlock(addr)
         if result == FREED:
             if self.words[Q_PRODUCER_WAITERS]:
                 self._wake(self._nf, self.words[Q_PRODUCER_WAITERS], 1)
@@ -347,7 +395,7 @@ class Consuming(_Handle):
             clock = self.ring.clock
             clock.acquire()
             try:  # the usual batch, one run of one group's deliveries, at C speed (-1: not one)
-                result = run(self._one, messages, self, groups._gen if groups._lone else -1)
+                result = run(self._one, messages, self, groups.lone_gen)
                 if result == _RECOMPUTE:
                     result = FREED if groups._recompute_free() else OK
             finally:

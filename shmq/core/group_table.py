@@ -125,6 +125,9 @@ class GroupTable:
         self._gen = -1  # Q_GROUP_GEN that _active_bases was computed for
         self._active_bases: list[int] = []
         self._lone = False
+        # _gen if _lone else -1, kept in one attribute: what the compiled acks are given, read
+        # without the lock (another thread's refresh can never be seen half made)
+        self.lone_gen = -1
         # ``always`` queues deliver only what is journaled (Q_DURABLE_OFFSET); the others
         # everything published (Q_NEXT_OFFSET)
         self.tail_word = Q_DURABLE_OFFSET if ring.durability == _ALWAYS else Q_NEXT_OFFSET
@@ -261,6 +264,7 @@ class GroupTable:
             self._active_bases = [self.gw + gi * G_WORDS for gi in range(self.max_groups)
                                   if w[self.gw + gi * G_WORDS + G_STATE] == GS_ACTIVE]
             self._lone = len(self._active_bases) == 1
+            self.lone_gen = self._gen if self._lone else -1
         low = w[Q_NEXT_OFFSET]
         if w[Q_DURABLE_OFFSET] < low:  # journaled queues free only what the journal has
             low = w[Q_DURABLE_OFFSET]

@@ -98,6 +98,7 @@ class QueueHandle:
                  durable: posix_ipc.Semaphore) -> None:
         self._att = att
         self.ring = ring
+        ring.mapping.populate()  # this process's page tables filled in once, not faulted in by puts and gets
         self.consumer_groups = Groups(ring, att.wall_ns)
         self._wall = att.wall_ns
         self.words = ring.w
@@ -110,7 +111,7 @@ class QueueHandle:
         self.name = ring.name
         self._max = ring.max_message_size
         self._gcache: dict[str, int] = {}  # group name -> reference (layout.group_ref)
-        self._spin = options.SPIN_CHECKS  # header re-reads of a blocked get before it sleeps
+        self._spin = int(options.LOCAL_SPIN_US * 1000)  # ns a blocked get spins before it sleeps
         self._ggen = -1
         self._now = att.now_ms
         self._real_clock = att.now_ms is monotonic_ms  # the hot path reads it inline

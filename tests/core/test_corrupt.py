@@ -161,6 +161,10 @@ _BAD_GEOMETRY = r"""
 import importlib, mmap, sys
 ext = importlib.import_module("shmq._speedups")
 mm = mmap.mmap(-1, 16384)  # 2048 words
+lock_mm = mmap.mmap(-1, 64)
+from shmq.core.lock import init_mutex, RobustLock
+lock = RobustLock(lock_mm, 0).address
+init_mutex(lock)
 bad = []
 for cap in (2**64 - 1, 2**63, 2**62 + 1, 1 << 40):
     put = (mm, 200, 300, cap, 13, 24, 4096, 4096)
@@ -169,6 +173,9 @@ for cap in (2**64 - 1, 2**63, 2**62 + 1, 1 << 40):
         "put_one": lambda: ext.put_one(put, b"x", b"", 1),
         "deliver_one": lambda: ext.deliver_one(one, 0, 1, 1, 0, "g"),
         "ack_one": lambda: ext.ack_one(one, 0, 0, 1, -1),
+        "take_one": lambda: ext.take_one(one, 0, 1, 1000, "g", lock, 0, 1),
+        "ack_lock": lambda: ext.ack_lock(one, 0, 0, 1, -1, lock),
+        "spin_wait": lambda: ext.spin_wait(one, 0, 1000, 1),
         "ack_run": lambda: ext.ack_run(one, [(None, 0, "g", 0, 1), (None, 0, "g", 1, 1)], None, -1),
         "settle_range": lambda: ext.settle_range(mm, 300, cap, 13, 5, 0, 10),
         "read_run": lambda: ext.read_run(mm, 300, cap, 13, 4096, 4096, 0, 5, 1 << 20, 0),

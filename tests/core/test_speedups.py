@@ -6,12 +6,11 @@ forces the twins."""
 from __future__ import annotations
 
 import errno
-import importlib
 import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -29,35 +28,7 @@ from shmq.core import lock, ring
 from shmq.core import settlement as group_settlement
 from shmq.core.colocated import ShmBroker
 from shmq.errors import Full, InvalidArgument, LimitExceeded, StaleAck
-
-IMPLS = ["compiled", "pure"]
-
-
-def compiled() -> ModuleType:
-    """The extension itself (``make test`` builds it; importable even under SHMQ_PURE)."""
-    return importlib.import_module("shmq._speedups")
-
-
-@pytest.fixture(params=IMPLS)
-def impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Every accelerated name of the hot paths bound to one implementation."""
-    ext = compiled() if request.param == "compiled" else None
-    trylock = lock._trylock if ext is None else ext.trylock
-    unlock = lock._unlock if ext is None else ext.unlock
-    for mod in (lock, ring, consume):
-        monkeypatch.setattr(mod, "trylock", trylock)
-        monkeypatch.setattr(mod, "unlock", unlock)
-    monkeypatch.setattr(headers, "encode_c", None if ext is None else ext.encode_headers)
-    monkeypatch.setattr(headers, "parse_c", None if ext is None else ext.parse_headers)
-    monkeypatch.setattr(headers, "decode_c", None if ext is None else ext.decode_headers)
-    monkeypatch.setattr(group_delivery, "_records",
-                        group_delivery._records_py if ext is None else ext.records)
-    monkeypatch.setattr(consume, "_deliver_c", None if ext is None else ext.deliver_one)
-    monkeypatch.setattr(consume, "_ack_c", None if ext is None else ext.ack_one)
-    monkeypatch.setattr(consume, "_ack_run_c", None if ext is None else ext.ack_run)
-    monkeypatch.setattr(ring, "_put_c", None if ext is None else ext.put_one)
-    monkeypatch.setattr(group_settlement, "_settle_c", None if ext is None else ext.settle_range)
-    yield request.param
+from tests.support.compiled import IMPLS, compiled
 
 
 def test_the_extension_is_built_and_chosen_unless_pure_is_asked() -> None:
@@ -407,7 +378,9 @@ def test_one_message_paths_leave_the_same_shared_words_on_both(instance: str,
     ext = compiled()
     seen = _words_on_both(instance, monkeypatch, _one_message_script,
                           {(consume, "_deliver_c"): ext.deliver_one, (consume, "_ack_c"): ext.ack_one,
-                           (ring, "_put_c"): ext.put_one}, capacity=8, max_bytes=4096)
+                           (consume, "_take_c"): ext.take_one, (consume, "_ack_lock_c"): ext.ack_lock,
+                           (consume, "_spin_c"): ext.spin_wait, (ring, "_put_c"): ext.put_one},
+                          capacity=8, max_bytes=4096)
     assert seen[0] == seen[1]
 
 
@@ -471,9 +444,35 @@ def test_compiled_one_message_functions_check_their_arguments(instance: str) -> 
             ext.put_one((pg[0], 10 ** 9, *pg[2:]), b"x", b"", 1)
         with pytest.raises(ValueError, match="geometry"):
             ext.put_one((*pg[:7], 0), b"x", b"", 1)
+        lk = q._clock_addr
+        with pytest.raises(TypeError):
+            ext.take_one(geom[:9], 0, 1, 1000, "default", lk, 0, -1)
+        with pytest.raises(ValueError, match="null lock"):
+            ext.take_one(geom, 0, 1, 1000, "default", 0, 0, -1)
+        with pytest.raises(ValueError, match="owner"):
+            ext.take_one(geom, 0, 1 << 13, 1000, "default", lk, 0, -1)  # no owner field holds it
+        with pytest.raises(ValueError, match="no such group"):
+            ext.take_one(geom, 1 << 5, 1, 1000, "default", lk, 0, -1)  # past the queue's 8 groups
+        with pytest.raises(ValueError, match="past the end"):
+            ext.take_one(bad, 0, 1, 1000, "default", lk, 0, -1)
+        with pytest.raises(ValueError, match="null lock"):
+            ext.ack_lock(geom, 0, 0, 1, -1, 0)
+        with pytest.raises(ValueError, match="past the end"):
+            ext.ack_lock(bad, 0, 0, 1, -1, lk)
+        with pytest.raises(TypeError):
+            ext.spin_wait(geom, 0, 1000)
+        with pytest.raises(ValueError, match="out of range"):
+            ext.spin_wait(geom, 1 << 5, 1000, 0)
+        with pytest.raises(ValueError, match="out of range"):
+            ext.spin_wait(geom, 0, -1, 0)
+        assert lock.trylock(lk) == 0  # none of them kept the lock
+        lock.unlock(lk)
         assert q.offsets() == (0, 0)  # none of them wrote anything
         assert ext.deliver_one(geom, 0, 1, 0, 0, "default") is None  # nothing to deliver
         assert ext.ack_one(geom, 0, 0, 1, -1) == 1  # STALE: no such lease (group serial 0 ...)
+        assert ext.take_one(geom, 0, 1, 1000, "default", lk, 0, -1) is None  # (nothing, or the gen differs)
+        assert ext.ack_lock(geom, 0, 0, 1, -1, lk) == 1
+        assert ext.spin_wait(geom, 0, 0, 0) is False  # nothing past the cursor: a window of 0 ends it
     finally:
         b.destroy()
 

@@ -12,17 +12,21 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import shmq
 from shmq import crashpoints
+from shmq.core import layout as L
 from shmq.core.check import check_instance
 from shmq.core.colocated import ShmBroker
 from shmq.core.serverqueue import ServerQueue
+from shmq.errors import Empty
 from tests.support.connect import connect_shm
 
 pytestmark = pytest.mark.crash
@@ -399,4 +403,88 @@ def test_both_implementations_die_between_the_same_two_stores(instance: str, pur
     assert st["groups"]["default"]["acked"] == 1  # DONE stored, the counter not moved
     assert st["lock_recoveries"] == 1  # killed inside the consumer lock: the next holder repaired
     assert check_instance(instance) == []
+    b.destroy()
+
+
+_GET_DIES = """
+import shmq
+q = shmq.connect("shm://{instance}").queue("q")
+q.get().ack()  # the general path (the handle learns the group): no one-message point on it
+print("first", flush=True)
+q.get()  # the compiled take_one: killed inside it, the consumer lock held
+"""
+
+_ACK_DIES = """
+import shmq
+q = shmq.connect("shm://{instance}").queue("q")
+m = q.get()
+print(m.payload.decode(), flush=True)
+m.ack()  # the compiled ack_lock: killed inside it, DONE stored, the lock held
+"""
+
+
+def _within(call: Any, timeout: float = 30.0) -> Any:
+    """``call()`` in a thread, which must be done within ``timeout`` s (a test that fails,
+    not one that hangs)."""
+    out: list[Any] = []
+    t = threading.Thread(target=lambda: out.append(call()), daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), f"{call} still waits after {timeout} s"
+    return out[0]
+
+
+def _run_killed(instance: str, script: str, point: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "SHMQ_PURE"}  # the compiled paths
+    r = subprocess.run([sys.executable, "-c", script.format(instance=instance)], capture_output=True,
+                       text=True, env={**env, crashpoints.ENV: point}, timeout=60)
+    assert r.returncode == -signal.SIGKILL, (r.returncode, r.stdout, r.stderr)
+    return r
+
+
+def test_a_compiled_get_first_to_find_a_dead_holder_recovers_the_lock(instance: str) -> None:
+    """A consumer killed inside the compiled take_one leaves the consumer lock to its robust
+    owner-died state; the next get here (compiled: trylock hands it over with EOWNERDEAD)
+    makes it consistent, repairs, and delivers.  Every message's fate: "0" acked by the
+    dead consumer, never delivered again; "1", whose lease word it stored, delivered
+    again once it is reaped; "2" delivered here."""
+    b = ShmBroker(instance)
+    q = b.create_queue("q")
+    q.put_many([b"p", b"0", b"1", b"2"])
+    q.get().ack()  # "p": this handle learns the group, so its next get is the compiled one
+    r = _run_killed(instance, _GET_DIES, "deliver.one.leased:1")
+    assert r.stdout.split() == ["first"]
+    w = q.words  # type: ignore[attr-defined]
+    assert w[L.Q_CLOCK_RECOVERIES] == 0  # (read raw: stats takes the lock, and would recover it)
+    got = _within(lambda: [q.get(timeout=10)])  # (a mishandled owner-died lock hangs its taker)
+    assert w[L.Q_CLOCK_RECOVERIES] == 1  # the get was the one that recovered it
+    b.reap()  # the dead consumer's leases come back
+    got += q.get_many(10, block=False)
+    for m in got:
+        m.ack()
+    assert sorted(m.payload for m in got) == [b"1", b"2"]
+    assert q.stats()["groups"]["default"]["acked"] == 4
+    with pytest.raises(Empty):
+        q.get(block=False)
+    b.destroy()
+
+
+def test_a_compiled_ack_first_to_find_a_dead_holder_recovers_the_lock(instance: str) -> None:
+    """As above, for the compiled ack_lock: a consumer killed inside its ack leaves its
+    message settled (DONE was stored); an ack here is the first to take the lock, recovers
+    it and settles its own message; nothing else is delivered again."""
+    b = ShmBroker(instance)
+    q = b.create_queue("q")
+    q.put_many([b"0", b"1"])
+    mine = q.get()  # "0"
+    r = _run_killed(instance, _ACK_DIES, "ack.done:1")
+    assert r.stdout.split() == ["1"]
+    w = q.words  # type: ignore[attr-defined]
+    assert w[L.Q_CLOCK_RECOVERIES] == 0
+    _within(mine.ack)
+    assert w[L.Q_CLOCK_RECOVERIES] == 1  # the ack was the one that recovered it
+    b.reap()
+    with pytest.raises(Empty):  # "1" stays settled, "0" is acked
+        q.get(block=False)
+    assert q.stats()["groups"]["default"]["acked"] == 1  # the child's DONE stored, its count not moved
     b.destroy()
