@@ -3,9 +3,10 @@
 ``Consuming`` is a mixin of ``shmq.core.queue.ShmQueue``, declared there with its base
 ``shmq.core.handle.QueueHandle``, whose state and machinery it uses (it is typed against
 that class).  ``_take_one`` is the hot path of one message (a known group, nothing
-changed, one lock hold; compiled whole, ``take_one``, lock and all); ``_take`` the general one, which waits while there is nothing to
-deliver: a look in one hold of the consumer lock (``_lease``), a short spin
-(``_spin_wait``), a look that announces the consumer, a sleep (``_sleep_for_messages``).
+changed, one lock hold; compiled whole, lock and all, as ``take_one``); ``_take`` the
+general one, which waits while there is nothing to deliver: a look in one hold of the
+consumer lock (``_lease``), a short spin (``_spin_wait``), a look that announces the
+consumer, a sleep (``_sleep_for_messages``).
 Settling a lease is one store of its lease word under the consumer lock
 (``shmq.core.groups``); on an ``always`` queue the caller then waits for the journal
 (``shmq.core.durability``) unless it asked not to.

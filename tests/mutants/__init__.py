@@ -585,3 +585,36 @@ def _priority_lowest_first() -> None:
 def _priority_lease_lost_with_level() -> None:
     from shmq.core.serverqueue import ServerPriorityQueue
     ServerPriorityQueue.give_back = lambda self, ref, offsets, deliveries: 0  # type: ignore[method-assign]
+
+
+# ---------------------------------------------------------------- a co-located get's wait
+W = "tests/core/test_waiting.py::"
+
+
+@mutant("page_tables_left_to_faults", "each process fills in its page tables for a queue when it opens "
+        "it, so a fresh queue's first messages pay no page faults",
+        W + "test_a_handle_fills_in_its_page_tables_so_a_first_pass_takes_no_fault")
+def _page_tables_left_to_faults() -> None:
+    from shmq.core.segment import Mapping
+    Mapping.populate = lambda self: False  # type: ignore[method-assign]
+
+
+@mutant("spin_blind_to_given_back", "a co-located get that finds nothing watches the queue before it "
+        "sleeps (a message published or given back ends the watch)",
+        W + "test_a_message_given_back_ends_a_spin_as_a_new_one_does[pure]",
+        W + "test_a_get_with_a_lease_expiry_due_does_not_spin[pure]", slow=True)
+def _spin_blind_to_given_back() -> None:
+    import time
+
+    from shmq.core.consumer import Consuming
+    from shmq.core.layout import G_CURSOR, G_WORDS
+
+    def spin(self: Any, gi: int, now: int) -> bool:  # new offsets only: no redelivery, no expiry
+        w, tw = self.words, self.consumer_groups.tail_word
+        cursor = self.ring.groups_w + gi * G_WORDS + G_CURSOR
+        end = time.perf_counter_ns() + self._spin
+        while w[tw] <= w[cursor]:
+            if time.perf_counter_ns() >= end:
+                return False
+        return True
+    Consuming._spin_wait = spin  # type: ignore[method-assign]
