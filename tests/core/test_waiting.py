@@ -22,6 +22,7 @@ from shmq.core import layout as L
 from shmq.core import lock
 from shmq.core.colocated import ShmBroker
 from shmq.errors import Empty
+from tests.support.wait import wait_until
 
 LONG_SPIN = 30 * 10**9  # ns: a window no test here may wait out (each finishes in well under 10 s)
 PROMPT = 10.0  # s: what "at once" means to these tests, a third of LONG_SPIN
@@ -34,14 +35,6 @@ def broker(instance: str) -> Iterator[ShmBroker]:
         yield b
     finally:
         b.destroy()
-
-
-def _until(what: Callable[[], bool], timeout: float = PROMPT) -> None:
-    """Wait for a condition another thread makes true (it is looked at, never slept on)."""
-    end = time.monotonic() + timeout
-    while not what():
-        assert time.monotonic() < end, "the other thread never got there"
-        time.sleep(0.001)
 
 
 def _asleep_on(q: Any) -> bool:
@@ -78,7 +71,7 @@ def test_a_get_waits_for_a_consumer_lock_held_elsewhere_and_takes_one_message(im
     clock.acquire()
     try:
         t, got = _in_thread(q.get)
-        _until(lambda: _asleep_on(q))  # its get is asleep on the lock, not spinning on it
+        wait_until(lambda: _asleep_on(q), PROMPT)  # its get is asleep on the lock, not spinning on it
         assert _delivered(q) == 1  # nothing taken while it was held
     finally:
         clock.release()
@@ -101,7 +94,7 @@ def test_an_ack_waits_for_a_consumer_lock_held_elsewhere(impl: str, broker: ShmB
     clock.acquire()
     try:
         t, _ = _in_thread(m.ack)
-        _until(lambda: _asleep_on(q))
+        wait_until(lambda: _asleep_on(q), PROMPT)
         assert _acked(q) == 0
     finally:
         clock.release()
