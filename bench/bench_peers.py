@@ -34,7 +34,6 @@ client is Python too): the figures compare Python programs using each system.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import shlex
 import signal
@@ -42,7 +41,6 @@ import sys
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 # bench/ is sys.path[0]; importing common puts the repository root there too
@@ -464,9 +462,7 @@ def describe(live: list[Peer], missing: dict[str, str]) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     a = parse_args(argv)
     out = Out(label_columns=2)
-    started = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
-    machine = resultfile.machine_facts()
-    path = Path(a.out) if a.out else resultfile.default_path(started.isoformat(), machine["host"], "peers")
+    started, machine, path = resultfile.begin(a.out, "peers")
     previous = signal.signal(signal.SIGTERM, common.terminate)
     missing: dict[str, str] = {}
     live: list[Peer] = []
@@ -506,7 +502,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             command = ["python", "bench/bench_peers.py", *(sys.argv[1:] if argv is None else argv)]
             config = {"rounds": a.rounds, "n_tcp": a.n_tcp, "n_local": a.n_local, "pings": a.pings,
                       "sizes": a.sizes, "batches": a.batches, "size": SIZE, "start_method": "fork"}
-            results = {"schema": resultfile.SCHEMA, "date": started.isoformat(),
+            results = {"schema": resultfile.SCHEMA, "date": started,
                        "command": shlex.join(command), "machine": machine, "config": config,
                        "figures": figures(a, res, live, missing), "peers": describe(live, missing),
                        **tables(res, live), **data}

@@ -28,6 +28,7 @@ median / min / max are the round-trip times (µs) at that fraction.
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
@@ -81,6 +82,14 @@ def machine_facts() -> dict[str, Any]:
             "shmq_commit": _git("rev-parse", "--short=10", "HEAD"),
             "shmq_dirty": None if status is None else bool(status),
             "load_avg_start": [round(v, 2) for v in os.getloadavg()]}
+
+
+def begin(out: str | None, tag: str = "") -> tuple[str, dict[str, Any], Path]:
+    """A run's start: its date (UTC, ISO, to the second), the machine's facts, and the file
+    it writes (``out``, else ``default_path``'s)."""
+    date = datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat()
+    machine = machine_facts()
+    return date, machine, Path(out) if out else default_path(date, machine["host"], tag)
 
 
 def default_path(date: str, host: str, tag: str = "") -> Path:

@@ -32,7 +32,6 @@ plots from it.
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib.metadata
 import multiprocessing as mp
 import os
@@ -41,7 +40,6 @@ import shutil
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 # bench/ is sys.path[0]; importing common puts the repository root there too
@@ -243,9 +241,7 @@ def measure(a: argparse.Namespace, out: Out, local: bench_local.Bench, tcp: benc
 def main(argv: Sequence[str] | None = None) -> int:
     a = parse_args(argv)
     out = Out(label_columns=1)
-    started = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
-    machine = resultfile.machine_facts()
-    path = Path(a.out) if a.out else resultfile.default_path(started.isoformat(), machine["host"])
+    started, machine, path = resultfile.begin(a.out)
     has_redis = bool(a.redis_server) and bench_tcp.redis is not None
     if not has_redis:
         out.line("no redis-server (or no redis-py): the Redis series are left out and the plots say so",
@@ -276,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         machine["versions"] = {"faster-fifo": _version("faster-fifo"), "redis-py": _version("redis"),
                                "redis-server": rserver.version if rserver else None}
         command = ["python", "bench/sweep.py", *(sys.argv[1:] if argv is None else argv)]
-        data = {"schema": resultfile.SCHEMA, "date": started.isoformat(), "command": shlex.join(command),
+        data = {"schema": resultfile.SCHEMA, "date": started, "command": shlex.join(command),
                 "machine": machine,
                 "config": {"rounds": a.rounds, "scale": a.scale, "pings": a.pings, "workers": a.workers,
                            "max_workers": a.max_workers, "sizes": list(SIZES), "size_batch": SIZE_BATCH,

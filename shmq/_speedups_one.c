@@ -14,6 +14,8 @@
 #define Q_TAIL_BYTES 25
 #define Q_FREE_OFFSET 32
 #define Q_GROUP_GEN 35
+#define Q_STATE 4
+#define QS_ACTIVE 1
 #define G_WORDS 32
 #define G_CURSOR 1
 #define G_FLOOR 2
@@ -25,6 +27,7 @@
 #define S_EXPIRES 4
 #define S_GROUPS 5
 #define GI_BITS 6
+#define GI_MASK ((1 << GI_BITS) - 1)
 #define LEASED 1
 #define READY 2
 #define DONE 3
@@ -224,10 +227,6 @@ sp_deliver_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
  * done (the caller takes the twin's path, which waits or recovers it).  None: the queue
  * is not active, the groups changed, or nothing new to deliver (deliver_one's None);
  * False: deliver_one's False. */
-#define Q_STATE 4
-#define QS_ACTIVE 1
-#define GI_MASK ((1 << GI_BITS) - 1)
-
 PyObject *
 sp_take_one(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -325,7 +324,7 @@ ack_locked(Geom *G, unsigned long long ref, unsigned long long offset, unsigned 
            long long lone_gen)
 {
     sp_calls[CALL_ACK_ONE]++;
-    Py_ssize_t gi = (Py_ssize_t)(ref & ((1u << GI_BITS) - 1));
+    Py_ssize_t gi = (Py_ssize_t)(ref & GI_MASK);
     if (gi >= G->sw - S_GROUPS || dc >= (1ull << (OWNER_SHIFT - DC_SHIFT))) {
         PyErr_SetString(PyExc_ValueError, "ack_one: bad geometry or delivery count");
         return -1;
@@ -606,7 +605,7 @@ sp_ack_run(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
     if (geom_open(args[0], 10, "ack_run", &G) < 0)
         return NULL;
     sp_calls[CALL_ACK_RUN]++;
-    Py_ssize_t gi = (Py_ssize_t)(ref & ((1u << GI_BITS) - 1));
+    Py_ssize_t gi = (Py_ssize_t)(ref & GI_MASK);
     if (gi >= G.sw - S_GROUPS || dc >= (1ull << (OWNER_SHIFT - DC_SHIFT))) {
         geom_close(&G);
         return PyLong_FromLong(-1);

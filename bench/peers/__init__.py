@@ -24,6 +24,7 @@ The child processes are forked from the bench; a run that fails or takes longer 
 from __future__ import annotations
 
 import importlib
+import itertools
 import multiprocessing as mp
 import os
 import re
@@ -83,6 +84,7 @@ class Peer:
 
     def __init__(self) -> None:
         self.notes: list[str] = []  # warnings of its server's stop (leftovers, forced kills), for the report
+        self._ids = itertools.count()  # numbers the queues, streams and services its runs make
 
     def available(self) -> str | None:
         return None

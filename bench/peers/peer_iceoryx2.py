@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 import glob
-import itertools
 import os
 import shutil
 import time
@@ -226,7 +225,6 @@ class Iceoryx2Peer(peers.Peer):
 
     def __init__(self) -> None:
         super().__init__()
-        self._ids = itertools.count()
         self._before: set[str] = set()
         self._tmp_root_existed = True
 

@@ -12,7 +12,6 @@ last one with ``ack_sync``, whose answer comes after the server has taken the ac
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import re
 import shutil
@@ -196,7 +195,6 @@ class NatsPeer(peers.Peer):
         super().__init__()
         self.port = 0
         self.server_version = "?"
-        self._ids = itertools.count()
 
     def available(self) -> str | None:
         if nats is None:

@@ -12,7 +12,6 @@ write every message to their Raft log, fsync'd before the confirm."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 import time
@@ -100,13 +99,19 @@ def _produce(go: Go, port: int, queue: str, n: int, size: int, batch: int, confi
         conn.close()
 
 
+def _consuming(conn: Any, queue: str) -> tuple[Any, Iterator[Any]]:
+    """A channel of ``conn`` with publisher confirms, consuming ``queue`` (prefetch
+    PREFETCH), and its deliveries: a ping-pong side's."""
+    ch = conn.channel()
+    ch.confirm_delivery()
+    ch.basic_qos(prefetch_count=PREFETCH)
+    return ch, ch.consume(queue)
+
+
 def _pong(ready: Ready, port: int, queues: tuple[str, str], total: int) -> None:
     conn = pika.BlockingConnection(_params(port))
     try:
-        ch = conn.channel()
-        ch.confirm_delivery()
-        ch.basic_qos(prefetch_count=PREFETCH)
-        deliveries = ch.consume(queues[0])
+        ch, deliveries = _consuming(conn, queues[0])
         ready()
         for _ in range(total):
             method, _props, body = next(deliveries)
@@ -120,10 +125,7 @@ def _pong(ready: Ready, port: int, queues: tuple[str, str], total: int) -> None:
 def _ping(go: Go, port: int, queues: tuple[str, str], size: int, total: int) -> array[int]:
     conn = pika.BlockingConnection(_params(port))
     try:
-        ch = conn.channel()
-        ch.confirm_delivery()
-        ch.basic_qos(prefetch_count=PREFETCH)
-        deliveries = ch.consume(queues[1])
+        ch, deliveries = _consuming(conn, queues[1])
         payload = b"p" * size
         lat = array("q", bytes(8 * total))
         clock = time.perf_counter_ns
@@ -167,7 +169,6 @@ class RabbitPeer(peers.Peer):
         super().__init__()
         self.port = 0
         self.server_version = "?"
-        self._ids = itertools.count()
 
     def available(self) -> str | None:
         if pika is None:

@@ -5,7 +5,6 @@ with XACK, whose answer it waits for (batches: one XACK with every id)."""
 
 from __future__ import annotations
 
-import itertools
 import shutil
 import time
 from array import array
@@ -125,7 +124,6 @@ class RedisStreamsPeer(peers.Peer):
     def __init__(self) -> None:
         super().__init__()
         self.rs: bench_tcp.RedisServer | None = None
-        self._ids = itertools.count()
 
     def available(self) -> str | None:
         if redis is None:

@@ -5,7 +5,6 @@ for, unless the variant says otherwise."""
 
 from __future__ import annotations
 
-import itertools
 import os
 from array import array
 from collections.abc import Iterator
@@ -99,7 +98,6 @@ class ShmqPeer(peers.Peer):
         self.srv: bench_tcp.ShmqServer | None = None
         self.local: Any = None
         self.instance = f"bpeers{os.getpid()}"
-        self._ids = itertools.count()
 
     def version(self) -> str:
         return f"{getattr(shmq, '__version__', '?')} ({shmq.accel.describe()})"

@@ -5,7 +5,6 @@ buffer until it is read, and dies with its process), REQ/REP for the ping-pong; 
 
 from __future__ import annotations
 
-import itertools
 import os
 import time
 from array import array
@@ -113,7 +112,6 @@ class ZmqPeer(peers.Peer):
     def __init__(self) -> None:
         super().__init__()
         self.tmp = ""
-        self._ids = itertools.count()
 
     def available(self) -> str | None:
         return "pyzmq is not installed (pip install pyzmq, or make bench)" if zmq is None else None

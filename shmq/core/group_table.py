@@ -124,9 +124,9 @@ class GroupTable:
         self.max_deliveries = ring.max_deliveries
         self._gen = -1  # Q_GROUP_GEN that _active_bases was computed for
         self._active_bases: list[int] = []
-        self._lone = False
-        # _gen if _lone else -1, kept in one attribute: what the compiled acks are given, read
-        # without the lock (another thread's refresh can never be seen half made)
+        # the Q_GROUP_GEN for which this is the queue's only group, else -1: one attribute,
+        # so that the compiled acks, which read it without the lock, never see a refresh
+        # of another thread's half made
         self.lone_gen = -1
         # ``always`` queues deliver only what is journaled (Q_DURABLE_OFFSET); the others
         # everything published (Q_NEXT_OFFSET)
@@ -252,7 +252,7 @@ class GroupTable:
             return self._recompute_free()
         if old != w[Q_FREE_OFFSET]:  # another group holds the free offset back
             return False
-        if self._lone and w[Q_GROUP_GEN] == self._gen:  # the only group: its floor is the free offset
+        if w[Q_GROUP_GEN] == self.lone_gen:  # the only group: its floor is the free offset
             w[Q_FREE_OFFSET] = f
             return True
         return self._recompute_free()
@@ -263,8 +263,7 @@ class GroupTable:
             self._gen = w[Q_GROUP_GEN]
             self._active_bases = [self.gw + gi * G_WORDS for gi in range(self.max_groups)
                                   if w[self.gw + gi * G_WORDS + G_STATE] == GS_ACTIVE]
-            self._lone = len(self._active_bases) == 1
-            self.lone_gen = self._gen if self._lone else -1
+            self.lone_gen = self._gen if len(self._active_bases) == 1 else -1
         low = w[Q_NEXT_OFFSET]
         if w[Q_DURABLE_OFFSET] < low:  # journaled queues free only what the journal has
             low = w[Q_DURABLE_OFFSET]
